@@ -1,0 +1,25 @@
+"""UltraQuant: 4.25-bit paged KV-cache attention (FP4 E2M1 codes + UE8M0 scales, rotated K).
+
+The public API: the format helpers (:func:`slot_size`, :func:`hadamard`), the ops
+(:func:`store_kv`, :func:`decode_attention`, :func:`dequant_kv`, :func:`prefill_attention`, which
+pick an AOT blob, the Triton JIT kernel or the PyTorch reference per call), and
+:mod:`ultraquant.reference`, the plain-PyTorch definition every kernel is tested against.
+"""
+
+from . import reference
+from .errors import UltraQuantError
+from .format import hadamard, slot_size
+from .ops import decode_attention, dequant_kv, prefill_attention, store_kv
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "UltraQuantError",
+    "decode_attention",
+    "dequant_kv",
+    "hadamard",
+    "prefill_attention",
+    "reference",
+    "slot_size",
+    "store_kv",
+]

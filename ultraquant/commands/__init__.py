@@ -1,0 +1,1 @@
+"""Subcommands of the ``ultraquant`` CLI, one module each (registered in ultraquant.cli.COMMANDS)."""

@@ -1,0 +1,98 @@
+"""The UltraQuant byte format: constants and the small pure functions every layer shares.
+
+One slot holds one token of one kv head, K and V together:
+``[K codes: D/2][K scales: D/32][V codes: D/2][V scales: D/32]`` (see shared docs/format.md).
+Codes are FP4 E2M1 (element 2i in the low nibble), scales UE8M0 (``2**(byte-127)``, byte 0 = zero
+group), K is rotated by the normalized Sylvester Hadamard matrix before quantization.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+import torch
+
+from .errors import UltraQuantError
+
+GROUP = 32
+"""Elements per UE8M0 scale."""
+
+SCALE_BIAS = 127
+"""UE8M0 byte ``e`` means ``2**(e - SCALE_BIAS)``."""
+
+MIN_EXP, MAX_EXP = -126, 127
+"""Clamp of the scale exponent: bytes 1..254 are written; 0 is the zero group, 255 never."""
+
+SCALE_FACTOR = 0.156
+"""Upstream's scale rule: ``exp = round_log2(0.156 * absmax)`` (float32 product)."""
+
+SQRT2_MANTISSA = 0x3504F4
+"""Smallest float32 mantissa field m with ``1.m >= sqrt(2)``: the exact half-way point in log2."""
+
+E2M1_VALUES: tuple[float, ...] = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0,
+                                  -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0)
+"""Value of each 4-bit code (sign in bit 3)."""
+
+E2M1_THRESHOLDS: tuple[float, ...] = (0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0)
+"""Decision points between consecutive magnitudes 0, 0.5, 1, 1.5, 2, 3, 4, 6."""
+
+RNE_TIES_UP: tuple[bool, ...] = (False, True, False, True, False, False, False)
+"""Round half to even: at each decision point, does a tie go to the larger magnitude?"""
+
+ENCODERS = ("rne", "upstream", "mse")
+"""Scale/tie rules that all write the same bytes (see ultraquant.reference.quantize)."""
+
+
+@dataclass(frozen=True)
+class SlotLayout:
+    """Byte offsets of the four parts of one slot for head size ``head_size``."""
+
+    head_size: int
+
+    @property
+    def k_codes(self) -> int:
+        return 0
+
+    @property
+    def k_scales(self) -> int:
+        return self.head_size // 2
+
+    @property
+    def v_codes(self) -> int:
+        return self.head_size // 2 + self.head_size // GROUP
+
+    @property
+    def v_scales(self) -> int:
+        return self.head_size + self.head_size // GROUP
+
+    @property
+    def size(self) -> int:
+        return self.head_size + self.head_size // 16
+
+
+def check_head_size(head_size: int, name: str = "head_size") -> int:
+    """Raise unless ``head_size`` is a power of two and a multiple of 32."""
+    if not isinstance(head_size, int) or head_size < GROUP or head_size & (head_size - 1):
+        raise UltraQuantError(f"{name}: expected a power of two multiple of {GROUP}, got {head_size!r}")
+    return head_size
+
+
+def slot_size(head_size: int) -> int:
+    """Bytes one (token, kv head) slot needs: ``D/2 + D/32`` for K and the same for V."""
+    return SlotLayout(check_head_size(head_size)).size
+
+
+@functools.lru_cache(maxsize=16)
+def _hadamard_f64(head_size: int) -> torch.Tensor:
+    h = torch.ones(1, 1, dtype=torch.float64)
+    while h.shape[0] < head_size:
+        h = torch.cat([torch.cat([h, h], 1), torch.cat([h, -h], 1)], 0)
+    return h / head_size**0.5
+
+
+def hadamard(head_size: int, *, device: torch.device | str | None = None,
+             dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """The normalized Sylvester Hadamard matrix of size ``head_size``: symmetric and orthonormal."""
+    check_head_size(head_size)
+    return _hadamard_f64(head_size).to(device=device, dtype=dtype)
