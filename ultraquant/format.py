@@ -37,7 +37,7 @@ E2M1_VALUES: tuple[float, ...] = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0,
 E2M1_THRESHOLDS: tuple[float, ...] = (0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0)
 """Decision points between consecutive magnitudes 0, 0.5, 1, 1.5, 2, 3, 4, 6."""
 
-RNE_TIES_UP: tuple[bool, ...] = (False, True, False, True, False, False, False)
+RNE_TIES_UP: tuple[bool, ...] = (False, True, False, True, False, True, False)
 """Round half to even: at each decision point, does a tie go to the larger magnitude?"""
 
 ENCODERS = ("rne", "upstream", "mse")
