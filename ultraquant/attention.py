@@ -1,0 +1,370 @@
+"""A framework-neutral UltraQuant attention layer: one object per attention layer of a model.
+
+:class:`UltraQuantAttention` holds the head configuration (Hq, Hk, D, softmax scale, sinks, sliding
+window, soft cap), its small device workspace, and orchestrates the public ops for one mixed batch
+the way a paged serving engine (vLLM) hands it over:
+
+1. **store**: the new tokens' K/V go into the paged cache (:func:`ultraquant.store_kv`), through
+   ``slot_mapping`` (negative = padding, skipped);
+2. **decode**: the first ``num_decodes`` requests have one new token each; one
+   :func:`ultraquant.decode_attention` call serves them all, writing into the caller's ``out``;
+3. **prefill**: the remaining requests, each a chunk of new tokens at the end of its sequence, go
+   through :func:`ultraquant.prefill_attention` in runs of one kind, decided on the host from the
+   metadata's CPU copies (never from device tensors): *first chunks* (empty prefix: attention on the
+   raw K/V only), *small continuations* (prefix in the cache, at most ``continuation_threshold`` new
+   tokens: the ops' decode-shaped multi-query path) and *large continuations* (one request per call:
+   the ops dequantize its prefix once and run dense attention).
+
+Why: the decode path is what a CUDA graph captures, so it only slices views, launches the ops and
+writes into ``out`` (no allocation, ``.item()``, ``.tolist()`` or host sync). The prefill path may
+read host metadata because serving engines run prefills eagerly, and splitting it into homogeneous
+runs lets each op call take one kernel path without inspecting device values.
+
+:class:`AttentionMetadata` mirrors what vLLM passes per batch (seq_lens, query_start_loc,
+block_table, slot_mapping, max lengths, decode count, CPU copies); :meth:`AttentionMetadata.build`
+makes one from host lists, which is what tests and simple engines need.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from . import ops
+from .errors import UltraQuantError
+from .format import check_head_size
+from .validate import check_attention_options, check_heads, check_scale, check_tensor
+
+__all__ = [
+    "DEFAULT_CONTINUATION_THRESHOLD",
+    "AttentionMetadata",
+    "UltraQuantAttention",
+    "continuation_threshold",
+]
+
+DEFAULT_CONTINUATION_THRESHOLD = 128
+"""Fallback chunk length at or below which a continuation chunk counts as *small* (upstream vLLM's
+value). The ops module's own ``CONTINUATION_THRESHOLD`` (measured on the H200 by the kernels issue)
+takes precedence when it exists; see :func:`continuation_threshold`."""
+
+
+def continuation_threshold() -> int:
+    """The small/large continuation-chunk boundary: the kernels' measured constant if exposed.
+
+    Looked up at call time in ``ultraquant.ops`` then ``ultraquant.kernels.plans`` (names
+    ``CONTINUATION_THRESHOLD`` or ``CONTINUATION_DECODE_THRESHOLD``), so the layer follows the kernels
+    without a code change; falls back to :data:`DEFAULT_CONTINUATION_THRESHOLD`.
+    """
+    sources = [ops]
+    try:
+        from .kernels import plans  # optional: exists once the Triton kernels land
+        sources.append(plans)
+    except ImportError:
+        pass
+    for module in sources:
+        for name in ("CONTINUATION_THRESHOLD", "CONTINUATION_DECODE_THRESHOLD"):
+            value = getattr(module, name, None)
+            if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+                return value
+    return DEFAULT_CONTINUATION_THRESHOLD
+
+
+@dataclass
+class AttentionMetadata:
+    """One batch's paging and length metadata, laid out as vLLM's ``CommonAttentionMetadata``.
+
+    Requests ``0..num_decodes-1`` are decodes (one new token each, tokens ``0..num_decodes-1``); the
+    rest are prefill chunks. ``seq_lens`` counts the new tokens too. The ``*_cpu`` copies are
+    optional host tensors with the same values; the prefill path needs them to plan its runs
+    without a device sync (without them it serves all prefills in one op call).
+    """
+
+    seq_lens: torch.Tensor
+    """(B,) int32 on the device: total length of each request including its new tokens."""
+    query_start_loc: torch.Tensor
+    """(B+1,) int32 on the device: request i's new tokens are ``[qsl[i], qsl[i+1])``."""
+    block_table: torch.Tensor
+    """(B, max_blocks) int32 on the device: cache block ids of each request."""
+    slot_mapping: torch.Tensor
+    """(>= num_actual_tokens,) int32/int64: cache slot of each new token, negative = skip."""
+    num_actual_tokens: int
+    """Tokens of real requests (the query may be padded beyond this for a CUDA graph)."""
+    num_decodes: int
+    """Leading requests with exactly one new token each."""
+    max_query_len: int
+    """Longest chunk in the batch (host int, an upper bound is fine)."""
+    max_seq_len: int
+    """Longest sequence in the batch (host int, an upper bound is fine)."""
+    query_start_loc_cpu: torch.Tensor | None = None
+    """Host copy of ``query_start_loc`` (exact)."""
+    seq_lens_cpu: torch.Tensor | None = None
+    """Host copy of ``seq_lens``; it must be exact for the prefill rows (decode rows are not read)."""
+
+    @property
+    def num_reqs(self) -> int:
+        """Requests in the batch (rows of ``seq_lens``)."""
+        return int(self.seq_lens.shape[0])
+
+    @property
+    def num_decode_tokens(self) -> int:
+        """Tokens of the decode requests (one each)."""
+        return self.num_decodes
+
+    @classmethod
+    def build(cls, *, query_lens: Sequence[int], seq_lens: Sequence[int],
+              block_table: Sequence[Sequence[int]] | torch.Tensor, slot_mapping: Sequence[int] | torch.Tensor,
+              device: torch.device | str = "cpu", num_padding_tokens: int = 0) -> AttentionMetadata:
+        """Metadata from host lists, decodes first, as a scheduler would make it.
+
+        ``block_table`` rows are padded with zeros to the longest row. ``num_padding_tokens`` extra
+        slot_mapping entries of -1 are appended (tokens a CUDA graph pads the batch with).
+        """
+        q = [int(x) for x in query_lens]
+        s = [int(x) for x in seq_lens]
+        if len(q) != len(s):
+            raise UltraQuantError(f"query_lens: {len(q)} entries but seq_lens has {len(s)}")
+        if any(a < 0 or a > b for a, b in zip(q, s, strict=True)):
+            raise UltraQuantError("query_lens: each must be in [0, seq_len]")
+        num_decodes = 0
+        while num_decodes < len(q) and q[num_decodes] == 1:
+            num_decodes += 1
+        qsl = [0]
+        for x in q:
+            qsl.append(qsl[-1] + x)
+        if isinstance(block_table, torch.Tensor):
+            bt = block_table.to(device=device, dtype=torch.int32)
+        else:
+            width = max([len(r) for r in block_table] + [1])
+            bt = torch.zeros(len(s), width, dtype=torch.int32)
+            for i, row in enumerate(block_table):
+                bt[i, : len(row)] = torch.tensor(list(row), dtype=torch.int32)
+            bt = bt.to(device)
+        sm = torch.as_tensor(slot_mapping, dtype=torch.int64).reshape(-1)
+        if sm.numel() != qsl[-1]:
+            raise UltraQuantError(f"slot_mapping: expected {qsl[-1]} entries, got {sm.numel()}")
+        if num_padding_tokens:
+            sm = torch.cat([sm, torch.full((num_padding_tokens,), -1, dtype=torch.int64)])
+        qsl_cpu = torch.tensor(qsl, dtype=torch.int32)
+        seq_cpu = torch.tensor(s, dtype=torch.int32)
+        return cls(
+            seq_lens=seq_cpu.to(device), query_start_loc=qsl_cpu.to(device), block_table=bt,
+            slot_mapping=sm.to(device), num_actual_tokens=qsl[-1], num_decodes=num_decodes,
+            max_query_len=max(q, default=0), max_seq_len=max(s, default=0),
+            query_start_loc_cpu=qsl_cpu, seq_lens_cpu=seq_cpu)
+
+
+@dataclass(frozen=True)
+class PrefillRun:
+    """A run of consecutive prefill requests served by one op call (host-side plan)."""
+
+    kind: str
+    """``"first"``, ``"small"`` (continuation, <= threshold new tokens) or ``"large"``."""
+    req_start: int
+    req_end: int
+    tok_start: int
+    tok_end: int
+
+
+def plan_prefill(query_start_loc_cpu: torch.Tensor, seq_lens_cpu: torch.Tensor, first_req: int,
+                 threshold: int) -> list[PrefillRun]:
+    """Split requests ``first_req..B-1`` into runs of one kind, in batch order (host tensors only).
+
+    A large continuation is always a run of its own (its prefix is dequantized once for it alone).
+    Requests without new tokens are skipped.
+    """
+    qsl = query_start_loc_cpu.tolist()
+    lens = seq_lens_cpu.tolist()
+    runs: list[PrefillRun] = []
+    for i in range(first_req, len(lens)):
+        a, b = qsl[i], qsl[i + 1]
+        n = b - a
+        if n <= 0:
+            continue
+        if lens[i] == n:
+            kind = "first"
+        elif n <= threshold:
+            kind = "small"
+        else:
+            kind = "large"
+        last = runs[-1] if runs else None
+        if last is not None and last.kind == kind and kind != "large" and last.req_end == i:
+            runs[-1] = PrefillRun(kind, last.req_start, i + 1, last.tok_start, b)
+        else:
+            runs.append(PrefillRun(kind, i, i + 1, a, b))
+    return runs
+
+
+class UltraQuantAttention:
+    """One attention layer over an UltraQuant paged KV cache (framework-neutral).
+
+    Args:
+        num_heads: query heads Hq.
+        num_kv_heads: kv heads Hk (Hq must be a multiple: GQA).
+        head_size: D, a power of two multiple of 32.
+        scale: softmax scale applied to q.k.
+        sinks: optional (Hq,) per-head sink logits (any float dtype, any device; kept as float32 on
+            the query's device after the first call).
+        sliding_window: optional window w (a query at position p sees keys p-w+1..p).
+        softcap: optional logit soft cap c (c * tanh(s / c)).
+        encoder: scale/tie rule for the store ("rne", "upstream", "mse").
+        continuation_threshold: small/large continuation boundary; default: the kernels' constant
+            (:func:`continuation_threshold`).
+    """
+
+    def __init__(self, num_heads: int, num_kv_heads: int, head_size: int, scale: float, *,
+                 sinks: torch.Tensor | None = None, sliding_window: int | None = None,
+                 softcap: float | None = None, encoder: str = "rne",
+                 continuation_threshold: int | None = None) -> None:
+        for name, v in (("num_heads", num_heads), ("num_kv_heads", num_kv_heads)):
+            if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
+                raise UltraQuantError(f"{name}: expected a positive int, got {v!r}")
+        check_heads(num_heads, num_kv_heads)
+        self.num_heads = num_heads
+        self.num_kv_heads = num_kv_heads
+        self.head_size = check_head_size(head_size)
+        self.scale = check_scale(scale)
+        if sinks is not None:
+            check_tensor("sinks", sinks, dtypes=(torch.float16, torch.bfloat16, torch.float32), ndim=1)
+            if sinks.shape[0] != num_heads:
+                raise UltraQuantError(f"sinks: expected shape ({num_heads},), got {tuple(sinks.shape)}")
+        check_attention_options(num_heads, torch.device("cpu"), None, sliding_window, softcap)
+        if encoder not in ("rne", "upstream", "mse"):
+            raise UltraQuantError(f"encoder: expected 'rne', 'upstream' or 'mse', got {encoder!r}")
+        if continuation_threshold is not None and (isinstance(continuation_threshold, bool)
+                                                   or not isinstance(continuation_threshold, int)
+                                                   or continuation_threshold < 1):
+            raise UltraQuantError(
+                f"continuation_threshold: expected a positive int or None, got {continuation_threshold!r}")
+        self._sinks_src = sinks
+        self.sinks: torch.Tensor | None = None
+        self.sliding_window = sliding_window
+        self.softcap = float(softcap) if softcap is not None else None
+        self.encoder = encoder
+        self._threshold = continuation_threshold
+        self._qsl_ws: torch.Tensor | None = None
+        self.route_counts: Counter[str] = Counter()
+        """How many op calls each path made (``store``, ``decode``, ``first``, ``small``,
+        ``large``, ``prefill``): for tests and logs."""
+
+    # ------------------------------------------------------------------ setup
+
+    @property
+    def threshold(self) -> int:
+        """The continuation threshold in force."""
+        return self._threshold if self._threshold is not None else continuation_threshold()
+
+    def setup(self, device: torch.device | str, *, max_num_reqs: int = 256) -> None:
+        """On-device setup, once before serving (and before any CUDA graph capture).
+
+        Moves the sinks to ``device`` as float32 and reserves the prefill workspace (rebased
+        ``query_start_loc`` of up to ``max_num_reqs`` requests). Safe to call again: it only grows.
+        """
+        device = torch.device(device)
+        if self._sinks_src is not None and (self.sinks is None or self.sinks.device != device):
+            self.sinks = self._sinks_src.detach().to(device=device, dtype=torch.float32).contiguous()
+        need = max_num_reqs + 1
+        if self._qsl_ws is None or self._qsl_ws.device != device or self._qsl_ws.shape[0] < need:
+            if _capturing(device):
+                raise UltraQuantError(
+                    "setup: the workspace must be reserved before CUDA graph capture "
+                    f"(needs {need} entries, has {0 if self._qsl_ws is None else self._qsl_ws.shape[0]})")
+            self._qsl_ws = torch.zeros(need, dtype=torch.int32, device=device)
+
+    def _ready(self, device: torch.device, num_reqs: int) -> bool:
+        """Whether :meth:`setup` already covers ``device`` and ``num_reqs`` requests."""
+        sinks_ok = self._sinks_src is None or (self.sinks is not None and self.sinks.device == device)
+        ws = self._qsl_ws
+        return sinks_ok and ws is not None and ws.device == device and ws.shape[0] > num_reqs
+
+    # ------------------------------------------------------------------ forward
+
+    def store(self, key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor,
+              slot_mapping: torch.Tensor) -> None:
+        """Write K/V of ``slot_mapping.shape[0]`` tokens (N, Hk, D) into the cache (negative = skip)."""
+        n = slot_mapping.shape[0]
+        if n == 0:
+            return
+        k = key[:n].view(n, self.num_kv_heads, self.head_size)
+        v = value[:n].view(n, self.num_kv_heads, self.head_size)
+        ops.store_kv(k, v, kv_cache, slot_mapping, encoder=self.encoder)
+        self.route_counts["store"] += 1
+
+    def forward(self, query: torch.Tensor, key: torch.Tensor | None, value: torch.Tensor | None,
+                kv_cache: torch.Tensor, metadata: AttentionMetadata, out: torch.Tensor | None = None, *,
+                store: bool = True) -> torch.Tensor:
+        """Store the new K/V (if ``store``), then attend: decodes first, then prefill runs.
+
+        ``query`` is (T, Hq, D) or (T, Hq*D) with T >= ``metadata.num_actual_tokens`` (rows past it
+        are padding); ``key``/``value`` likewise with Hk heads (needed whenever the batch holds a
+        prefill, since chunks attend to their own raw K/V). ``out`` (same leading size, Hq*D
+        elements per row, any float dtype) receives the result; padding rows are left untouched.
+        Returns ``out`` (allocated like ``query`` when not given).
+        """
+        hq, d = self.num_heads, self.head_size
+        t = query.shape[0]
+        n = metadata.num_actual_tokens
+        if n > t:
+            raise UltraQuantError(f"metadata: num_actual_tokens {n} > query rows {t}")
+        q = query.view(t, hq, d)
+        if out is None:
+            out = torch.empty((t, hq, d), dtype=query.dtype, device=query.device)
+        if out.shape[0] < n or out[0].numel() != hq * d:
+            raise UltraQuantError(
+                f"out: expected ({t}, {hq}, {d}) or ({t}, {hq * d}), got {tuple(out.shape)}")
+        o = out.view(out.shape[0], hq, d)
+        if not self._ready(query.device, metadata.num_reqs):
+            self.setup(query.device, max_num_reqs=max(256, metadata.num_reqs))
+        if store and n:
+            if key is None or value is None:
+                raise UltraQuantError("key/value: required to store the new tokens")
+            self.store(key, value, kv_cache, metadata.slot_mapping[:n])
+        if n == 0:
+            return out
+        nd = metadata.num_decodes
+        opts = {"sinks": self.sinks, "sliding_window": self.sliding_window, "softcap": self.softcap}
+        if nd:
+            ops.decode_attention(q[:nd], kv_cache, metadata.block_table[:nd], metadata.seq_lens[:nd],
+                                 self.scale, out=o[:nd], **opts)
+            self.route_counts["decode"] += 1
+        if nd < metadata.num_reqs and nd < n:
+            if key is None or value is None:
+                raise UltraQuantError("key/value: a prefill chunk attends to its raw K/V; got None")
+            k = key.view(key.shape[0], self.num_kv_heads, d)
+            v = value.view(value.shape[0], self.num_kv_heads, d)
+            self._prefill(q, k, v, kv_cache, metadata, o, opts)
+        return out
+
+    __call__ = forward
+
+    def _prefill(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor,
+                 md: AttentionMetadata, o: torch.Tensor, opts: dict) -> None:
+        """Serve requests ``num_decodes..B-1``: one op call per homogeneous run (host plan)."""
+        nd, n, b = md.num_decodes, md.num_actual_tokens, md.num_reqs
+        if md.query_start_loc_cpu is None or md.seq_lens_cpu is None:
+            # No host copies: one call over the whole prefill sub-batch; the ops plan it themselves.
+            runs = [PrefillRun("prefill", nd, b, nd, n)]
+        else:
+            runs = plan_prefill(md.query_start_loc_cpu, md.seq_lens_cpu, nd, self.threshold)
+        ws = self._workspace(b - nd + 1, q.device)
+        for run in runs:
+            r0, r1, a, z = run.req_start, run.req_end, run.tok_start, run.tok_end
+            qsl = ws[: r1 - r0 + 1]
+            torch.sub(md.query_start_loc[r0 : r1 + 1], a, out=qsl)
+            ops.prefill_attention(q[a:z], k[a:z], v[a:z], kv_cache, md.block_table[r0:r1],
+                                  md.seq_lens[r0:r1], qsl, self.scale, out=o[a:z], **opts)
+            self.route_counts[run.kind] += 1
+
+    def _workspace(self, entries: int, device: torch.device) -> torch.Tensor:
+        """The rebased query_start_loc buffer, grown (outside capture only) to ``entries``."""
+        if self._qsl_ws is None or self._qsl_ws.shape[0] < entries or self._qsl_ws.device != device:
+            self.setup(device, max_num_reqs=max(entries - 1, 256))
+        assert self._qsl_ws is not None
+        return self._qsl_ws
+
+
+def _capturing(device: torch.device) -> bool:
+    """True while a CUDA graph is being captured on the current stream of ``device``."""
+    return device.type == "cuda" and torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
