@@ -13,6 +13,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ultraquant.errors import UltraQuantError
+
+from .packing import Param
+
 MANIFEST_NAME = "manifest.json"
 
 
@@ -51,3 +55,133 @@ def find_manifests() -> list[Manifest]:
             arch = data.get("arch", path.parent.name)
             found.setdefault(arch, Manifest(arch=arch, directory=path.parent, data=data))
     return list(found.values())
+
+
+# --- Entries and the (arch, key) index --------------------------------------------------------------
+
+SUPPORTED_SCHEMAS = (1,)
+"""Manifest ``schema`` versions this runtime reads."""
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One blob of a manifest, normalized: everything the loader needs to launch it."""
+
+    arch: str
+    op: str
+    kernel: str
+    key: str
+    path: Path
+    sha256: str
+    symbol: str
+    num_warps: int
+    threads: int
+    shared: int
+    params: tuple[Param, ...]
+    constexprs: dict[str, Any] = field(default_factory=dict, hash=False, compare=False)
+    global_scratch: int = 0
+    num_ctas: int = 1
+
+    @property
+    def signature(self) -> dict[str, str]:
+        """Visible parameters name -> Triton type, as in :class:`~ultraquant.kernels.plan.Specialization`."""
+        return {p.name: p.type for p in self.params if not p.hidden}
+
+
+def _first(d: dict[str, Any], *names: str, default: Any = None) -> Any:
+    for n in names:
+        if n in d:
+            return d[n]
+    return default
+
+
+def parse_entry(raw: dict[str, Any], arch: str, directory: Path) -> Entry:
+    """Normalize one manifest blob entry; raises :class:`UltraQuantError` naming what is missing."""
+    try:
+        kernel = raw["kernel"]
+        key = raw.get("key") or _spec_key(kernel, raw.get("constexprs", {}))
+        launch = raw.get("launch", {})
+        num_warps = int(_first(raw, "num_warps", default=_first(launch, "num_warps", default=4)))
+        params = tuple(
+            Param(name=p["name"], type=p["type"], size=int(p["size"]), offset=int(p["offset"]),
+                  hidden=bool(p.get("hidden", False)), divisibility=int(p.get("divisibility", 1)))
+            for p in _first(raw, "params", "parameters"))
+        warp = 64 if arch.startswith("gfx") else 32
+        return Entry(
+            arch=raw.get("arch", arch),
+            op=raw.get("op", kernel),
+            kernel=kernel,
+            key=key,
+            path=directory / raw["file"],
+            sha256=raw["sha256"],
+            symbol=_first(raw, "symbol", "name"),
+            num_warps=num_warps,
+            threads=int(_first(raw, "threads", default=_first(launch, "threads", "block",
+                                                                default=num_warps * warp))),
+            shared=int(_first(raw, "shared", default=_first(launch, "shared", "dynamic_shared", default=0))),
+            params=params,
+            constexprs=dict(raw.get("constexprs", {})),
+            global_scratch=int(_first(raw, "global_scratch_size", default=_first(
+                raw.get("resources", {}), "global_scratch_size", default=0))),
+            num_ctas=int(_first(raw, "num_ctas", default=_first(launch, "num_ctas", default=1))),
+        )
+    except (KeyError, TypeError, ValueError) as exc:
+        name = raw.get("key") or raw.get("file") or "?"
+        raise UltraQuantError(f"manifest {directory / MANIFEST_NAME}: blob {name}: bad or missing "
+                              f"field {exc}") from None
+
+
+def _spec_key(kernel: str, constexprs: dict[str, Any]) -> str:
+    from ultraquant.kernels.plan import Specialization
+
+    return Specialization(kernel=kernel, signature={}, constexprs=constexprs).key()
+
+
+class ManifestIndex:
+    """Every blob the search roots hold, indexed by ``(arch, key)``: the only source of truth for
+    "is there a blob for this config" (no separate capability table to drift from it)."""
+
+    def __init__(self, manifests: list[Manifest]) -> None:
+        self.entries: dict[str, dict[str, Entry]] = {}
+        self.errors: dict[str, str] = {}
+        """Arch -> why its manifest was rejected (read errors, duplicates, unknown schema)."""
+        for m in manifests:
+            try:
+                self.entries[m.arch] = self._read(m)
+            except UltraQuantError as exc:
+                self.errors[m.arch] = str(exc)
+
+    @staticmethod
+    def _read(m: Manifest) -> dict[str, Entry]:
+        schema = m.data.get("schema", m.data.get("schema_version"))
+        if schema not in SUPPORTED_SCHEMAS:
+            raise UltraQuantError(f"manifest {m.directory / MANIFEST_NAME}: schema {schema!r} is not "
+                                  f"one this runtime reads {SUPPORTED_SCHEMAS}")
+        out: dict[str, Entry] = {}
+        for raw in m.blobs:
+            e = parse_entry(raw, m.arch, m.directory)
+            if e.arch != m.arch:
+                raise UltraQuantError(f"manifest {m.directory / MANIFEST_NAME}: blob {e.key} says arch "
+                                      f"{e.arch}, the manifest is for {m.arch}")
+            if e.key in out:
+                raise UltraQuantError(f"manifest {m.directory / MANIFEST_NAME}: duplicate key {e.key}")
+            out[e.key] = e
+        return out
+
+    def lookup(self, arch: str, key: str) -> tuple[Entry | None, str]:
+        """The entry for exactly ``(arch, key)``, or ``None`` and why not (arch vs config miss)."""
+        if arch in self.errors:
+            return None, f"the {arch} manifest was rejected: {self.errors[arch]}"
+        table = self.entries.get(arch)
+        if table is None:
+            have = ", ".join(sorted(self.entries)) or "none"
+            return None, f"no blobs built for arch {arch} (found: {have})"
+        e = table.get(key)
+        if e is None:
+            return None, f"no {arch} blob for config {key} ({len(table)} blobs for this arch)"
+        return e, ""
+
+    @classmethod
+    def discover(cls) -> ManifestIndex:
+        """Index of every manifest under :func:`search_roots`."""
+        return cls(find_manifests())

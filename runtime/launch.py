@@ -1,0 +1,239 @@
+"""The seam between dispatch and the AOT blobs: :func:`try_launch`, :func:`warmup`, backend switches.
+
+Per call, dispatch builds a :class:`~ultraquant.kernels.plan.LaunchPlan` and calls
+``try_launch(plan, device)``. An exact manifest match on ``(device arch, plan.spec.key())`` launches
+the blob and returns ``True``; anything else returns ``False`` (dispatch then runs the Triton JIT kernel
+or the reference) with the reason logged once per config. The first use of a config on a device does
+the slow work once: manifest lookup, signature check, sha256 check, module load, self-test (verdict
+cached on disk). Later calls are a dict lookup, an argument pack and one driver call.
+
+Switches (read on every call, so tests and users can flip them at run time):
+
+* ``ULTRAQUANT_BACKEND=auto`` (default): blob if there is one, else Triton, else the reference.
+  ``aot``: blobs only; a miss falls to the reference, never to the Triton JIT (no compiler needed).
+  ``triton``: never use blobs. ``reference``: neither blobs nor Triton.
+* ``ULTRAQUANT_REQUIRE_AOT=1``: a miss (or a refused blob) raises instead of falling back, for CI of
+  deployments that must never JIT.
+* ``ULTRAQUANT_SELFTEST=0``: trust blobs without testing them on this GPU (not recommended).
+
+Graph capture: loading a module or self-testing during CUDA graph capture would break the capture,
+so a first use while capturing raises and tells the user to call :func:`warmup` first.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from ultraquant.errors import UltraQuantError
+from ultraquant.kernels.plan import LaunchPlan, Specialization
+
+from . import selftest
+from .driver import DeviceInfo, device_info
+from .loader import BlobError, Kernel, get_kernel
+from .manifest import Entry, ManifestIndex
+
+log = logging.getLogger("ultraquant.runtime")
+
+BACKENDS = ("auto", "aot", "triton", "reference")
+
+
+def backend() -> str:
+    """The backend ``ULTRAQUANT_BACKEND`` selects (``auto`` when unset)."""
+    mode = os.environ.get("ULTRAQUANT_BACKEND", "auto").strip().lower() or "auto"
+    if mode not in BACKENDS:
+        raise UltraQuantError(f"ULTRAQUANT_BACKEND: expected one of {', '.join(BACKENDS)}, got {mode!r}")
+    return mode
+
+
+def require_aot() -> bool:
+    """Whether ``ULTRAQUANT_REQUIRE_AOT=1``: a miss is an error."""
+    return os.environ.get("ULTRAQUANT_REQUIRE_AOT", "0").strip().lower() in ("1", "true", "yes", "on")
+
+
+def selftest_enabled() -> bool:
+    """Whether blobs are self-tested on first use (``ULTRAQUANT_SELFTEST``, default on)."""
+    return os.environ.get("ULTRAQUANT_SELFTEST", "1").strip().lower() not in ("0", "false", "no", "off")
+
+
+@dataclass(frozen=True)
+class Miss:
+    """Why a config has no usable blob on a device (cached so the reason is computed once)."""
+
+    reason: str
+
+
+_STATE: dict[tuple[int, str], Kernel | Miss] = {}
+_DEVICES: dict[int, DeviceInfo] = {}
+_INDEX: ManifestIndex | None = None
+_LOGGED: set[tuple[int, str]] = set()
+_LOCK = threading.RLock()
+
+
+def index() -> ManifestIndex:
+    """The manifest index, built on first use from :func:`~.manifest.search_roots`."""
+    global _INDEX
+    if _INDEX is None:
+        with _LOCK:
+            if _INDEX is None:
+                _INDEX = ManifestIndex.discover()
+    return _INDEX
+
+
+def reset(manifest_index: ManifestIndex | None = None) -> None:
+    """Forget resolved configs and the manifest index (tests; after installing new blobs).
+
+    Loaded modules stay loaded (never unloaded: a captured graph may still point at them)."""
+    global _INDEX
+    with _LOCK:
+        _STATE.clear()
+        _LOGGED.clear()
+        _INDEX = manifest_index
+
+
+def device_of(device: Any) -> int:
+    """Torch device index of ``device`` (a ``torch.device``, an index, or ``None`` for current)."""
+    if isinstance(device, int):
+        return device
+    idx = getattr(device, "index", None)
+    if idx is not None:
+        return idx
+    import torch
+
+    return torch.cuda.current_device()
+
+
+def info(dev: int) -> DeviceInfo:
+    """Cached :class:`~.driver.DeviceInfo` of device ``dev``."""
+    d = _DEVICES.get(dev)
+    if d is None:
+        d = _DEVICES[dev] = device_info(dev)
+    return d
+
+
+def _note_miss(dev: int, key: str, reason: str, warn: bool) -> Miss:
+    miss = Miss(reason)
+    if (dev, key) not in _LOGGED:
+        _LOGGED.add((dev, key))
+        (log.warning if warn else log.info)("AOT miss on cuda:%d for %s: %s", dev, key, reason)
+    return miss
+
+
+def _capturing() -> bool:
+    import torch
+
+    return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
+
+
+def resolve(spec: Specialization, dev: int, *, allow_selftest: bool = True) -> Kernel | Miss:
+    """The loaded, self-tested kernel for ``spec`` on device ``dev``, or why there is none.
+
+    First use per (device, config) only; the result is cached. Raises :class:`UltraQuantError`
+    if it would have to load a module during CUDA graph capture."""
+    key = spec.key()
+    st = _STATE.get((dev, key))
+    if st is not None:
+        return st
+    with _LOCK:
+        st = _STATE.get((dev, key))
+        if st is not None:
+            return st
+        d = info(dev)
+        entry, reason = index().lookup(d.arch, key)
+        if entry is None:
+            st = _note_miss(dev, key, reason, warn=False)
+        elif entry.signature != dict(spec.signature):
+            st = _note_miss(dev, key, f"blob {entry.path.name} was built for parameters "
+                            f"{list(entry.signature.items())}, the kernel now takes "
+                            f"{list(spec.signature.items())} (stale blobs: rebuild them)", warn=True)
+        else:
+            st = _load_and_test(entry, spec, d, allow_selftest)
+        if not selftest.running():  # nested lookups inside a self-test are not final verdicts
+            _STATE[(dev, key)] = st
+        return st
+
+
+def _load_and_test(entry: Entry, spec: Specialization, d: DeviceInfo, allow_selftest: bool) -> Kernel | Miss:
+    dev, key = d.index, entry.key
+    if _capturing():
+        raise UltraQuantError(
+            f"UltraQuant kernel {key} is not loaded on cuda:{dev} and the current stream is capturing a "
+            "CUDA graph; call ultraquant.warmup(...) for this model's configs (or run one eager step) "
+            "before capture")
+    cached = selftest.CACHE.get(entry.sha256, d)
+    if cached is not None and not cached.ok:
+        return _note_miss(dev, key, f"blob disabled: its self-test failed on this GPU earlier "
+                          f"({cached.detail}); delete {selftest.CACHE.path} to retest", warn=True)
+    try:
+        kernel = get_kernel(entry, dev)
+    except BlobError as exc:
+        return _note_miss(dev, key, f"blob refused: {exc}", warn=True)
+    if cached is None and allow_selftest and selftest_enabled() and not selftest.running():
+        verdict = selftest.run(kernel, spec, d)
+        if not verdict.ok:
+            return _note_miss(dev, key, f"blob disabled: self-test failed on {d.name}: {verdict.detail}",
+                              warn=True)
+    return kernel
+
+
+def try_launch(plan: LaunchPlan, device: Any = None) -> bool:
+    """Launch ``plan`` from an AOT blob if the manifest has exactly this config for the device's arch.
+
+    Returns ``True`` when launched (on torch's current stream of that device), ``False`` when the
+    caller must use another path (Triton JIT, or the reference). Never synchronizes."""
+    mode = backend()
+    if mode == "triton" or mode == "reference":
+        if require_aot():
+            raise UltraQuantError(f"ULTRAQUANT_REQUIRE_AOT=1 contradicts ULTRAQUANT_BACKEND={mode}")
+        return False
+    dev = device_of(device)
+    st = _STATE.get((dev, plan.spec.key()))
+    if st is None:
+        st = resolve(plan.spec, dev)
+    if isinstance(st, Kernel):
+        st.launch(plan.args, plan.grid)
+        return True
+    if require_aot():
+        raise UltraQuantError(f"ULTRAQUANT_REQUIRE_AOT=1 and no usable blob on cuda:{dev}: {st.reason}")
+    return False
+
+
+def warmup(configs: Iterable[Any], device: Any = None) -> dict[str, str]:
+    """Load (and self-test) every blob a model needs on ``device`` before CUDA graph capture.
+
+    ``configs`` holds :class:`~ultraquant.kernels.plan.Specialization` or
+    :class:`~ultraquant.kernels.plan.LaunchPlan` objects, or dicts of model parameters that
+    :func:`ultraquant.kernels.plans.specializations` turns into them. Returns config key ->
+    ``"aot"`` or the miss reason. Under ``ULTRAQUANT_REQUIRE_AOT=1`` a miss raises."""
+    dev = device_of(device)
+    report: dict[str, str] = {}
+    for spec in _specs(configs):
+        st = resolve(spec, dev)
+        report[spec.key()] = "aot" if isinstance(st, Kernel) else st.reason
+        if require_aot() and isinstance(st, Miss):
+            raise UltraQuantError(f"ULTRAQUANT_REQUIRE_AOT=1 and no usable blob on cuda:{dev}: {st.reason}")
+    return report
+
+
+def _specs(configs: Iterable[Any]) -> Iterable[Specialization]:
+    for c in configs:
+        if isinstance(c, Specialization):
+            yield c
+        elif isinstance(c, LaunchPlan):
+            yield c.spec
+        elif isinstance(c, dict):
+            from ultraquant.kernels import plans
+
+            yield from plans.specializations(**c)
+        else:
+            raise UltraQuantError("configs: expected Specialization, LaunchPlan or dict, got "
+                                  f"{type(c).__name__}")
+
+
+def state() -> dict[tuple[int, str], Kernel | Miss]:
+    """Snapshot of the resolved (device, config key) -> kernel or miss (tests, ``verify``)."""
+    return dict(_STATE)

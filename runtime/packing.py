@@ -1,0 +1,143 @@
+"""Kernel argument packing, exactly as a blob's manifest lays the parameters out.
+
+Both vendors take an array of pointers, one per kernel parameter, each pointing at that
+parameter's value stored at its true size (what Triton's own launchers pass; the driver copies the
+values at enqueue time and at graph capture). We keep one buffer holding every value at the manifest's
+offset plus the pointer array into it, per thread and per kernel, so a launch is one
+``struct.pack_into`` and no allocation.
+
+Triton adds two hidden trailing pointers (global and profile scratch); the manifest lists them and
+they stay null here (a blob that needs global scratch is refused when its entry is read).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import struct
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from ultraquant.errors import UltraQuantError
+
+# Triton signature type -> (struct code, size in bytes). Floats are passed at their own width
+# (Triton's launcher packs fp32 into 4 bytes and fp16/bf16 into 2).
+SCALAR_TYPES: dict[str, tuple[str, int]] = {
+    "i1": ("b", 1), "i8": ("b", 1), "i16": ("h", 2), "i32": ("i", 4), "i64": ("q", 8),
+    "u1": ("B", 1), "u8": ("B", 1), "u16": ("H", 2), "u32": ("I", 4), "u64": ("Q", 8),
+    "fp16": ("e", 2), "bf16": ("H", 2), "fp32": ("f", 4), "f32": ("f", 4), "fp64": ("d", 8),
+}
+POINTER_SIZE = 8
+
+
+@dataclass(frozen=True)
+class Param:
+    """One kernel parameter as the manifest describes it."""
+
+    name: str
+    type: str
+    size: int
+    offset: int
+    hidden: bool = False
+    divisibility: int = 1
+    """The blob was compiled assuming the value (pointer address or integer) divides by this."""
+
+
+def type_size(ty: str) -> int:
+    """Byte size of one parameter of Triton type ``ty``; raises for types we cannot pass."""
+    if ty.startswith("*"):
+        return POINTER_SIZE
+    if ty in SCALAR_TYPES:
+        return SCALAR_TYPES[ty][1]
+    raise UltraQuantError(f"manifest: parameter type {ty!r} is not supported by the ctypes launcher")
+
+
+def _bf16_bits(x: float) -> int:
+    """Round-to-nearest-even bf16 bit pattern of ``x`` (what Triton's launcher passes for bf16)."""
+    bits = struct.unpack("<I", struct.pack("<f", x))[0]
+    if (bits & 0x7F800000) == 0x7F800000 and bits & 0x7FFFFF:
+        return 0x7FC0
+    return ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16) & 0xFFFF
+
+
+def _pointer(value: Any) -> int:
+    if value is None:
+        return 0
+    if isinstance(value, int):
+        return value
+    return value.data_ptr()
+
+
+class ArgPacker:
+    """Packs one launch's arguments for a kernel with the given parameter list.
+
+    ``params`` is every parameter in order, hidden ones included; ``pack`` takes the visible ones
+    (the LaunchPlan's ``args``) and returns a ready ``void**`` array valid until the same thread packs
+    again for this kernel.
+    """
+
+    def __init__(self, params: Sequence[Param], kernel: str = "kernel") -> None:
+        self.kernel = kernel
+        self.params = tuple(params)
+        self.visible = tuple(p for p in self.params if not p.hidden)
+        end = 0
+        for p in self.params:
+            want = type_size(p.type)
+            if p.size != want:
+                raise UltraQuantError(f"manifest: {kernel}: parameter {p.name!r} of type {p.type} "
+                                      f"has size {p.size}, expected {want}")
+            if p.offset % p.size:
+                raise UltraQuantError(f"manifest: {kernel}: parameter {p.name!r} at offset {p.offset} "
+                                      f"is not aligned to its size {p.size}")
+            if p.offset < end:
+                raise UltraQuantError(f"manifest: {kernel}: parameter {p.name!r} at offset {p.offset} "
+                                      f"overlaps the previous one (ends at {end})")
+            end = p.offset + p.size
+        self.size = max(end, 8)
+        fmt, pos = ["<"], 0
+        for p in self.visible:
+            if p.offset > pos:
+                fmt.append(f"{p.offset - pos}x")
+            fmt.append("Q" if p.type.startswith("*") else SCALAR_TYPES[p.type][0])
+            pos = p.offset + p.size
+        self.struct = struct.Struct("".join(fmt))
+        self._convert = tuple(_pointer if p.type.startswith("*") else
+                              (_bf16_bits if p.type == "bf16" else None) for p in self.visible)
+        self._checks = tuple((i, p.name, p.divisibility) for i, p in enumerate(self.visible)
+                             if p.divisibility > 1)
+        self._tls = threading.local()
+
+    def buffers(self) -> tuple[ctypes.Array, ctypes.Array]:
+        """This thread's (value buffer, pointer array) pair, created on first use."""
+        tls = self._tls
+        try:
+            return tls.buf, tls.ptrs
+        except AttributeError:
+            buf = ctypes.create_string_buffer(self.size)
+            base = ctypes.addressof(buf)
+            ptrs = (ctypes.c_void_p * len(self.params))(*(base + p.offset for p in self.params))
+            tls.buf, tls.ptrs = buf, ptrs
+            return buf, ptrs
+
+    def values(self, args: Sequence[Any]) -> list[Any]:
+        """The raw values (pointers as integers) that ``pack`` writes, in visible-parameter order."""
+        if len(args) != len(self.visible):
+            raise UltraQuantError(f"{self.kernel}: got {len(args)} arguments, the blob takes "
+                                  f"{len(self.visible)} ({', '.join(p.name for p in self.visible)})")
+        vals = [a if c is None else c(a) for c, a in zip(self._convert, args, strict=True)]
+        for i, name, div in self._checks:
+            if vals[i] % div:
+                raise UltraQuantError(f"{self.kernel}: argument {name!r} = {vals[i]:#x} is not a "
+                                      f"multiple of {div}, which the blob was compiled to assume")
+        return vals
+
+    def pack(self, args: Sequence[Any]) -> ctypes.Array:
+        """Write ``args`` into this thread's buffer; return the pointer array for the launch."""
+        buf, ptrs = self.buffers()
+        try:
+            self.struct.pack_into(buf, 0, *self.values(args))
+        except struct.error as exc:
+            raise UltraQuantError(f"{self.kernel}: an argument does not fit its parameter type: {exc}") \
+                from None
+        return ptrs

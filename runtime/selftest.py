@@ -1,0 +1,76 @@
+"""On-device self-test of a blob: a small problem launched through the loader, checked against the
+PyTorch reference, once per (blob, GPU, driver); the verdict is cached on disk (:mod:`.verdicts`).
+
+Why: a blob built on a CPU machine was never run before it reaches the user's GPU. A blob that
+computes garbage there (a toolchain bug, a driver quirk, a corrupted-but-consistent file) is disabled
+with a warning and the Triton JIT path takes over, instead of silently serving wrong attention.
+
+Problems are registered per kernel name (``PROBLEMS``); each builds inputs that match the blob's
+constexprs, gets the launch from the same plan functions dispatch uses, launches *this* blob, and
+compares with :mod:`ultraquant.reference`. A kernel with no registered problem passes with a note.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from collections.abc import Callable, Iterator
+
+from ultraquant.kernels.plan import Specialization
+
+from .driver import DeviceInfo
+from .loader import Kernel
+from .verdicts import Verdict, VerdictCache
+
+CACHE = VerdictCache()
+"""The process-wide verdict cache (its file follows ``ULTRAQUANT_CACHE_DIR`` when it changes)."""
+
+Problem = Callable[[Kernel, Specialization, int], tuple[bool, str]]
+"""(kernel under test, its specialization, device index) -> (passed, detail)."""
+
+PROBLEMS: dict[str, Problem] = {}
+
+_TLS = threading.local()
+
+
+def register(kernel_name: str) -> Callable[[Problem], Problem]:
+    """Decorator: the self-test problem for blobs of Triton kernel ``kernel_name``."""
+
+    def deco(fn: Problem) -> Problem:
+        PROBLEMS[kernel_name] = fn
+        return fn
+
+    return deco
+
+
+def running() -> bool:
+    """Whether this thread is inside a self-test (nested launches must not start their own)."""
+    return getattr(_TLS, "depth", 0) > 0
+
+
+@contextlib.contextmanager
+def _running() -> Iterator[None]:
+    _TLS.depth = getattr(_TLS, "depth", 0) + 1
+    try:
+        yield
+    finally:
+        _TLS.depth -= 1
+
+
+def run(kernel: Kernel, spec: Specialization, dev: DeviceInfo, *, record: bool = True) -> Verdict:
+    """Self-test ``kernel`` on ``dev`` now and (by default) record the verdict in :data:`CACHE`."""
+    problem = PROBLEMS.get(kernel.entry.kernel)
+    t0 = time.perf_counter()
+    if problem is None:
+        ok, detail = True, f"no self-test problem for kernel {kernel.entry.kernel}"
+    else:
+        with _running():
+            try:
+                ok, detail = problem(kernel, spec, dev.index)
+            except Exception as exc:  # any failure of the blob's run is a failed self-test
+                ok, detail = False, f"{type(exc).__name__}: {exc}"
+    verdict = Verdict(ok=ok, detail=detail, seconds=time.perf_counter() - t0, when=time.time())
+    if record:
+        CACHE.put(kernel.entry.sha256, dev, verdict)
+    return verdict

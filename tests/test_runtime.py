@@ -1,0 +1,419 @@
+"""CPU tests of the AOT runtime: manifest selection, argument packing, verdict cache, fallback rules.
+
+A fake driver stands in for libcuda (it records loads and launches, reading back the packed
+argument bytes through the pointer array exactly as the real driver would).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import json
+import logging
+import struct
+
+import pytest
+from ultraquant.runtime import driver as drv
+from ultraquant.runtime import launch, loader, selftest
+from ultraquant.runtime.manifest import ManifestIndex, find_manifests
+from ultraquant.runtime.packing import ArgPacker, Param
+from ultraquant.runtime.verdicts import Verdict, VerdictCache
+
+from ultraquant.errors import UltraQuantError
+from ultraquant.kernels.plan import LaunchPlan, Specialization
+
+SIG = {"x_ptr": "*bf16", "out_ptr": "*fp32", "n": "i32", "stride": "i64", "scale": "fp32", "flag": "i1"}
+HIDDEN = [("global_scratch", "*i8"), ("profile_scratch", "*i8")]
+
+
+def layout(sig: dict[str, str]) -> list[dict]:
+    """Natural-alignment kernarg layout of ``sig`` plus Triton's two hidden scratch pointers."""
+    out, off = [], 0
+    for name, ty in [*sig.items(), *HIDDEN]:
+        size = 8 if ty.startswith("*") else {"i1": 1, "i32": 4, "i64": 8, "fp32": 4, "bf16": 2}[ty]
+        off = (off + size - 1) // size * size
+        out.append({"name": name, "type": ty, "size": size, "offset": off,
+                    "hidden": name in dict(HIDDEN)})
+        off += size
+    return out
+
+
+def spec(block: int = 64, sig: dict[str, str] | None = None) -> Specialization:
+    return Specialization(kernel="uq_test", signature=dict(sig or SIG), constexprs={"BLOCK": block, "D": 128})
+
+
+def write_manifest(root, arch="sm_90", specs=None, blob=b"\x7fELF fake cubin", **extra):
+    """A manifest of real structure (fake bytes) under ``root/arch``; returns the folder."""
+    d = root / arch
+    d.mkdir(parents=True, exist_ok=True)
+    blobs = []
+    for i, s in enumerate(specs or [spec()]):
+        name = f"{s.kernel}_{i}.cubin"
+        data = blob + bytes([i])
+        (d / name).write_bytes(data)
+        blobs.append({"op": "test", "kernel": s.kernel, "key": s.key(), "constexprs": s.constexprs,
+                      "arch": arch, "file": name, "sha256": hashlib.sha256(data).hexdigest(),
+                      "symbol": s.kernel, "num_warps": 4, "threads": 128, "shared": 1024,
+                      "params": layout(s.signature), **extra})
+    (d / "manifest.json").write_text(json.dumps({"schema": 1, "arch": arch, "blobs": blobs}))
+    return d
+
+
+class FakeDriver(drv.Driver):
+    vendor = "fake"
+    driver_version = 12080
+
+    def __init__(self):
+        self.loads, self.launches, self._next = [], [], 0x1000
+
+    def load_module(self, device, image):
+        self._next += 0x10
+        self.loads.append((device, image))
+        return self._next
+
+    def get_function(self, device, module, symbol):
+        return module + 1
+
+    def launch(self, device, function, grid, block, shared, stream, params):
+        self.launches.append({"device": device, "function": function, "grid": grid, "block": block,
+                              "shared": shared, "stream": stream,
+                              "ptrs": [params[i] for i in range(len(params))]})
+
+
+class FakeTensor:
+    def __init__(self, ptr):
+        self.ptr = ptr
+
+    def data_ptr(self):
+        return self.ptr
+
+
+@pytest.fixture
+def rt(tmp_path, monkeypatch):
+    """A runtime wired to a fake driver, two fake sm_90 devices and a tmp cache dir."""
+    fake = FakeDriver()
+    monkeypatch.setattr(drv, "_DRIVER", fake)
+    monkeypatch.setenv("ULTRAQUANT_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.delenv("ULTRAQUANT_BACKEND", raising=False)
+    monkeypatch.delenv("ULTRAQUANT_REQUIRE_AOT", raising=False)
+    monkeypatch.setenv("ULTRAQUANT_GENERATED", str(tmp_path / "gen"))
+    for i in (0, 1):
+        launch._DEVICES[i] = drv.DeviceInfo(index=i, arch="sm_90", name="NVIDIA H200", uuid=f"GPU-{i}",
+                                            driver_version=fake.driver_version)
+    monkeypatch.setattr(loader, "_raw_stream_getter", lambda: (lambda dev: 0xABC0 + dev))
+    monkeypatch.setattr(loader, "_KERNELS", {})
+    monkeypatch.setattr(loader, "_IMAGES", {})
+    monkeypatch.setattr(launch, "_capturing", lambda: False)
+    launch.reset()
+    yield fake
+    launch.reset()
+    launch._DEVICES.clear()
+    selftest.PROBLEMS.pop("uq_test", None)
+
+
+def args(n=1000):
+    return (FakeTensor(0x7F0000001000), FakeTensor(0x7F0000002000), n, 1 << 40, 0.125, True)
+
+
+def plan(s=None, grid=(16, 2, 1), a=None):
+    return LaunchPlan(spec=s or spec(), args=a or args(), grid=grid)
+
+
+# --- packing ------------------------------------------------------------------------------------------
+
+def _params(sig=SIG):
+    return [Param(p["name"], p["type"], p["size"], p["offset"], p["hidden"]) for p in layout(sig)]
+
+
+def test_pack_places_each_value_at_its_offset_and_hidden_pointers_null():
+    packer = ArgPacker(_params(), "k")
+    ptrs = packer.pack(args(77))
+    buf, _ = packer.buffers()
+    base = ctypes.addressof(buf)
+    assert [ptrs[i] - base for i in range(len(ptrs))] == [p.offset for p in packer.params]
+    got = {p.name: ctypes.string_at(ptrs[i], p.size) for i, p in enumerate(packer.params)}
+    assert struct.unpack("<Q", got["x_ptr"])[0] == 0x7F0000001000
+    assert struct.unpack("<Q", got["out_ptr"])[0] == 0x7F0000002000
+    assert struct.unpack("<i", got["n"])[0] == 77
+    assert struct.unpack("<q", got["stride"])[0] == 1 << 40
+    assert struct.unpack("<f", got["scale"])[0] == 0.125
+    assert got["flag"] == b"\x01"
+    assert got["global_scratch"] == got["profile_scratch"] == bytes(8)
+
+
+def test_pack_reuses_the_thread_buffer_and_overwrites_values():
+    packer = ArgPacker(_params(), "k")
+    p1 = packer.pack(args(1))
+    p2 = packer.pack(args(2))
+    assert ctypes.addressof(p1) == ctypes.addressof(p2)
+    assert struct.unpack("<i", ctypes.string_at(p2[2], 4))[0] == 2
+
+
+def test_pack_bf16_and_none_pointer():
+    sig = {"p": "*u8", "s": "bf16"}
+    packer = ArgPacker(_params(sig), "k")
+    ptrs = packer.pack((None, 1.0 + 2 ** -8 + 2 ** -12))  # rounds up to the next bf16
+    assert ctypes.string_at(ptrs[0], 8) == bytes(8)
+    assert struct.unpack("<H", ctypes.string_at(ptrs[1], 2))[0] == 0x3F81
+    assert struct.unpack("<H", ctypes.string_at(packer.pack((0, 1.0 + 2 ** -8))[1], 2))[0] == 0x3F80
+
+
+@pytest.mark.parametrize("mutate, message", [
+    (lambda ps: ps.__setitem__(2, Param("n", "i32", 8, ps[2].offset)), "has size 8, expected 4"),
+    (lambda ps: ps.__setitem__(3, Param("stride", "i64", 8, 12)), "not aligned"),
+    (lambda ps: ps.__setitem__(1, Param("out_ptr", "*fp32", 8, 0)), "overlaps"),
+    (lambda ps: ps.__setitem__(2, Param("n", "tensordesc", 4, ps[2].offset)), "not supported"),
+])
+def test_bad_layouts_are_refused(mutate, message):
+    ps = _params()
+    mutate(ps)
+    with pytest.raises(UltraQuantError, match=message):
+        ArgPacker(ps, "k")
+
+
+def test_pack_checks_arity_range_and_divisibility():
+    ps = _params()
+    ps[0] = Param("x_ptr", "*bf16", 8, 0, divisibility=16)
+    packer = ArgPacker(ps, "k")
+    with pytest.raises(UltraQuantError, match="got 2 arguments, the blob takes 6"):
+        packer.pack(args()[:2])
+    with pytest.raises(UltraQuantError, match="'x_ptr'.*multiple of 16"):
+        packer.pack((FakeTensor(0x1008), *args()[1:]))
+    with pytest.raises(UltraQuantError, match="does not fit"):
+        packer.pack((*args()[:2], 1 << 33, *args()[3:]))
+
+
+# --- manifest selection ------------------------------------------------------------------------------
+
+def test_index_exact_hit_and_config_miss(tmp_path, monkeypatch):
+    monkeypatch.setenv("ULTRAQUANT_GENERATED", str(tmp_path))
+    write_manifest(tmp_path, specs=[spec(64), spec(32)])
+    idx = ManifestIndex.discover()
+    e, why = idx.lookup("sm_90", spec(32).key())
+    assert e is not None and why == "" and e.key == spec(32).key() and e.constexprs["BLOCK"] == 32
+    assert e.signature == SIG and e.threads == 128 and e.shared == 1024
+    e, why = idx.lookup("sm_90", spec(128).key())
+    assert e is None and "no sm_90 blob for config uq_test[BLOCK=128,D=128]" in why
+
+
+def test_index_arch_mismatch_names_what_exists(tmp_path, monkeypatch):
+    monkeypatch.setenv("ULTRAQUANT_GENERATED", str(tmp_path))
+    write_manifest(tmp_path, arch="gfx942")
+    e, why = ManifestIndex.discover().lookup("sm_90", spec().key())
+    assert e is None and "no blobs built for arch sm_90 (found: gfx942)" in why
+
+
+def test_index_rejects_duplicates_and_foreign_arch_entries(tmp_path, monkeypatch):
+    monkeypatch.setenv("ULTRAQUANT_GENERATED", str(tmp_path))
+    write_manifest(tmp_path, specs=[spec(64), spec(64)])
+    write_manifest(tmp_path, arch="gfx950")
+    m = json.loads((tmp_path / "gfx950/manifest.json").read_text())
+    m["blobs"][0]["arch"] = "gfx942"
+    (tmp_path / "gfx950/manifest.json").write_text(json.dumps(m))
+    idx = ManifestIndex.discover()
+    e, why = idx.lookup("sm_90", spec(64).key())
+    assert e is None and "duplicate key uq_test[BLOCK=64,D=128]" in why
+    e, why = idx.lookup("gfx950", spec(64).key())
+    assert e is None and "says arch gfx942" in why
+
+
+def test_index_rejects_unknown_schema_and_missing_fields(tmp_path, monkeypatch):
+    monkeypatch.setenv("ULTRAQUANT_GENERATED", str(tmp_path))
+    write_manifest(tmp_path)
+    m = json.loads((tmp_path / "sm_90/manifest.json").read_text())
+    m["schema"] = 99
+    (tmp_path / "sm_90/manifest.json").write_text(json.dumps(m))
+    assert "schema 99" in ManifestIndex.discover().lookup("sm_90", spec().key())[1]
+    m["schema"] = 1
+    del m["blobs"][0]["sha256"]
+    (tmp_path / "sm_90/manifest.json").write_text(json.dumps(m))
+    assert "missing field 'sha256'" in ManifestIndex.discover().lookup("sm_90", spec().key())[1]
+
+
+def test_first_search_root_wins(tmp_path, monkeypatch):
+    a, b = tmp_path / "a", tmp_path / "b"
+    write_manifest(a, specs=[spec(64)])
+    write_manifest(b, specs=[spec(32)])
+    monkeypatch.setenv("ULTRAQUANT_GENERATED", f"{a}:{b}")
+    ms = [m for m in find_manifests() if m.arch == "sm_90"]
+    assert len(ms) == 1 and ms[0].directory == a / "sm_90"
+
+
+# --- verdict cache ------------------------------------------------------------------------------------
+
+def _dev(uuid="GPU-0", driver=12080, name="NVIDIA H200"):
+    return drv.DeviceInfo(index=0, arch="sm_90", name=name, uuid=uuid, driver_version=driver)
+
+
+def test_verdicts_roundtrip_and_are_per_device_driver_and_model(tmp_path):
+    c = VerdictCache(tmp_path / "v.json")
+    c.put("ab" * 32, _dev(), Verdict(ok=False, detail="max err 3.0"))
+    fresh = VerdictCache(tmp_path / "v.json")
+    v = fresh.get("ab" * 32, _dev())
+    assert v is not None and not v.ok and v.detail == "max err 3.0" and v.when > 0
+    assert fresh.get("ab" * 32, _dev(uuid="GPU-1")) is None
+    assert fresh.get("ab" * 32, _dev(driver=13000)) is None
+    assert fresh.get("ab" * 32, _dev(name="NVIDIA H100")) is None
+    assert fresh.get("cd" * 32, _dev()) is None
+
+
+def test_verdicts_merge_concurrent_writers_and_survive_garbage(tmp_path):
+    p = tmp_path / "v.json"
+    a, b = VerdictCache(p), VerdictCache(p)
+    a.get("00", _dev())
+    b.put("11", _dev(), Verdict(ok=True, detail=""))
+    a.put("22", _dev(), Verdict(ok=True, detail=""))
+    fresh = VerdictCache(p)
+    assert fresh.get("11", _dev()).ok and fresh.get("22", _dev()).ok
+    p.write_text("{not json")
+    assert VerdictCache(p).get("11", _dev()) is None
+
+
+def test_verdict_cache_follows_env(tmp_path, monkeypatch):
+    monkeypatch.setenv("ULTRAQUANT_CACHE_DIR", str(tmp_path / "x"))
+    c = VerdictCache()
+    c.put("11", _dev(), Verdict(ok=True, detail=""))
+    assert (tmp_path / "x/selftest-v1.json").exists()
+    monkeypatch.setenv("ULTRAQUANT_CACHE_DIR", str(tmp_path / "y"))
+    assert c.get("11", _dev()) is None
+
+
+# --- try_launch: hit, miss, switches, refusal, self-test, capture, devices --------------------------
+
+def test_hit_launches_with_manifest_geometry_on_current_stream(rt, tmp_path):
+    write_manifest(tmp_path / "gen")
+    assert launch.try_launch(plan(), 1) is True
+    (call,) = rt.launches
+    assert call["device"] == 1 and call["grid"] == (16, 2, 1) and call["block"] == 128
+    assert call["shared"] == 1024 and call["stream"] == 0xABC1
+    assert struct.unpack("<i", ctypes.string_at(call["ptrs"][2], 4))[0] == 1000
+    assert len(rt.loads) == 1
+    launch.try_launch(plan(a=args(5)), 1)
+    assert len(rt.loads) == 1 and len(rt.launches) == 2  # loaded once
+
+
+def test_modules_are_per_device(rt, tmp_path):
+    write_manifest(tmp_path / "gen")
+    launch.try_launch(plan(), 0)
+    launch.try_launch(plan(), 1)
+    launch.try_launch(plan(), 0)
+    assert [d for d, _ in rt.loads] == [0, 1]
+    k0 = launch.state()[(0, spec().key())]
+    k1 = launch.state()[(1, spec().key())]
+    assert k0.module != k1.module and k0.device == 0 and k1.device == 1
+    assert [c["function"] for c in rt.launches] == [k0.function, k1.function, k0.function]
+    assert [c["device"] for c in rt.launches] == [0, 1, 0]
+
+
+def test_miss_falls_back_and_logs_once(rt, tmp_path, caplog):
+    write_manifest(tmp_path / "gen")
+    caplog.set_level(logging.INFO, logger="ultraquant.runtime")
+    for _ in range(3):
+        assert launch.try_launch(plan(spec(32)), 0) is False
+    msgs = [r.getMessage() for r in caplog.records if "AOT miss" in r.getMessage()]
+    assert len(msgs) == 1 and "uq_test[BLOCK=32,D=128]" in msgs[0] and not rt.launches
+
+
+def test_require_aot_turns_a_miss_into_an_error(rt, tmp_path, monkeypatch):
+    write_manifest(tmp_path / "gen", arch="gfx942")
+    monkeypatch.setenv("ULTRAQUANT_REQUIRE_AOT", "1")
+    with pytest.raises(UltraQuantError, match="REQUIRE_AOT.*no blobs built for arch sm_90"):
+        launch.try_launch(plan(), 0)
+    with pytest.raises(UltraQuantError, match="REQUIRE_AOT"):
+        launch.warmup([spec()], 0)
+
+
+@pytest.mark.parametrize("mode", ["triton", "reference"])
+def test_backend_switch_skips_blobs(rt, tmp_path, monkeypatch, mode):
+    write_manifest(tmp_path / "gen")
+    monkeypatch.setenv("ULTRAQUANT_BACKEND", mode)
+    assert launch.try_launch(plan(), 0) is False and not rt.loads
+    monkeypatch.setenv("ULTRAQUANT_REQUIRE_AOT", "1")
+    with pytest.raises(UltraQuantError, match="contradicts"):
+        launch.try_launch(plan(), 0)
+
+
+def test_bad_backend_name_is_an_error(rt, monkeypatch):
+    monkeypatch.setenv("ULTRAQUANT_BACKEND", "cuda")
+    with pytest.raises(UltraQuantError, match="ULTRAQUANT_BACKEND"):
+        launch.try_launch(plan(), 0)
+
+
+def test_aot_backend_uses_blobs(rt, tmp_path, monkeypatch):
+    write_manifest(tmp_path / "gen")
+    monkeypatch.setenv("ULTRAQUANT_BACKEND", "aot")
+    assert launch.try_launch(plan(), 0) is True
+
+
+def test_corrupted_blob_is_refused_with_a_warning(rt, tmp_path, caplog):
+    d = write_manifest(tmp_path / "gen")
+    (d / "uq_test_0.cubin").write_bytes(b"tampered")
+    caplog.set_level(logging.WARNING, logger="ultraquant.runtime")
+    assert launch.try_launch(plan(), 0) is False and not rt.loads
+    assert any("sha256" in r.getMessage() and "corrupted" in r.getMessage() for r in caplog.records)
+
+
+def test_stale_signature_is_a_miss(rt, tmp_path):
+    write_manifest(tmp_path / "gen")
+    new_sig = {**SIG, "extra": "i32"}
+    s = Specialization(kernel="uq_test", signature=new_sig, constexprs=spec().constexprs)
+    assert launch.try_launch(plan(s, a=(*args(), 3)), 0) is False
+    assert "rebuild" in launch.state()[(0, s.key())].reason
+
+
+def test_scratch_or_cluster_blobs_are_refused(rt, tmp_path):
+    write_manifest(tmp_path / "gen", global_scratch_size=256)
+    assert launch.try_launch(plan(), 0) is False
+    assert "global scratch" in launch.state()[(0, spec().key())].reason
+
+
+def test_failing_selftest_disables_blob_and_verdict_is_cached_per_device(rt, tmp_path):
+    write_manifest(tmp_path / "gen")
+    calls = []
+
+    def problem(kernel, s, dev):
+        calls.append(dev)
+        kernel.launch(args(), (1, 1, 1))
+        return dev != 1, f"device {dev}"
+
+    selftest.PROBLEMS["uq_test"] = problem
+    assert launch.try_launch(plan(), 0) is True
+    assert launch.try_launch(plan(), 1) is False
+    assert "self-test failed" in launch.state()[(1, spec().key())].reason
+    assert calls == [0, 1]
+    # A new process (reset) trusts the cache: no rerun; device 1 is not even loaded again.
+    launch.reset()
+    loader._KERNELS.clear()
+    rt.loads.clear()
+    assert launch.try_launch(plan(), 0) is True and launch.try_launch(plan(), 1) is False
+    assert calls == [0, 1] and [d for d, _ in rt.loads] == [0]
+    assert "failed on this GPU earlier" in launch.state()[(1, spec().key())].reason
+
+
+def test_selftest_exception_is_a_failed_verdict(rt, tmp_path):
+    write_manifest(tmp_path / "gen")
+
+    def problem(kernel, s, dev):
+        raise RuntimeError("illegal value")
+
+    selftest.PROBLEMS["uq_test"] = problem
+    assert launch.try_launch(plan(), 0) is False
+    assert "RuntimeError: illegal value" in launch.state()[(0, spec().key())].reason
+
+
+def test_first_use_during_capture_raises_and_warmup_fixes_it(rt, tmp_path, monkeypatch):
+    write_manifest(tmp_path / "gen")
+    monkeypatch.setattr(launch, "_capturing", lambda: True)
+    with pytest.raises(UltraQuantError, match=r"warmup"):
+        launch.try_launch(plan(), 0)
+    monkeypatch.setattr(launch, "_capturing", lambda: False)
+    report = launch.warmup([spec(), plan(spec(32))], 0)
+    assert report == {spec().key(): "aot", spec(32).key(): launch.state()[(0, spec(32).key())].reason}
+    monkeypatch.setattr(launch, "_capturing", lambda: True)
+    assert launch.try_launch(plan(), 0) is True  # loaded: no driver work besides the launch
+    assert launch.try_launch(plan(spec(32)), 0) is False  # a known miss is fine during capture
+
+
+def test_warmup_rejects_unknown_config_types(rt):
+    with pytest.raises(UltraQuantError, match="configs"):
+        launch.warmup([42], 0)
