@@ -1,0 +1,148 @@
+"""Every bad input raises UltraQuantError naming the argument, and leaves the cache bytes unchanged.
+
+The same cases run against the reference and against the public ops (on CPU tensors the ops
+validate identically before any kernel runs)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import ultraquant as uq
+from ultraquant import reference as R
+
+D, HK, HQ, BS, NB = 64, 2, 4, 8, 6
+
+
+def cache() -> torch.Tensor:
+    return torch.randint(0, 256, (NB, BS, HK, uq.slot_size(D)), dtype=torch.uint8,
+                         generator=torch.Generator().manual_seed(0))
+
+
+def store_args(**over):
+    args = dict(key=torch.randn(3, HK, D), value=torch.randn(3, HK, D), kv_cache=cache(),
+                slot_mapping=torch.tensor([0, 9, -1]))
+    args.update(over)
+    return args
+
+
+STORE_BAD = {
+    "key dtype": (dict(key=torch.randn(3, HK, D).double()), "key"),
+    "key ndim": (dict(key=torch.randn(3, HK * D)), "key"),
+    "value shape": (dict(value=torch.randn(3, HK, D // 2)), "value"),
+    "head size": (dict(key=torch.randn(3, HK, 48), value=torch.randn(3, HK, 48)), "head_size"),
+    "cache dtype": (dict(kv_cache=torch.zeros(NB, BS, HK, uq.slot_size(D), dtype=torch.int8)), "kv_cache"),
+    "slot bytes": (dict(kv_cache=torch.zeros(NB, BS, HK, uq.slot_size(D) - 1, dtype=torch.uint8)), "slot_bytes"),
+    "cache heads": (dict(kv_cache=torch.zeros(NB, BS, HK + 1, uq.slot_size(D), dtype=torch.uint8)), "kv heads"),
+    "slot dtype": (dict(slot_mapping=torch.tensor([0.0, 1.0, 2.0])), "slot_mapping"),
+    "slot shape": (dict(slot_mapping=torch.tensor([0, 1])), "slot_mapping"),
+    "slot range": (dict(slot_mapping=torch.tensor([0, NB * BS, 1])), "slot_mapping"),
+    "not a tensor": (dict(key=[1.0, 2.0]), "key"),
+}
+
+
+@pytest.mark.parametrize("store", [R.store_kv, uq.store_kv], ids=["reference", "ops"])
+@pytest.mark.parametrize("case", list(STORE_BAD))
+def test_store_rejects(case: str, store) -> None:
+    over, needle = STORE_BAD[case]
+    args = store_args(**over)
+    before = args["kv_cache"].clone()
+    with pytest.raises(uq.UltraQuantError, match=needle):
+        store(**args)
+    assert torch.equal(args["kv_cache"], before)
+
+
+def test_store_rejects_unknown_encoder() -> None:
+    args = store_args()
+    before = args["kv_cache"].clone()
+    with pytest.raises(uq.UltraQuantError, match="encoder"):
+        R.store_kv(**args, encoder="nearest")
+    assert torch.equal(args["kv_cache"], before)
+
+
+def decode_args(**over):
+    args = dict(query=torch.randn(2, HQ, D), kv_cache=cache(),
+                block_table=torch.tensor([[1, 2], [3, 0]], dtype=torch.int32),
+                seq_lens=torch.tensor([9, 5], dtype=torch.int32), scale=0.125)
+    args.update(over)
+    return args
+
+
+DECODE_BAD = {
+    "query dtype": (dict(query=torch.randn(2, HQ, D).double()), "query"),
+    "gqa": (dict(query=torch.randn(2, 3, D)), "multiple of Hk"),
+    "head size": (dict(query=torch.randn(2, HQ, 96)), "head_size"),
+    "slot too small": (dict(query=torch.randn(2, HQ, 128)), "slot_bytes"),
+    "block table dtype": (dict(block_table=torch.tensor([[1, 2], [3, 0]])), "block_table"),
+    "block table rows": (dict(block_table=torch.tensor([[1, 2]], dtype=torch.int32)), "block_table"),
+    "block id range": (dict(block_table=torch.tensor([[1, NB], [3, 0]], dtype=torch.int32)), "block_table"),
+    "negative block id": (dict(block_table=torch.tensor([[1, 2], [-1, 0]], dtype=torch.int32)), "block_table"),
+    "seq too long": (dict(seq_lens=torch.tensor([9, 17], dtype=torch.int32)), "seq_lens"),
+    "seq negative": (dict(seq_lens=torch.tensor([9, -1], dtype=torch.int32)), "seq_lens"),
+    "seq dtype": (dict(seq_lens=torch.tensor([9, 5])), "seq_lens"),
+    "scale": (dict(scale=0.0), "scale"),
+    "sinks shape": (dict(sinks=torch.zeros(HQ + 1)), "sinks"),
+    "sinks dtype": (dict(sinks=torch.zeros(HQ, dtype=torch.bfloat16)), "sinks"),
+    "window": (dict(sliding_window=0), "sliding_window"),
+    "softcap": (dict(softcap=-1.0), "softcap"),
+    "out shape": (dict(out=torch.empty(2, HQ, D + 1)), "out"),
+}
+
+
+@pytest.mark.parametrize("decode", [R.decode_attention, uq.decode_attention], ids=["reference", "ops"])
+@pytest.mark.parametrize("case", list(DECODE_BAD))
+def test_decode_rejects(case: str, decode) -> None:
+    over, needle = DECODE_BAD[case]
+    args = decode_args(**over)
+    before = args["kv_cache"].clone()
+    with pytest.raises(uq.UltraQuantError, match=needle):
+        decode(**args)
+    assert torch.equal(args["kv_cache"], before)
+
+
+def test_unused_block_table_entries_are_not_checked() -> None:
+    # Entries past a request's last block are padding (vLLM leaves anything there).
+    args = decode_args(block_table=torch.tensor([[1, 2], [3, -7]], dtype=torch.int32))
+    assert R.decode_attention(**args).shape == (2, HQ, D)
+
+
+def prefill_args(**over):
+    args = dict(query=torch.randn(5, HQ, D), key=torch.randn(5, HK, D), value=torch.randn(5, HK, D),
+                kv_cache=cache(), block_table=torch.tensor([[1, 2], [3, 0]], dtype=torch.int32),
+                seq_lens=torch.tensor([9, 2], dtype=torch.int32),
+                query_start_loc=torch.tensor([0, 3, 5], dtype=torch.int32), scale=0.125)
+    args.update(over)
+    return args
+
+
+PREFILL_BAD = {
+    "key tokens": (dict(key=torch.randn(4, HK, D)), "key"),
+    "qsl shape": (dict(query_start_loc=torch.tensor([0, 5], dtype=torch.int32)), "query_start_loc"),
+    "qsl end": (dict(query_start_loc=torch.tensor([0, 3, 4], dtype=torch.int32)), "query_start_loc"),
+    "qsl order": (dict(query_start_loc=torch.tensor([0, 6, 5], dtype=torch.int32)), "query_start_loc"),
+    "chunk longer than seq": (dict(query_start_loc=torch.tensor([0, 2, 5], dtype=torch.int32)),
+                              "query_start_loc"),
+    "gqa": (dict(query=torch.randn(5, 3, D)), "multiple of Hk"),
+    "out dtype": (dict(out=torch.empty(5, HQ, D, dtype=torch.int32)), "out"),
+}
+
+
+@pytest.mark.parametrize("prefill", [R.prefill_attention, uq.prefill_attention], ids=["reference", "ops"])
+@pytest.mark.parametrize("case", list(PREFILL_BAD))
+def test_prefill_rejects(case: str, prefill) -> None:
+    over, needle = PREFILL_BAD[case]
+    args = prefill_args(**over)
+    before = args["kv_cache"].clone()
+    with pytest.raises(uq.UltraQuantError, match=needle):
+        prefill(**args)
+    assert torch.equal(args["kv_cache"], before)
+
+
+def test_dequant_rejects_unknown_slot_size() -> None:
+    bad = torch.zeros(2, 4, 1, 100, dtype=torch.uint8)
+    with pytest.raises(uq.UltraQuantError, match="slot_bytes"):
+        R.dequant_kv(bad, torch.zeros(1, 1, dtype=torch.int32), torch.tensor([1], dtype=torch.int32))
+
+
+def test_error_is_a_value_error() -> None:
+    assert issubclass(uq.UltraQuantError, ValueError)
