@@ -279,6 +279,10 @@ class UltraQuantAttention:
         ws = self._qsl_ws
         return sinks_ok and ws is not None and ws.device == device and ws.shape[0] > num_reqs
 
+    def reset(self) -> None:
+        """Forget the device copy of the sinks (after new weights were loaded into the source)."""
+        self.sinks = None
+
     # ------------------------------------------------------------------ forward
 
     def store(self, key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor,

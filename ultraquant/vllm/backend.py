@@ -1,0 +1,184 @@
+"""The vLLM 0.33 attention backend over :class:`ultraquant.attention.UltraQuantAttention`.
+
+Importing this module imports vLLM. vLLM resolves it through :func:`ultraquant.vllm.register`. The
+pieces, each implementing one of vLLM's abstract interfaces from ``vllm.v1.attention.backend``:
+
+- :class:`UltraQuantBackend` (``AttentionBackend``): the ``ultraquant_4bit`` cache dtype, a page of
+  ``Hk * block_size * slot_size(D)`` bytes (``customize_spec``), block sizes 16/32/64/128, head sizes
+  64..512, sinks and sliding windows, decoder attention only.
+- :class:`UltraQuantMetadataBuilder` (``AttentionMetadataBuilder``): decodes reordered to the front
+  (threshold 1), CUDA graphs for uniform single-token decode batches; ``build`` maps
+  ``CommonAttentionMetadata`` with :func:`ultraquant.vllm.spec.layer_metadata` (host data only).
+- :class:`UltraQuantImpl` (``AttentionImpl``): ``do_kv_cache_update`` stores (vLLM calls it before
+  ``forward``, and skips it for layers that share another layer's cache); ``forward`` serves the
+  mixed batch into vLLM's output buffer.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Any, ClassVar
+
+import torch
+from vllm.v1.attention.backend import (
+    AttentionBackend,
+    AttentionCGSupport,
+    AttentionImpl,
+    AttentionMetadataBuilder,
+    AttentionType,
+    CommonAttentionMetadata,
+)
+from vllm.v1.attention.backend import AttentionMetadata as VllmAttentionMetadata
+from vllm.v1.kv_cache_layout import KVCacheLayout
+
+from ..attention import AttentionMetadata, UltraQuantAttention
+from ..format import slot_size
+from .spec import (
+    BACKEND_NAME,
+    KV_CACHE_DTYPE,
+    SUPPORTED_BLOCK_SIZES,
+    SUPPORTED_HEAD_SIZES,
+    kv_cache_shape,
+    layer_metadata,
+    ops_cache_view,
+)
+
+__all__ = ["UltraQuantBackend", "UltraQuantImpl", "UltraQuantMetadataBuilder", "UltraQuantVllmMetadata"]
+
+
+@dataclass
+class UltraQuantVllmMetadata(AttentionMetadata, VllmAttentionMetadata):
+    """The layer's metadata, typed as a vLLM ``AttentionMetadata`` as the builder contract wants."""
+
+
+class UltraQuantMetadataBuilder(AttentionMetadataBuilder[UltraQuantVllmMetadata]):
+    """Per-batch metadata for UltraQuant layers: a view-only mapping of vLLM's common metadata."""
+
+    _cudagraph_support: ClassVar[AttentionCGSupport] = AttentionCGSupport.UNIFORM_SINGLE_TOKEN_DECODE
+
+    def __init__(self, kv_cache_spec: Any, layer_names: list[str], vllm_config: Any,
+                 device: torch.device) -> None:
+        super().__init__(kv_cache_spec, layer_names, vllm_config, device)
+        # One-token requests first: the layer serves them with one decode launch.
+        self._init_reorder_batch_threshold(1, supports_spec_as_decode=False)
+
+    def build(self, common_prefix_len: int, common_attn_metadata: CommonAttentionMetadata,
+              fast_build: bool = False) -> UltraQuantVllmMetadata:
+        """Map the batch (no device work: slices and host reads only)."""
+        md = layer_metadata(common_attn_metadata, UltraQuantVllmMetadata)
+        assert isinstance(md, UltraQuantVllmMetadata)
+        return md
+
+
+class UltraQuantImpl(AttentionImpl[UltraQuantVllmMetadata]):
+    """One vLLM attention layer served by :class:`UltraQuantAttention`."""
+
+    def __init__(self, num_heads: int, head_size: int, scale: float, num_kv_heads: int | None = None,
+                 alibi_slopes: list[float] | None = None, sliding_window: int | None = None,
+                 kv_cache_dtype: str = "auto", logits_soft_cap: float | None = None,
+                 attn_type: str = AttentionType.DECODER, kv_sharing_target_layer_name: str | None = None,
+                 **kwargs: Any) -> None:
+        if alibi_slopes is not None:
+            raise NotImplementedError("UltraQuant attention: ALiBi is not supported")
+        if attn_type != AttentionType.DECODER:
+            raise NotImplementedError(f"UltraQuant attention: only decoder attention, got {attn_type}")
+        if kv_cache_dtype != KV_CACHE_DTYPE:
+            raise ValueError(f"kv_cache_dtype: UltraQuant serves {KV_CACHE_DTYPE!r}, got {kv_cache_dtype!r}")
+        self.num_heads = num_heads
+        self.head_size = head_size
+        self.scale = float(scale)
+        self.num_kv_heads = num_kv_heads if num_kv_heads is not None else num_heads
+        self.kv_cache_dtype = kv_cache_dtype
+        self.sliding_window = sliding_window if sliding_window and sliding_window > 0 else None
+        self.logits_soft_cap = logits_soft_cap if logits_soft_cap else None
+        self.kv_sharing_target_layer_name = kv_sharing_target_layer_name
+        self.attn = UltraQuantAttention(num_heads, self.num_kv_heads, head_size, self.scale,
+                                        sinks=kwargs.get("sinks"), sliding_window=self.sliding_window,
+                                        softcap=self.logits_soft_cap)
+
+    def process_weights_after_loading(self, act_dtype: torch.dtype) -> None:
+        """Sinks are a model weight: take the loaded values at the next setup."""
+        self.attn.reset()
+
+    def do_kv_cache_update(self, layer: Any, key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor,
+                           slot_mapping: torch.Tensor) -> None:
+        """Store the new tokens (vLLM passes ``slot_mapping`` already cut to the real tokens)."""
+        self.attn.store(key, value, ops_cache_view(kv_cache), slot_mapping)
+
+    def forward(self, layer: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                kv_cache: torch.Tensor, attn_metadata: UltraQuantVllmMetadata, output: torch.Tensor,
+                output_scale: torch.Tensor | None = None,
+                output_block_scale: torch.Tensor | None = None) -> torch.Tensor:
+        """Attention of the batch into ``output`` (the cache was updated by do_kv_cache_update)."""
+        if output_scale is not None or output_block_scale is not None:
+            raise NotImplementedError("UltraQuant attention: fused output quantization is not supported")
+        if attn_metadata is None:  # vLLM's profiling run: no batch
+            return output.fill_(0)
+        self.attn.forward(query, key, value, ops_cache_view(kv_cache), attn_metadata, output, store=False)
+        return output
+
+
+class UltraQuantBackend(AttentionBackend):
+    """vLLM attention backend for ``--kv-cache-dtype ultraquant_4bit`` (see the module docstring)."""
+
+    accept_output_buffer: bool = True
+    forward_includes_kv_cache_update: bool = False
+    supported_dtypes: ClassVar[list[torch.dtype]] = [torch.float16, torch.bfloat16]
+    supported_kv_cache_dtypes: ClassVar[list[Any]] = [KV_CACHE_DTYPE]
+
+    @staticmethod
+    def get_name() -> str:
+        return BACKEND_NAME
+
+    @staticmethod
+    def get_impl_cls() -> type[UltraQuantImpl]:
+        return UltraQuantImpl
+
+    @staticmethod
+    def get_builder_cls() -> type[UltraQuantMetadataBuilder]:
+        return UltraQuantMetadataBuilder
+
+    @staticmethod
+    def get_supported_kernel_block_sizes(kv_cache_spec: Any = None) -> list[int]:
+        return list(SUPPORTED_BLOCK_SIZES)
+
+    @classmethod
+    def get_supported_head_sizes(cls) -> list[int]:
+        return list(SUPPORTED_HEAD_SIZES)
+
+    @classmethod
+    def supports_kv_cache_dtype(cls, kv_cache_dtype: Any) -> bool:
+        return kv_cache_dtype == KV_CACHE_DTYPE
+
+    @classmethod
+    def supports_sink(cls) -> bool:
+        return True
+
+    @classmethod
+    def supports_sliding_window(cls) -> bool:
+        return True
+
+    @classmethod
+    def supports_attn_type(cls, attn_type: str) -> bool:
+        return attn_type == AttentionType.DECODER
+
+    @classmethod
+    def supported_kv_cache_layouts(cls) -> tuple[KVCacheLayout, ...]:
+        """Head-major pages first (one kv head's slots of a block are contiguous: the kernels'
+        bandwidth prefers it, see shared docs/anchors.md), token-major (upstream's order) second."""
+        return (KVCacheLayout.LBHNC, KVCacheLayout.LBNHC)
+
+    @classmethod
+    def customize_spec(cls, spec: Any) -> Any:
+        """One slot of ``slot_size(D)`` bytes per (token, kv head) holds K and V together."""
+        mode = getattr(spec, "kv_quant_mode", None)
+        if spec.state_content_bytes is not None or not getattr(mode, "is_ultraquant", False):
+            return spec
+        return replace(spec, state_content_bytes=slot_size(spec.head_size))
+
+    @staticmethod
+    def get_kv_cache_shape(num_blocks: int, block_size: int, num_kv_heads: int, head_size: int,
+                           cache_dtype_str: str = KV_CACHE_DTYPE) -> tuple[int, ...]:
+        """The ops' view of one layer's cache, ``(num_blocks, block_size, Hk, slot_size(D))`` uint8
+        (vLLM 0.33 sizes pages through :meth:`customize_spec`; kept for engines that ask)."""
+        return kv_cache_shape(num_blocks, block_size, num_kv_heads, head_size)

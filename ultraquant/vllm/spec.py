@@ -1,0 +1,90 @@
+"""The vLLM-facing facts of the adapter that need no vLLM import: names, shapes, metadata mapping.
+
+Kept apart from :mod:`ultraquant.vllm.backend` (which subclasses vLLM's classes) so that they can be
+tested, and used by other engines, without vLLM installed.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from ..attention import AttentionMetadata
+from ..errors import UltraQuantError
+from ..format import check_head_size, slot_size
+from ..validate import check_tensor
+
+VLLM_VERSION = "0.33.0"
+"""The vLLM release whose attention backend interfaces the adapter implements (and is tested against)."""
+
+KV_CACHE_DTYPE = "ultraquant_4bit"
+"""vLLM's ``--kv-cache-dtype`` value for this format (stored as uint8)."""
+
+BACKEND_NAME = "ULTRAQUANT"
+"""vLLM's ``AttentionBackendEnum`` member (and ``--attention-backend`` value) the plugin overrides."""
+
+SUPPORTED_BLOCK_SIZES: tuple[int, ...] = (16, 32, 64, 128)
+"""Kernel block sizes (tokens per cache block) the ops are built and tested for."""
+
+SUPPORTED_HEAD_SIZES: tuple[int, ...] = (64, 128, 256, 512)
+"""Head sizes D the format and kernels serve (powers of two, multiples of 32)."""
+
+
+def kv_cache_shape(num_blocks: int, block_size: int, num_kv_heads: int, head_size: int) -> tuple[int, ...]:
+    """Shape of one layer's cache as the ops see it: ``(num_blocks, block_size, Hk, slot_size(D))`` uint8."""
+    check_head_size(head_size)
+    for name, v in (("num_blocks", num_blocks), ("block_size", block_size), ("num_kv_heads", num_kv_heads)):
+        if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
+            raise UltraQuantError(f"{name}: expected a positive int, got {v!r}")
+    return (num_blocks, block_size, num_kv_heads, slot_size(head_size))
+
+
+def ops_cache_view(kv_cache: torch.Tensor) -> torch.Tensor:
+    """vLLM 0.33 hands each layer its cache as the logical ``[blocks, heads, tokens, bytes]`` view
+    (whatever the physical layout); the ops take ``(blocks, tokens, heads, bytes)`` with strides."""
+    check_tensor("kv_cache", kv_cache, dtypes=(torch.uint8,), ndim=4)
+    return kv_cache.transpose(1, 2)
+
+
+def count_decodes(query_start_loc_cpu: torch.Tensor) -> int:
+    """Leading requests with exactly one new token (vLLM reorders them to the front); host tensor."""
+    check_tensor("query_start_loc_cpu", query_start_loc_cpu, dtypes=(torch.int32, torch.int64), ndim=1)
+    if query_start_loc_cpu.device.type != "cpu":
+        raise UltraQuantError("query_start_loc_cpu: expected a CPU tensor")
+    q_lens = (query_start_loc_cpu[1:] - query_start_loc_cpu[:-1]).tolist()
+    n = 0
+    while n < len(q_lens) and q_lens[n] == 1:
+        n += 1
+    return n
+
+
+def layer_metadata(common: Any,
+                   metadata_cls: type[AttentionMetadata] = AttentionMetadata) -> AttentionMetadata:
+    """Map vLLM's ``CommonAttentionMetadata`` (any object with its field names) to the layer's metadata.
+
+    Reads only host data (``query_start_loc_cpu``, ints); device tensors are passed through as views.
+    ``seq_lens_cpu_upper_bound`` (exact for prefill rows, which are the only rows the layer reads on
+    the host) becomes ``seq_lens_cpu``.
+    """
+    num_reqs = int(common.num_reqs)
+    qsl_cpu = common.query_start_loc_cpu[: num_reqs + 1]
+    seq_cpu = getattr(common, "seq_lens_cpu_upper_bound", None)
+    if seq_cpu is None:
+        seq_cpu = getattr(common, "seq_lens_cpu", None)
+    if isinstance(seq_cpu, torch.Tensor):
+        seq_cpu = seq_cpu[:num_reqs]
+    else:
+        seq_cpu = None
+    return metadata_cls(
+        seq_lens=common.seq_lens[:num_reqs],
+        query_start_loc=common.query_start_loc[: num_reqs + 1],
+        block_table=common.block_table_tensor[:num_reqs],
+        slot_mapping=common.slot_mapping,
+        num_actual_tokens=int(common.num_actual_tokens),
+        num_decodes=count_decodes(qsl_cpu),
+        max_query_len=int(common.max_query_len),
+        max_seq_len=int(common.max_seq_len),
+        query_start_loc_cpu=qsl_cpu,
+        seq_lens_cpu=seq_cpu,
+    )
