@@ -60,6 +60,8 @@ def _running() -> Iterator[None]:
 
 def run(kernel: Kernel, spec: Specialization, dev: DeviceInfo, *, record: bool = True) -> Verdict:
     """Self-test ``kernel`` on ``dev`` now and (by default) record the verdict in :data:`CACHE`."""
+    from . import problems  # noqa: F401  (registers the built-in problems; imports the reference)
+
     problem = PROBLEMS.get(kernel.entry.kernel)
     t0 = time.perf_counter()
     if problem is None:

@@ -1,0 +1,192 @@
+"""The self-test problems, one per kernel: small inputs matching a blob's constexprs, launched through
+the blob, checked against :mod:`ultraquant.reference`.
+
+Each problem builds its launch with the same ``plan_*`` function dispatch uses and first checks that
+the plan's config key is the blob's (a problem that would test another variant is a failure, not a
+pass). Sizes are chosen to cross the interesting boundaries cheaply: several programs per launch,
+more than one KV split in decode, a skipped slot in store, a cached prefix plus a causal chunk in
+prefill. Inputs come from a fixed-seed CPU generator, so a verdict is reproducible.
+
+Pass criteria are loose enough for legitimate rounding (bf16 outputs, butterfly vs matmul rotation
+near ties) and far tighter than any wrong kernel: a blob with the wrong encoder, head size or
+feature flags fails them.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ultraquant import reference
+from ultraquant.format import SlotLayout, hadamard, slot_size
+from ultraquant.kernels import plans
+from ultraquant.kernels.plan import LaunchPlan, Specialization
+
+from .loader import Kernel
+from .selftest import register
+
+_DTYPES = {name: dtype for dtype, name in plans.DTYPE_NAMES.items()}
+_ENCODERS = {i: name for name, i in plans.ENCODER_IDS.items()}
+TIE_VALUES = (6.0, 0.75, 1.75, 2.5, 3.5, 5.0, 0.25, 1.25)
+"""A group with absmax 6 has scale 1, so these land exactly on E2M1 decision points: encoders that
+break ties differently (rne vs upstream) write different codes for them."""
+
+Device = int | torch.device
+"""A CUDA device index, or any torch device (the CPU tests run the problems under Triton's interpreter)."""
+
+ATTENTION_RTOL = 2e-2
+"""Relative (Frobenius) error allowed for attention/dequant outputs against the float64 reference."""
+
+
+def _dtype(spec: Specialization, param: str) -> torch.dtype:
+    return _DTYPES[spec.signature[param].lstrip("*")]
+
+
+def _gen() -> torch.Generator:
+    return torch.Generator().manual_seed(20261129)
+
+
+def _rel_err(got: torch.Tensor, want: torch.Tensor) -> float:
+    got, want = got.double(), want.double()
+    return float((got - want).norm() / want.norm().clamp_min(1e-30))
+
+
+def _launch(kernel: Kernel, plan: LaunchPlan, dev: Device) -> str | None:
+    """Launch ``plan`` through ``kernel`` and wait; the reason it cannot be used, if any."""
+    if plan.spec.key() != kernel.entry.key:
+        return f"the self-test problem planned {plan.spec.key()}, not this blob's {kernel.entry.key}"
+    kernel.launch(plan.args, plan.grid)
+    if torch.device(dev).type == "cuda":
+        torch.cuda.synchronize(dev)
+    return None
+
+
+def _paged(dev: Device, lens: list[int], hk: int, d: int, block_size: int, kv_dtype: torch.dtype,
+           gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A reference-filled cache with a shuffled block table; returns cache, table, lens, raw K, raw V."""
+    need = [-(-n // block_size) for n in lens]
+    nblocks = sum(need) + 1
+    cache = torch.randint(0, 256, (nblocks, block_size, hk, slot_size(d)), dtype=torch.uint8, generator=gen)
+    free = torch.randperm(nblocks, generator=gen).tolist()
+    table = torch.zeros(len(lens), max(need + [1]), dtype=torch.int32)
+    slots = []
+    for i, n in enumerate(lens):
+        ids = [free.pop() for _ in range(need[i])]
+        table[i, : need[i]] = torch.tensor(ids, dtype=torch.int32)
+        pos = torch.arange(n)
+        slots.append(table[i, pos // block_size].long() * block_size + pos % block_size)
+    total = sum(lens)
+    k = torch.randn(total, hk, d, generator=gen).to(kv_dtype)
+    v = torch.randn(total, hk, d, generator=gen).to(kv_dtype)
+    cache, table, k, v = (t.to(dev) for t in (cache, table, k, v))
+    reference.store_kv(k, v, cache, torch.cat(slots).to(dev))
+    return cache, table, torch.tensor(lens, dtype=torch.int32, device=dev), k, v
+
+
+def _options(c: dict, hq: int, gen: torch.Generator, dev: Device) -> tuple:
+    sinks = torch.randn(hq, generator=gen).to(dev) if c.get("HAS_SINKS") else None
+    window = 24 if c.get("HAS_WINDOW") else None
+    softcap = 8.0 if c.get("HAS_SOFTCAP") else None
+    return sinks, window, softcap
+
+
+@register("uq_store_kv")
+def store_problem(kernel: Kernel, spec: Specialization, dev: Device) -> tuple[bool, str]:
+    """19 tokens x 2 kv heads (two programs, a partial one), one skipped slot, tie values in V."""
+    c, gen = spec.constexprs, _gen()
+    d, encoder = c["D"], _ENCODERS[c["ENCODER"]]
+    n, hk, bs, nblocks = 19, 2, 16, 3
+    key = (torch.randn(n, hk, d, generator=gen) * 2).to(_dtype(spec, "key_ptr"))
+    value = (torch.randn(n, hk, d, generator=gen) * 2)
+    value[0, 0, :32] = torch.tensor(TIE_VALUES * 4) * torch.tensor([1.0, -1.0] * 16)
+    value = value.to(_dtype(spec, "value_ptr"))
+    slots = torch.randperm(nblocks * bs, generator=gen)[:n]
+    slots[3] = -1
+    slots = slots.to(_dtype(spec, "slot_ptr"))
+    poison = torch.randint(0, 256, (nblocks, bs, hk, slot_size(d)), dtype=torch.uint8, generator=gen)
+    key, value, slots, ours = (t.to(dev) for t in (key, value, slots, poison))
+    want = ours.clone()
+    why = _launch(kernel, plans.plan_store(key, value, ours, slots, encoder), dev)
+    if why:
+        return False, why
+    reference.store_kv(key, value, want, slots, encoder=encoder)
+    lay = SlotLayout(d)
+    v_bad = int((ours[..., lay.v_codes:] != want[..., lay.v_codes:]).sum())
+    k_bad = int((ours[..., : lay.v_codes] != want[..., : lay.v_codes]).sum())
+    written = slots[slots >= 0].long()
+    k_err = _rel_err(*(reference.dequantize(t[..., : lay.k_scales], t[..., lay.k_scales: lay.v_codes],
+                                            rotate=True)
+                       for t in (ours.flatten(0, 1)[written], want.flatten(0, 1)[written])))
+    ok = v_bad == 0 and k_bad <= 0.02 * ours[..., : lay.v_codes].numel() and k_err <= ATTENTION_RTOL
+    return ok, f"V/untouched bytes differing: {v_bad}; K bytes differing: {k_bad}; K rel err {k_err:.2e}"
+
+
+@register("uq_decode")
+def decode_problem(kernel: Kernel, spec: Specialization, dev: Device) -> tuple[bool, str]:
+    """3 requests (300, 1, 45 tokens) x 2 kv heads: at least two KV splits, one single-token request."""
+    c, gen = spec.constexprs, _gen()
+    d, gqa, bs = c["D"], c["GQA"], c["BLOCK_SIZE"]
+    hk = 2
+    hq = gqa * hk
+    qd, od = _dtype(spec, "q_ptr"), _dtype(spec, "out_ptr")
+    cache, table, lens, _, _ = _paged(dev, [300, 1, 45], hk, d, bs, torch.float32, gen)
+    query = torch.randn(3, hq, d, generator=gen).to(qd).to(dev)
+    sinks, window, softcap = _options(c, hq, gen, dev)
+    scale = d ** -0.5
+    out = torch.full((3, hq, d), float("nan"), dtype=od, device=dev)
+    why = _launch(kernel, plans.plan_decode(query, cache, table, lens, scale, sinks, window, softcap, out), dev)
+    if why:
+        return False, why
+    want = reference.decode_attention(query.float(), cache, table, lens, scale, sinks=sinks,
+                                      sliding_window=window, softcap=softcap)
+    err = _rel_err(out, want)
+    return bool(torch.isfinite(out).all()) and err <= ATTENTION_RTOL, f"rel err {err:.2e}"
+
+
+@register("uq_prefill")
+def prefill_problem(kernel: Kernel, spec: Specialization, dev: Device) -> tuple[bool, str]:
+    """A continuation (40 cached + 7 new tokens) and a first chunk (5 new) in one launch."""
+    c, gen = spec.constexprs, _gen()
+    d, gqa, bs = c["D"], c["GQA"], c["BLOCK_SIZE"]
+    hk = 2
+    hq = gqa * hk
+    qd, kd, od = _dtype(spec, "q_ptr"), _dtype(spec, "k_ptr"), _dtype(spec, "out_ptr")
+    cache, table, lens, k_all, v_all = _paged(dev, [47, 5], hk, d, bs, kd, gen)
+    new = torch.cat([torch.arange(40, 47), torch.arange(47, 52)]).to(dev)
+    key, value = k_all[new].contiguous(), v_all[new].contiguous()
+    qsl = torch.tensor([0, 7, 12], dtype=torch.int32, device=dev)
+    query = torch.randn(12, hq, d, generator=gen).to(qd).to(dev)
+    sinks, window, softcap = _options(c, hq, gen, dev)
+    scale = d ** -0.5
+    out = torch.full((12, hq, d), float("nan"), dtype=od, device=dev)
+    plan = plans.plan_prefill(query, key, value, cache, table, lens, qsl, scale, sinks, window, softcap, out)
+    why = _launch(kernel, plan, dev)
+    if why:
+        return False, why
+    want = reference.prefill_attention(query.float(), key.float(), value.float(), cache, table, lens, qsl,
+                                       scale, sinks=sinks, sliding_window=window, softcap=softcap)
+    err = _rel_err(out, want)
+    return bool(torch.isfinite(out).all()) and err <= ATTENTION_RTOL, f"rel err {err:.2e}"
+
+
+@register("uq_dequant_kv")
+def dequant_problem(kernel: Kernel, spec: Specialization, dev: Device) -> tuple[bool, str]:
+    """2 requests (70 and 3 tokens) x 2 kv heads back to K (original or rotated space) and V."""
+    c, gen = spec.constexprs, _gen()
+    d, bs = c["D"], c["BLOCK_SIZE"]
+    hk, lens = 2, [70, 3]
+    od = _dtype(spec, "k_out_ptr")
+    cache, table, seq_lens, _, _ = _paged(dev, lens, hk, d, bs, torch.float32, gen)
+    cu = torch.tensor([0, lens[0], sum(lens)], dtype=torch.int32, device=dev)
+    k_out = torch.full((sum(lens), hk, d), float("nan"), dtype=od, device=dev)
+    v_out = torch.full_like(k_out, float("nan"))
+    plan = plans.plan_dequant(cache, table, seq_lens, cu, k_out, v_out, d, bool(c["ORIGINAL_SPACE"]))
+    why = _launch(kernel, plan, dev)
+    if why:
+        return False, why
+    keys, values = reference.dequant_kv(cache, table, seq_lens)
+    want_k, want_v = torch.cat(keys), torch.cat(values)
+    if not c["ORIGINAL_SPACE"]:
+        want_k = want_k @ hadamard(d, device=want_k.device, dtype=want_k.dtype)
+    err = max(_rel_err(k_out, want_k), _rel_err(v_out, want_v))
+    return bool(torch.isfinite(k_out).all() and torch.isfinite(v_out).all()) and err <= ATTENTION_RTOL, \
+        f"rel err {err:.2e}"
