@@ -1,5 +1,197 @@
-"""Public ops (placeholder until the Triton kernels land): every call runs the reference."""
+"""The public UltraQuant ops: same signatures as :mod:`ultraquant.reference`, kernels behind them.
 
-from .reference import decode_attention, dequant_kv, prefill_attention, store_kv
+``store_kv``, ``decode_attention`` and ``prefill_attention`` are registered as PyTorch custom ops
+(``torch.ops.ultraquant.*``, mutating ``kv_cache`` / ``out``) with fake implementations, so
+``torch.compile`` traces through them and CUDA graphs capture their launches. Each call validates
+metadata on the host (no device sync on GPU tensors), then :mod:`ultraquant.dispatch` picks the
+backend: the Triton kernels (or an AOT blob in front of them) on a GPU, the reference on the CPU.
 
-__all__ = ["store_kv", "decode_attention", "dequant_kv", "prefill_attention"]
+``dequant_kv`` returns per-request lists (data-dependent shapes), so it reads ``seq_lens`` on the
+host; :func:`dequant_kv_packed` is its sync-free form writing into caller-provided buffers.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from . import dispatch, reference, validate
+from .errors import UltraQuantError
+from .kernels import plans
+
+__all__ = ["store_kv", "decode_attention", "dequant_kv", "dequant_kv_packed", "prefill_attention",
+           "CONTINUATION_THRESHOLD"]
+
+CONTINUATION_THRESHOLD = plans.CONTINUATION_THRESHOLD
+"""Small/large continuation-chunk boundary (new tokens) the attention layer reads."""
+
+
+def _last_dim_contiguous(t: torch.Tensor) -> torch.Tensor:
+    """The kernels index the head dimension with stride 1; copy only when that is not so."""
+    return t if t.stride(-1) == 1 else t.contiguous()
+
+
+# ---------------------------------------------------------------- store
+
+
+@torch.library.custom_op("ultraquant::store_kv", mutates_args=("kv_cache",))
+def _store_kv_op(key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor, slot_mapping: torch.Tensor,
+                 encoder: str) -> None:
+    if dispatch.backend_for(key.device) == "reference":
+        reference.store_kv(key, value, kv_cache, slot_mapping, encoder=encoder)
+        return
+    dispatch.launch(plans.plan_store(_last_dim_contiguous(key), _last_dim_contiguous(value), kv_cache,
+                                     slot_mapping, encoder))
+
+
+@_store_kv_op.register_fake
+def _store_kv_fake(key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor, slot_mapping: torch.Tensor,
+                   encoder: str) -> None:
+    return None
+
+
+def store_kv(key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor, slot_mapping: torch.Tensor,
+             *, encoder: str = "rne") -> None:
+    """Quantize each token's K (rotated) and V into ``kv_cache`` at ``slot_mapping`` (negative: skip).
+
+    See :func:`ultraquant.reference.store_kv`; the kernel writes the same bytes.
+    """
+    validate.check_store(key, value, kv_cache, slot_mapping, encoder)
+    if key.shape[0] == 0:
+        return
+    torch.ops.ultraquant.store_kv(key, value, kv_cache, slot_mapping, encoder)
+
+
+# ---------------------------------------------------------------- decode
+
+
+@torch.library.custom_op("ultraquant::decode_attention", mutates_args=("out",))
+def _decode_op(query: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tensor, seq_lens: torch.Tensor,
+               scale: float, sinks: torch.Tensor | None, sliding_window: int | None, softcap: float | None,
+               out: torch.Tensor) -> None:
+    if dispatch.backend_for(query.device) == "reference":
+        reference.decode_attention(query, kv_cache, block_table, seq_lens, scale, sinks=sinks,
+                                   sliding_window=sliding_window, softcap=softcap, out=out)
+        return
+    dispatch.launch(plans.plan_decode(_last_dim_contiguous(query), kv_cache, block_table, seq_lens, scale,
+                                      sinks, sliding_window, softcap, out))
+
+
+@_decode_op.register_fake
+def _decode_fake(query: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tensor, seq_lens: torch.Tensor,
+                 scale: float, sinks: torch.Tensor | None, sliding_window: int | None, softcap: float | None,
+                 out: torch.Tensor) -> None:
+    return None
+
+
+def decode_attention(query: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tensor,
+                     seq_lens: torch.Tensor, scale: float, *, sinks: torch.Tensor | None = None,
+                     sliding_window: int | None = None, softcap: float | None = None,
+                     out: torch.Tensor | None = None) -> torch.Tensor:
+    """One new token per request over its paged, quantized sequence: (B, Hq, D) into ``out``.
+
+    On a GPU this is one kernel launch with a grid fixed by static shapes (graph-capturable);
+    ``out`` must have a unit stride on its last dimension.
+    """
+    validate.check_decode(query, kv_cache, block_table, seq_lens, scale, sinks, sliding_window, softcap, out)
+    if out is None:
+        out = torch.empty_like(query)
+    elif out.stride(-1) != 1:
+        raise UltraQuantError("out: the last dimension must be contiguous")
+    if query.shape[0]:
+        torch.ops.ultraquant.decode_attention(query, kv_cache, block_table, seq_lens, float(scale), sinks,
+                                              sliding_window, None if softcap is None else float(softcap), out)
+    return out
+
+
+# ---------------------------------------------------------------- prefill
+
+
+@torch.library.custom_op("ultraquant::prefill_attention", mutates_args=("out",))
+def _prefill_op(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor,
+                block_table: torch.Tensor, seq_lens: torch.Tensor, query_start_loc: torch.Tensor, scale: float,
+                sinks: torch.Tensor | None, sliding_window: int | None, softcap: float | None,
+                out: torch.Tensor) -> None:
+    if dispatch.backend_for(query.device) == "reference":
+        reference.prefill_attention(query, key, value, kv_cache, block_table, seq_lens, query_start_loc, scale,
+                                    sinks=sinks, sliding_window=sliding_window, softcap=softcap, out=out)
+        return
+    dispatch.launch(plans.plan_prefill(_last_dim_contiguous(query), _last_dim_contiguous(key),
+                                       _last_dim_contiguous(value), kv_cache, block_table, seq_lens,
+                                       query_start_loc, scale, sinks, sliding_window, softcap, out))
+
+
+@_prefill_op.register_fake
+def _prefill_fake(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor,
+                  block_table: torch.Tensor, seq_lens: torch.Tensor, query_start_loc: torch.Tensor, scale: float,
+                  sinks: torch.Tensor | None, sliding_window: int | None, softcap: float | None,
+                  out: torch.Tensor) -> None:
+    return None
+
+
+def prefill_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor,
+                      block_table: torch.Tensor, seq_lens: torch.Tensor, query_start_loc: torch.Tensor,
+                      scale: float, *, sinks: torch.Tensor | None = None, sliding_window: int | None = None,
+                      softcap: float | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
+    """Varlen prefill chunks over the cached prefix and, causally, the chunk's raw K/V: (N, Hq, D).
+
+    One kernel launch whose grid is bounded from N and B (no host sync), so it also serves small
+    continuation chunks (decode-shaped, many queries per kv head).
+    """
+    validate.check_prefill(query, key, value, kv_cache, block_table, seq_lens, query_start_loc, scale, sinks,
+                           sliding_window, softcap, out)
+    if out is None:
+        out = torch.empty_like(query)
+    elif out.stride(-1) != 1:
+        raise UltraQuantError("out: the last dimension must be contiguous")
+    if query.shape[0]:
+        torch.ops.ultraquant.prefill_attention(query, key, value, kv_cache, block_table, seq_lens,
+                                               query_start_loc, float(scale), sinks, sliding_window,
+                                               None if softcap is None else float(softcap), out)
+    return out
+
+
+# ---------------------------------------------------------------- dequant
+
+
+def dequant_kv_packed(kv_cache: torch.Tensor, block_table: torch.Tensor, seq_lens: torch.Tensor,
+                      cu_seqlens: torch.Tensor, k_out: torch.Tensor, v_out: torch.Tensor, *,
+                      original_space: bool = True) -> None:
+    """Sync-free dequant: request b's tokens go to rows ``cu_seqlens[b]:cu_seqlens[b]+seq_lens[b]``.
+
+    ``k_out``/``v_out``: (total, Hk, D) float16/bfloat16/float32 with a unit last stride; K comes back
+    in the original space (or the rotated one the cache holds when ``original_space=False``). GPU
+    (or interpreter) path only: this is what a large prefill continuation feeds to dense attention.
+    """
+    validate.check_tensor("k_out", k_out, dtypes=validate.FLOAT_DTYPES, ndim=3)
+    d = k_out.shape[2]
+    geo = validate.check_dequant(kv_cache, block_table, seq_lens, d)
+    for name, t in (("k_out", k_out), ("v_out", v_out)):
+        validate.check_tensor(name, t, dtypes=validate.FLOAT_DTYPES, ndim=3, device=kv_cache.device)
+        validate.check_shape(name, t, (None, geo.num_kv_heads, d))
+        if t.stride(-1) != 1:
+            raise UltraQuantError(f"{name}: the last dimension must be contiguous")
+    validate.check_tensor("cu_seqlens", cu_seqlens, dtypes=(torch.int32,), ndim=1, device=kv_cache.device)
+    validate.check_shape("cu_seqlens", cu_seqlens, (seq_lens.shape[0] + 1,))
+    dispatch.launch(plans.plan_dequant(kv_cache, block_table, seq_lens, cu_seqlens, k_out, v_out, d,
+                                       original_space))
+
+
+def dequant_kv(kv_cache: torch.Tensor, block_table: torch.Tensor, seq_lens: torch.Tensor, *,
+               head_size: int | None = None) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """Each request's cached K (original space) and V: two lists of float32 (L_i, Hk, D) tensors.
+
+    Reads ``seq_lens`` on the host (the result's shapes depend on it): not for a captured path.
+    """
+    if dispatch.backend_for(kv_cache.device) == "reference":
+        return reference.dequant_kv(kv_cache, block_table, seq_lens, head_size=head_size)
+    geo = validate.check_dequant(kv_cache, block_table, seq_lens, head_size)
+    lens = seq_lens.tolist()
+    total = sum(lens)
+    cu = torch.zeros(len(lens) + 1, dtype=torch.int32, device=kv_cache.device)
+    if lens:
+        cu[1:] = torch.cumsum(seq_lens, 0)
+    k = torch.empty(total, geo.num_kv_heads, geo.head_size, dtype=torch.float32, device=kv_cache.device)
+    v = torch.empty_like(k)
+    if total:
+        dequant_kv_packed(kv_cache, block_table, seq_lens, cu, k, v, original_space=True)
+    return list(k.split(lens)), list(v.split(lens))

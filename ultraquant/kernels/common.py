@@ -1,0 +1,168 @@
+"""Triton device helpers shared by the UltraQuant kernels (imports triton).
+
+Everything here is a ``@triton.jit`` function inlined into the kernels of ``store``, ``dequant`` and
+``attention``: the FP4 E2M1 encoder (all three tie/scale rules of :mod:`ultraquant.reference`), the
+UE8M0 scale rule computed on the float32 bits (bit-exact with the reference), the FP4 decoder built on
+an fp16 subnormal bit pattern (no table, no branch), and a Walsh-Hadamard butterfly that applies the
+normalized Sylvester matrix H in registers (log2 D add/subtract stages, then one multiply).
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+ENCODER_IDS = {"rne": 0, "upstream": 1, "mse": 2}
+"""Constexpr value of each encoder name (see ultraquant.format.ENCODERS)."""
+
+
+@triton.jit
+def fwht(x, R: tl.constexpr, D: tl.constexpr, LOG2D: tl.constexpr):
+    """``x @ H`` for a float32 ``[R, D]`` tile, H the normalized Sylvester Hadamard matrix.
+
+    Each stage pairs elements whose index differs in one bit (reshape so that bit is an axis of
+    size 2, split, join sum and difference): log2(D) stages of adds, then one scale by 1/sqrt(D).
+    Why a butterfly and not a product with H: D log D adds instead of D^2 FMAs and no H in memory.
+    """
+    for i in tl.static_range(LOG2D):
+        x = tl.reshape(x, [R, D // (2 << i), 2, 1 << i])
+        x = tl.permute(x, [0, 1, 3, 2])
+        a, b = tl.split(x)
+        x = tl.join(a + b, a - b)
+        x = tl.permute(x, [0, 1, 3, 2])
+        x = tl.reshape(x, [R, D])
+    return x * (1.0 / tl.sqrt(float(D)))
+
+
+@triton.jit
+def pow2_f32(e):
+    """``2**e`` as an exact float32 for int32 ``e`` in [-126, 127] (0.0 below, like the reference)."""
+    b = e + 127
+    return tl.where(b > 0, (b << 23), 0).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def upstream_exponent(amax):
+    """Upstream's scale exponent of a float32 group absmax, on the bits (see reference).
+
+    ``t = float32(0.156 * amax)``; exponent field + 1 when the mantissa is >= sqrt(2)'s; -126 for a
+    zero/subnormal t; clamped to [-126, 127].
+    """
+    t = amax * 0.156
+    bits = t.to(tl.int32, bitcast=True)
+    field = (bits >> 23) & 0xFF
+    exp = field - 127 + ((bits & 0x7FFFFF) >= 0x3504F4).to(tl.int32)
+    exp = tl.where(field == 0, -126, exp)
+    return tl.minimum(tl.maximum(exp, -126), 127)
+
+
+@triton.jit
+def e2m1_encode(y, ENCODER: tl.constexpr):
+    """int32 E2M1 codes (0..15) of ``y`` (already divided by the scale).
+
+    ENCODER 0 / 2: ties to the even code (0.25->0, 0.75->1, 1.25->1, 1.75->2, 2.5->2, 3.5->4, 5->4);
+    ENCODER 1: upstream's rule, ties toward the lower level on the number line. Zero is code 0.
+    """
+    a = tl.abs(y)
+    if ENCODER == 1:
+        neg = y < 0
+        idx = (tl.where(neg, a >= 0.25, a > 0.25).to(tl.int32)
+               + tl.where(neg, a >= 0.75, a > 0.75).to(tl.int32)
+               + tl.where(neg, a >= 1.25, a > 1.25).to(tl.int32)
+               + tl.where(neg, a >= 1.75, a > 1.75).to(tl.int32)
+               + tl.where(neg, a >= 2.5, a > 2.5).to(tl.int32)
+               + tl.where(neg, a >= 3.5, a > 3.5).to(tl.int32)
+               + tl.where(neg, a >= 5.0, a > 5.0).to(tl.int32))
+    else:
+        idx = ((a > 0.25).to(tl.int32) + (a >= 0.75).to(tl.int32) + (a > 1.25).to(tl.int32)
+               + (a >= 1.75).to(tl.int32) + (a > 2.5).to(tl.int32) + (a >= 3.5).to(tl.int32)
+               + (a > 5.0).to(tl.int32))
+    sign = ((y < 0) & (idx > 0)).to(tl.int32) << 3
+    return idx | sign
+
+
+@triton.jit
+def e2m1_magnitude(idx):
+    """float32 value of a magnitude index 0..7 (0, .5, 1, 1.5, 2, 3, 4, 6), via the fp16 trick."""
+    return (idx << 9).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32) * 16384.0
+
+
+@triton.jit
+def e2m1_decode_f32(code):
+    """Exact float32 value of int32 E2M1 codes, without the scale.
+
+    The 3 magnitude bits placed at fp16 bits 11..9 (exponent low bits + top mantissa bit) give the
+    fp16 number ``fp4 * 2**-14`` for all 8 magnitudes (code 1 is a subnormal); the sign goes to bit 15.
+    """
+    h = ((code & 7) << 9) | ((code & 8) << 12)
+    return h.to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32) * 16384.0
+
+
+@triton.jit
+def scale_f32(byte):
+    """float32 ``2**(byte-127)`` of int32 UE8M0 bytes, 0.0 for the zero-group byte 0."""
+    return (byte << 23).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _group_sq_err(xg, e, G: tl.constexpr):
+    """float64 squared error of rne-rounding float32 groups ``xg [R, G, 32]`` at exponents e."""
+    code = e2m1_encode(xg * pow2_f32(-e)[:, :, None], 0)
+    q = e2m1_decode_f32(code) * pow2_f32(e)[:, :, None]
+    d = xg.to(tl.float64) - q.to(tl.float64)
+    return tl.sum(d * d, axis=2)
+
+
+@triton.jit
+def quantize_store(x, codes_ptr, scales_ptr, row_mask, R: tl.constexpr, D: tl.constexpr,
+                   ENCODER: tl.constexpr):
+    """Quantize a float32 tile ``x [R, D]`` (one vector per row) and store codes and scale bytes.
+
+    ``codes_ptr``/``scales_ptr`` are ``[R]`` byte pointers to each row's D/2 code bytes and D/32
+    scale bytes; rows where ``row_mask`` is false are not written. Groups whose absmax is 0 or not
+    finite get byte 0 and zero codes, exactly as ultraquant.reference.quantize.
+    """
+    G: tl.constexpr = D // 32
+    xg = tl.reshape(x, [R, G, 32])
+    amax = tl.max(tl.abs(xg), axis=2)
+    bad = tl.max((xg != xg).to(tl.int32), axis=2) > 0
+    zero = bad | (amax == 0.0) | (amax == float("inf"))
+    exp = upstream_exponent(amax)
+    if ENCODER == 2:
+        best = exp
+        best_err = _group_sq_err(xg, exp, G)
+        e_lo = tl.maximum(exp - 1, -126)
+        err = _group_sq_err(xg, e_lo, G)
+        better = err < best_err
+        best = tl.where(better, e_lo, best)
+        best_err = tl.where(better, err, best_err)
+        e_hi = tl.minimum(exp + 1, 127)
+        err = _group_sq_err(xg, e_hi, G)
+        best = tl.where(err < best_err, e_hi, best)
+        exp = best
+    code = e2m1_encode(xg * pow2_f32(-exp)[:, :, None], ENCODER)
+    code = tl.where(zero[:, :, None], 0, code)
+    pairs = tl.reshape(code, [R, D // 2, 2])
+    lo, hi = tl.split(pairs)
+    packed = (lo | (hi << 4)).to(tl.uint8)
+    cols = tl.arange(0, D // 2)
+    tl.store(codes_ptr[:, None] + cols[None, :], packed, mask=row_mask[:, None])
+    byte = tl.where(zero, 0, exp + 127).to(tl.uint8)
+    gcols = tl.arange(0, G)
+    tl.store(scales_ptr[:, None] + gcols[None, :], byte, mask=row_mask[:, None])
+
+
+@triton.jit
+def load_dequant(codes_ptr, scales_ptr, row_mask, R: tl.constexpr, D: tl.constexpr):
+    """Load ``[R]`` rows of D/2 code bytes + D/32 scale bytes and return exact float32 ``[R, D]``.
+
+    Masked-off rows read as zero (code 0, byte 0).
+    """
+    G: tl.constexpr = D // 32
+    cols = tl.arange(0, D // 2)
+    packed = tl.load(codes_ptr[:, None] + cols[None, :], mask=row_mask[:, None], other=0).to(tl.int32)
+    codes = tl.reshape(tl.join(packed & 0xF, packed >> 4), [R, G, 32])
+    gcols = tl.arange(0, G)
+    sb = tl.load(scales_ptr[:, None] + gcols[None, :], mask=row_mask[:, None], other=0).to(tl.int32)
+    vals = e2m1_decode_f32(codes) * scale_f32(sb)[:, :, None]
+    return tl.reshape(vals, [R, D])

@@ -1,0 +1,42 @@
+"""Triton kernel: a batch of requests' cached K/V back to float tensors (imports triton)."""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from .common import fwht, load_dequant
+
+
+@triton.jit
+def uq_dequant_kv(cache_ptr, bt_ptr, seqlen_ptr, cu_ptr, k_out_ptr, v_out_ptr,
+                  stride_cb, stride_ct, stride_ch, stride_btb,
+                  stride_kn, stride_kh, stride_vn, stride_vh,
+                  D: tl.constexpr, LOG2D: tl.constexpr, BLOCK_SIZE: tl.constexpr, TILE: tl.constexpr,
+                  ORIGINAL_SPACE: tl.constexpr):
+    """Program (tile, request, kv head) decodes TILE tokens of one request's cache to K and V rows.
+
+    Token t of request b goes to row ``cu[b] + t`` of the outputs (packed varlen layout). K is
+    returned in the original space when ORIGINAL_SPACE (the butterfly again: H is symmetric and
+    orthonormal), else in the rotated space the cache holds (what a rotated query needs).
+    """
+    tile = tl.program_id(0)
+    b = tl.program_id(1)
+    kvh = tl.program_id(2)
+    length = tl.load(seqlen_ptr + b)
+    if tile * TILE < length:
+        toks = tile * TILE + tl.arange(0, TILE)
+        tmask = toks < length
+        blk = tl.load(bt_ptr + b.to(tl.int64) * stride_btb + toks // BLOCK_SIZE, mask=tmask, other=0)
+        base = (cache_ptr + blk.to(tl.int64) * stride_cb + (toks % BLOCK_SIZE).to(tl.int64) * stride_ct
+                + kvh.to(tl.int64) * stride_ch)
+        k = load_dequant(base, base + D // 2, tmask, TILE, D)
+        if ORIGINAL_SPACE:
+            k = fwht(k, TILE, D, LOG2D)
+        v = load_dequant(base + (D // 2 + D // 32), base + (D + D // 32), tmask, TILE, D)
+        row = (tl.load(cu_ptr + b) + toks).to(tl.int64)
+        cols = tl.arange(0, D)
+        kp = k_out_ptr + row[:, None] * stride_kn + kvh * stride_kh + cols[None, :]
+        tl.store(kp, k.to(k_out_ptr.dtype.element_ty), mask=tmask[:, None])
+        vp = v_out_ptr + row[:, None] * stride_vn + kvh * stride_vh + cols[None, :]
+        tl.store(vp, v.to(v_out_ptr.dtype.element_ty), mask=tmask[:, None])

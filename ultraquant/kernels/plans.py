@@ -1,0 +1,302 @@
+"""Specializations and launch plans of the UltraQuant kernels, without importing Triton.
+
+This module is the single source of truth for each kernel's parameter list (``*_PARAMS``, the
+non-constexpr parameters in order with Triton type strings), its constexprs (from a keyword config),
+its launch grid and its run-time arguments. The Triton JIT path (:mod:`ultraquant.kernels.registry`)
+and the AOT runtime both consume the :class:`LaunchPlan` a ``plan_*`` function returns, and codegen
+enumerates :data:`SPECIALIZERS` to compile the same variants ahead of time.
+
+Why no Triton here: the AOT runtime must plan launches on machines where Triton is not installed.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from typing import Any
+
+import torch
+
+from ..format import check_head_size
+from .plan import LaunchPlan, Specialization
+
+DTYPE_NAMES: dict[torch.dtype, str] = {
+    torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32",
+    torch.int32: "i32", torch.int64: "i64", torch.uint8: "u8",
+}
+"""Triton's type name of each tensor dtype the kernels take."""
+
+ENCODER_IDS: dict[str, int] = {"rne": 0, "upstream": 1, "mse": 2}
+"""Constexpr ``ENCODER`` of each encoder name."""
+
+DEFAULT_NUM_SMS = 132
+"""Multiprocessor count assumed when planning for a device torch cannot describe (H200/H100: 132)."""
+
+MIN_SPLIT_TOKENS = 256
+"""A decode split never gets fewer tokens than this (at the static ``max_seq_len`` bound)."""
+
+DECODE_WAVES = 2.0
+"""Decode aims at this many programs per multiprocessor when choosing the split count."""
+
+CONTINUATION_THRESHOLD = 128
+"""Chunks of at most this many new tokens (with a cached prefix) are small continuations."""
+
+STORE_PARAMS: tuple[tuple[str, str], ...] = (
+    ("key_ptr", "*{key}"), ("value_ptr", "*{value}"), ("cache_ptr", "*u8"), ("slot_ptr", "*{slot}"),
+    ("n_rows", "i32"), ("num_kv_heads", "i32"), ("block_size", "i32"),
+    ("stride_kn", "i32"), ("stride_kh", "i32"), ("stride_vn", "i32"), ("stride_vh", "i32"),
+    ("stride_cb", "i32"), ("stride_ct", "i32"), ("stride_ch", "i32"),
+)
+DEQUANT_PARAMS: tuple[tuple[str, str], ...] = (
+    ("cache_ptr", "*u8"), ("bt_ptr", "*i32"), ("seqlen_ptr", "*i32"), ("cu_ptr", "*i32"),
+    ("k_out_ptr", "*{out}"), ("v_out_ptr", "*{out}"),
+    ("stride_cb", "i32"), ("stride_ct", "i32"), ("stride_ch", "i32"), ("stride_btb", "i32"),
+    ("stride_kn", "i32"), ("stride_kh", "i32"), ("stride_vn", "i32"), ("stride_vh", "i32"),
+)
+DECODE_PARAMS: tuple[tuple[str, str], ...] = (
+    ("q_ptr", "*{query}"), ("cache_ptr", "*u8"), ("bt_ptr", "*i32"), ("seqlen_ptr", "*i32"),
+    ("sinks_ptr", "*fp32"), ("out_ptr", "*{out}"), ("part_ptr", "*fp32"), ("ml_ptr", "*fp32"),
+    ("counter_ptr", "*i32"),
+    ("scale", "fp32"), ("softcap", "fp32"), ("window", "i32"), ("num_splits", "i32"),
+    ("stride_qb", "i32"), ("stride_qh", "i32"), ("stride_ob", "i32"), ("stride_oh", "i32"),
+    ("stride_cb", "i32"), ("stride_ct", "i32"), ("stride_ch", "i32"), ("stride_btb", "i32"),
+)
+PREFILL_PARAMS: tuple[tuple[str, str], ...] = (
+    ("q_ptr", "*{query}"), ("k_ptr", "*{key}"), ("v_ptr", "*{key}"), ("cache_ptr", "*u8"),
+    ("bt_ptr", "*i32"), ("seqlen_ptr", "*i32"), ("qsl_ptr", "*i32"), ("sinks_ptr", "*fp32"),
+    ("out_ptr", "*{out}"),
+    ("scale", "fp32"), ("softcap", "fp32"), ("window", "i32"), ("num_reqs", "i32"),
+    ("stride_qn", "i32"), ("stride_qh", "i32"), ("stride_kn", "i32"), ("stride_kh", "i32"),
+    ("stride_vn", "i32"), ("stride_vh", "i32"), ("stride_on", "i32"), ("stride_oh", "i32"),
+    ("stride_cb", "i32"), ("stride_ct", "i32"), ("stride_ch", "i32"), ("stride_btb", "i32"),
+)
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def _pow2_at_least(n: int) -> int:
+    return 1 << max(0, (n - 1).bit_length())
+
+
+def _tname(dtype: torch.dtype | str) -> str:
+    if isinstance(dtype, str):
+        return dtype
+    return DTYPE_NAMES[dtype]
+
+
+def _signature(params: tuple[tuple[str, str], ...], **types: str) -> dict[str, str]:
+    return {name: ty.format(**types) for name, ty in params}
+
+
+# ---------------------------------------------------------------- specializations (config -> spec)
+
+
+def store_spec(*, head_size: int, key_dtype: torch.dtype | str = "bf16",
+               value_dtype: torch.dtype | str | None = None, slot_dtype: torch.dtype | str = "i64",
+               encoder: str = "rne", **_: Any) -> Specialization:
+    """The store kernel for one head size, input dtypes, slot_mapping dtype and encoder."""
+    d = check_head_size(head_size)
+    block_r = 16 if d <= 128 else 8
+    return Specialization(
+        kernel="uq_store_kv",
+        signature=_signature(STORE_PARAMS, key=_tname(key_dtype), value=_tname(value_dtype or key_dtype),
+                             slot=_tname(slot_dtype)),
+        constexprs={"D": d, "LOG2D": d.bit_length() - 1, "ENCODER": ENCODER_IDS[encoder], "BLOCK_R": block_r},
+        num_warps=4, num_stages=1)
+
+
+def dequant_spec(*, head_size: int, block_size: int, out_dtype: torch.dtype | str = "bf16",
+                 original_space: bool = True, **_: Any) -> Specialization:
+    """The dequant kernel: cache -> packed K (original or rotated space) and V of ``out_dtype``."""
+    d = check_head_size(head_size)
+    return Specialization(
+        kernel="uq_dequant_kv",
+        signature=_signature(DEQUANT_PARAMS, out=_tname(out_dtype)),
+        constexprs={"D": d, "LOG2D": d.bit_length() - 1, "BLOCK_SIZE": int(block_size),
+                    "TILE": 32 if d <= 256 else 16, "ORIGINAL_SPACE": bool(original_space)},
+        num_warps=4, num_stages=1)
+
+
+def decode_spec(*, head_size: int, gqa: int, block_size: int, query_dtype: torch.dtype | str = "bf16",
+                out_dtype: torch.dtype | str | None = None, has_sinks: bool = False,
+                has_window: bool = False, has_softcap: bool = False, **_: Any) -> Specialization:
+    """The split-KV decode kernel for one head size, GQA group, block size and feature set."""
+    d = check_head_size(head_size)
+    return Specialization(
+        kernel="uq_decode",
+        signature=_signature(DECODE_PARAMS, query=_tname(query_dtype), out=_tname(out_dtype or query_dtype)),
+        constexprs={"D": d, "LOG2D": d.bit_length() - 1, "GQA": int(gqa),
+                    "ROWS": max(16, _pow2_at_least(int(gqa))), "BLOCK_SIZE": int(block_size),
+                    "TILE": 32, "HAS_SINKS": bool(has_sinks), "HAS_WINDOW": bool(has_window),
+                    "HAS_SOFTCAP": bool(has_softcap)},
+        num_warps=4 if d <= 128 else 8, num_stages=2)
+
+
+def prefill_spec(*, head_size: int, gqa: int, block_size: int, query_dtype: torch.dtype | str = "bf16",
+                 key_dtype: torch.dtype | str | None = None, out_dtype: torch.dtype | str | None = None,
+                 has_sinks: bool = False, has_window: bool = False, has_softcap: bool = False,
+                 **_: Any) -> Specialization:
+    """The chunked-prefill kernel (cached prefix + causal chunk) for one config."""
+    d = check_head_size(head_size)
+    gpad = _pow2_at_least(int(gqa))
+    rows = max(16, gpad, 64 if d <= 128 else (32 if d <= 256 else 16))
+    return Specialization(
+        kernel="uq_prefill",
+        signature=_signature(PREFILL_PARAMS, query=_tname(query_dtype), key=_tname(key_dtype or query_dtype),
+                             out=_tname(out_dtype or query_dtype)),
+        constexprs={"D": d, "LOG2D": d.bit_length() - 1, "GQA": int(gqa), "GQA_PAD": gpad, "ROWS": rows,
+                    "BLOCK_SIZE": int(block_size), "TILE": 32, "HAS_SINKS": bool(has_sinks),
+                    "HAS_WINDOW": bool(has_window), "HAS_SOFTCAP": bool(has_softcap)},
+        num_warps=4 if d <= 128 else 8, num_stages=2)
+
+
+SPECIALIZERS = {
+    "store_kv": store_spec,
+    "dequant_kv": dequant_spec,
+    "decode_attention": decode_spec,
+    "prefill_attention": prefill_spec,
+}
+"""Op name -> function(**config) -> Specialization (what codegen enumerates)."""
+
+
+# ---------------------------------------------------------------- device facts and workspaces
+
+
+_lock = threading.Lock()
+_num_sms: dict[str, int] = {}
+_workspaces: dict[str, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
+_dummies: dict[str, torch.Tensor] = {}
+
+
+def num_sms(device: torch.device) -> int:
+    """Multiprocessor count of ``device`` (cached; a host query, no device sync)."""
+    key = str(device)
+    if key not in _num_sms:
+        n = DEFAULT_NUM_SMS
+        if device.type == "cuda" and torch.cuda.is_available():
+            n = torch.cuda.get_device_properties(device).multi_processor_count
+        _num_sms[key] = n
+    return _num_sms[key]
+
+
+def decode_workspace(device: torch.device, part_elems: int, ml_elems: int,
+                     counters: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """fp32 partials, fp32 (m, l) rows and zeroed int32 tickets for split-KV decode, cached per device.
+
+    Grows (reallocates) only when a call needs more than any earlier one: warm up with the largest
+    batch before capturing a CUDA graph. The kernel resets each ticket to 0 after use, so the counters
+    stay valid across calls and graph replays. One workspace per device: concurrent decode launches on
+    different streams of one device would race on it.
+    """
+    key = str(device)
+    with _lock:
+        ws = _workspaces.get(key)
+        if ws is None or ws[0].numel() < part_elems or ws[1].numel() < ml_elems or ws[2].numel() < counters:
+            old = ws or (torch.empty(0), torch.empty(0), torch.empty(0))
+            ws = (torch.empty(max(part_elems, old[0].numel(), 1), dtype=torch.float32, device=device),
+                  torch.empty(max(ml_elems, old[1].numel(), 1), dtype=torch.float32, device=device),
+                  torch.zeros(max(counters, old[2].numel(), 1), dtype=torch.int32, device=device))
+            _workspaces[key] = ws
+        return ws
+
+
+def _dummy_f32(device: torch.device) -> torch.Tensor:
+    """A 1-element fp32 tensor standing in for an absent optional pointer (never read)."""
+    key = str(device)
+    if key not in _dummies:
+        _dummies[key] = torch.zeros(1, dtype=torch.float32, device=device)
+    return _dummies[key]
+
+
+def decode_splits(batch: int, num_kv_heads: int, max_tokens: int, device: torch.device) -> int:
+    """Fixed split count from static shapes only (so a captured graph replays for any seq_lens).
+
+    Enough programs for about DECODE_WAVES per multiprocessor, but never splits shorter than
+    MIN_SPLIT_TOKENS at the ``max_tokens`` bound. ``ULTRAQUANT_DECODE_SPLITS`` overrides (tuning).
+    """
+    forced = os.environ.get("ULTRAQUANT_DECODE_SPLITS")
+    if forced:
+        return max(1, int(forced))
+    want = _cdiv(int(DECODE_WAVES * num_sms(device)), max(1, batch * num_kv_heads))
+    return max(1, min(want, _cdiv(max_tokens, MIN_SPLIT_TOKENS)))
+
+
+# ---------------------------------------------------------------- plans (op call -> launch)
+
+
+def plan_store(key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor, slot_mapping: torch.Tensor,
+               encoder: str = "rne") -> LaunchPlan:
+    """Launch of the store kernel for validated arguments (key/value last dim contiguous)."""
+    n, hk, d = key.shape
+    spec = store_spec(head_size=d, key_dtype=key.dtype, value_dtype=value.dtype,
+                      slot_dtype=slot_mapping.dtype, encoder=encoder)
+    rows = n * hk
+    args = (key, value, kv_cache, slot_mapping, rows, hk, kv_cache.shape[1],
+            key.stride(0), key.stride(1), value.stride(0), value.stride(1),
+            kv_cache.stride(0), kv_cache.stride(1), kv_cache.stride(2))
+    return LaunchPlan(spec, args, (max(1, _cdiv(rows, spec.constexprs["BLOCK_R"])), 1, 1))
+
+
+def plan_dequant(kv_cache: torch.Tensor, block_table: torch.Tensor, seq_lens: torch.Tensor,
+                 cu_seqlens: torch.Tensor, k_out: torch.Tensor, v_out: torch.Tensor, head_size: int,
+                 original_space: bool = True) -> LaunchPlan:
+    """Launch of the dequant kernel: request b's tokens go to rows ``cu_seqlens[b]:`` of the outputs."""
+    spec = dequant_spec(head_size=head_size, block_size=kv_cache.shape[1], out_dtype=k_out.dtype,
+                        original_space=original_space)
+    tile = spec.constexprs["TILE"]
+    max_tokens = block_table.shape[1] * kv_cache.shape[1]
+    args = (kv_cache, block_table, seq_lens, cu_seqlens, k_out, v_out,
+            kv_cache.stride(0), kv_cache.stride(1), kv_cache.stride(2), block_table.stride(0),
+            k_out.stride(0), k_out.stride(1), v_out.stride(0), v_out.stride(1))
+    grid = (max(1, _cdiv(max_tokens, tile)), block_table.shape[0], kv_cache.shape[2])
+    return LaunchPlan(spec, args, grid)
+
+
+def plan_decode(query: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tensor,
+                seq_lens: torch.Tensor, scale: float, sinks: torch.Tensor | None,
+                sliding_window: int | None, softcap: float | None, out: torch.Tensor) -> LaunchPlan:
+    """Launch of split-KV decode; the split count depends on static shapes only."""
+    b, hq, d = query.shape
+    hk, bs = kv_cache.shape[2], kv_cache.shape[1]
+    spec = decode_spec(head_size=d, gqa=hq // hk, block_size=bs, query_dtype=query.dtype,
+                       out_dtype=out.dtype, has_sinks=sinks is not None,
+                       has_window=sliding_window is not None, has_softcap=softcap is not None)
+    rows = spec.constexprs["ROWS"]
+    splits = decode_splits(b, hk, block_table.shape[1] * bs, query.device)
+    part, ml, counter = decode_workspace(query.device, b * hk * splits * rows * d, b * hk * splits * 2 * rows,
+                                         b * hk)
+    args = (query, kv_cache, block_table, seq_lens, sinks if sinks is not None else _dummy_f32(query.device),
+            out, part, ml, counter,
+            float(scale), float(softcap or 0.0), int(sliding_window or 0), splits,
+            query.stride(0), query.stride(1), out.stride(0), out.stride(1),
+            kv_cache.stride(0), kv_cache.stride(1), kv_cache.stride(2), block_table.stride(0))
+    return LaunchPlan(spec, args, (b, hk, splits), notes={"num_splits": splits})
+
+
+def plan_prefill(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor,
+                 block_table: torch.Tensor, seq_lens: torch.Tensor, query_start_loc: torch.Tensor,
+                 scale: float, sinks: torch.Tensor | None, sliding_window: int | None,
+                 softcap: float | None, out: torch.Tensor) -> LaunchPlan:
+    """Launch of the chunked-prefill kernel; the grid bounds the tiles from N and B (no host sync)."""
+    n, hq, d = query.shape
+    hk, bs = kv_cache.shape[2], kv_cache.shape[1]
+    spec = prefill_spec(head_size=d, gqa=hq // hk, block_size=bs, query_dtype=query.dtype,
+                        key_dtype=key.dtype, out_dtype=out.dtype, has_sinks=sinks is not None,
+                        has_window=sliding_window is not None, has_softcap=softcap is not None)
+    qt = spec.constexprs["ROWS"] // spec.constexprs["GQA_PAD"]
+    nreq = seq_lens.shape[0]
+    args = (query, key, value, kv_cache, block_table, seq_lens, query_start_loc,
+            sinks if sinks is not None else _dummy_f32(query.device), out,
+            float(scale), float(softcap or 0.0), int(sliding_window or 0), nreq,
+            query.stride(0), query.stride(1), key.stride(0), key.stride(1), value.stride(0), value.stride(1),
+            out.stride(0), out.stride(1), kv_cache.stride(0), kv_cache.stride(1), kv_cache.stride(2),
+            block_table.stride(0))
+    return LaunchPlan(spec, args, (max(1, _cdiv(n, qt) + nreq), hk, 1))
+
+
+__all__ = [
+    "CONTINUATION_THRESHOLD", "SPECIALIZERS", "decode_spec", "dequant_spec", "prefill_spec", "store_spec",
+    "plan_store", "plan_dequant", "plan_decode", "plan_prefill", "decode_splits", "decode_workspace",
+]
