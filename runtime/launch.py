@@ -36,6 +36,7 @@ from . import selftest
 from .driver import DeviceInfo, device_info
 from .loader import BlobError, Kernel, get_kernel
 from .manifest import Entry, ManifestIndex
+from .packing import MisalignedArgument
 
 log = logging.getLogger("ultraquant.runtime")
 
@@ -195,8 +196,11 @@ def try_launch(plan: LaunchPlan, device: Any = None) -> bool:
     if st is None:
         st = resolve(plan.spec, dev)
     if isinstance(st, Kernel):
-        st.launch(plan.args, plan.grid)
-        return True
+        try:
+            st.launch(plan.args, plan.grid)
+            return True
+        except MisalignedArgument as exc:
+            st = _note_miss(dev, f"{plan.spec.key()} (alignment)", str(exc), warn=False)
     if require_aot():
         raise UltraQuantError(f"ULTRAQUANT_REQUIRE_AOT=1 and no usable blob on cuda:{dev}: {st.reason}")
     return False

@@ -121,14 +121,25 @@ def parse_entry(raw: dict[str, Any], arch: str, directory: Path) -> Entry:
             shared=int(_first(raw, "shared", default=_first(launch, "shared", "dynamic_shared", default=0))),
             params=params,
             constexprs=dict(raw.get("constexprs", {})),
-            global_scratch=int(_first(raw, "global_scratch_size", default=_first(
-                raw.get("resources", {}), "global_scratch_size", default=0))),
+            global_scratch=max([int(_first(raw, "global_scratch_size", default=_first(
+                raw.get("resources", {}), "global_scratch_size", default=0)))]
+                + [int(p.get("scratch_bytes", 0)) for p in _first(raw, "params", "parameters")]),
             num_ctas=int(_first(raw, "num_ctas", default=_first(launch, "num_ctas", default=1))),
         )
     except (KeyError, TypeError, ValueError) as exc:
         name = raw.get("key") or raw.get("file") or "?"
         raise UltraQuantError(f"manifest {directory / MANIFEST_NAME}: blob {name}: bad or missing "
                               f"field {exc}") from None
+
+
+def _skipped_key(row: dict[str, Any]) -> str | None:
+    """Config key of a manifest ``skipped`` row (op + matrix config), or None if it has none."""
+    try:
+        from ultraquant.kernels.plans import SPECIALIZERS
+
+        return SPECIALIZERS[row["op"]](**row.get("config", {})).key()
+    except Exception:  # an invalid config (the reason it was skipped) has no key
+        return None
 
 
 def _spec_key(kernel: str, constexprs: dict[str, Any]) -> str:
@@ -142,6 +153,8 @@ class ManifestIndex:
     "is there a blob for this config" (no separate capability table to drift from it)."""
 
     def __init__(self, manifests: list[Manifest]) -> None:
+        self._manifests = list(manifests)
+        self._skipped: dict[str, dict[str, str]] = {}
         self.entries: dict[str, dict[str, Entry]] = {}
         self.errors: dict[str, str] = {}
         """Arch -> why its manifest was rejected (read errors, duplicates, unknown schema)."""
@@ -168,6 +181,25 @@ class ManifestIndex:
             out[e.key] = e
         return out
 
+    def skipped_reason(self, arch: str, key: str) -> str | None:
+        """Why the build deliberately skipped ``key`` for ``arch`` (manifest ``skipped``), if it did.
+
+        Skipped rows carry the op and matrix config; their keys come from the same specializers the
+        plans use (computed once per arch, only when a miss asks)."""
+        if arch not in self._skipped:
+            table: dict[str, str] = {}
+            for m in self._manifests:
+                if m.arch != arch:
+                    continue
+                for s in m.data.get("skipped", []):
+                    if not isinstance(s, dict):
+                        continue
+                    k = s.get("key") or _skipped_key(s)
+                    if k:
+                        table.setdefault(k, str(s.get("reason", "skipped by the build matrix")))
+            self._skipped[arch] = table
+        return self._skipped[arch].get(key)
+
     def lookup(self, arch: str, key: str) -> tuple[Entry | None, str]:
         """The entry for exactly ``(arch, key)``, or ``None`` and why not (arch vs config miss)."""
         if arch in self.errors:
@@ -178,6 +210,9 @@ class ManifestIndex:
             return None, f"no blobs built for arch {arch} (found: {have})"
         e = table.get(key)
         if e is None:
+            skipped = self.skipped_reason(arch, key)
+            if skipped:
+                return None, f"config {key} is not built for {arch} by design: {skipped}"
             return None, f"no {arch} blob for config {key} ({len(table)} blobs for this arch)"
         return e, ""
 

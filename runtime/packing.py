@@ -31,6 +31,11 @@ SCALAR_TYPES: dict[str, tuple[str, int]] = {
 POINTER_SIZE = 8
 
 
+class MisalignedArgument(UltraQuantError):
+    """An argument breaks an assumption the blob was compiled with (e.g. a pointer not 16-byte
+    aligned): not a user error, the call just cannot use this blob (the JIT specializes for it)."""
+
+
 @dataclass(frozen=True)
 class Param:
     """One kernel parameter as the manifest describes it."""
@@ -128,7 +133,7 @@ class ArgPacker:
         vals = [a if c is None else c(a) for c, a in zip(self._convert, args, strict=True)]
         for i, name, div in self._checks:
             if vals[i] % div:
-                raise UltraQuantError(f"{self.kernel}: argument {name!r} = {vals[i]:#x} is not a "
+                raise MisalignedArgument(f"{self.kernel}: argument {name!r} = {vals[i]:#x} is not a "
                                       f"multiple of {div}, which the blob was compiled to assume")
         return vals
 

@@ -417,3 +417,50 @@ def test_first_use_during_capture_raises_and_warmup_fixes_it(rt, tmp_path, monke
 def test_warmup_rejects_unknown_config_types(rt):
     with pytest.raises(UltraQuantError, match="configs"):
         launch.warmup([42], 0)
+
+
+def test_misaligned_pointer_falls_back_instead_of_failing(rt, tmp_path, monkeypatch):
+    d = write_manifest(tmp_path / "gen")
+    m = json.loads((d / "manifest.json").read_text())
+    m["blobs"][0]["params"][0]["divisibility"] = 16
+    (d / "manifest.json").write_text(json.dumps(m))
+    odd = (FakeTensor(0x7F0000001002), *args()[1:])
+    assert launch.try_launch(plan(a=odd), 0) is False and not rt.launches
+    assert launch.try_launch(plan(), 0) is True  # aligned calls still use the blob
+    monkeypatch.setenv("ULTRAQUANT_REQUIRE_AOT", "1")
+    with pytest.raises(UltraQuantError, match="multiple of 16"):
+        launch.try_launch(plan(a=odd), 0)
+
+
+def test_skipped_configs_say_so(rt, tmp_path, monkeypatch):
+    from ultraquant.kernels import plans
+
+    d = write_manifest(tmp_path / "gen")
+    m = json.loads((d / "manifest.json").read_text())
+    cfg = {"head_size": 128, "gqa": 4, "block_size": 16}
+    m["skipped"] = [{"op": "decode_attention", "config": cfg, "reason": "too many registers"}]
+    (d / "manifest.json").write_text(json.dumps(m))
+    s = plans.decode_spec(**cfg)
+    e, why = ManifestIndex.discover().lookup("sm_90", s.key())
+    assert e is None and "not built for sm_90 by design: too many registers" in why
+
+
+def test_verify_device_table(rt, tmp_path):
+    from ultraquant.runtime import devcheck
+
+    d = write_manifest(tmp_path / "gen", specs=[spec(16), spec(32), spec(64)])
+    (d / "uq_test_0.cubin").write_bytes(b"tampered")
+    selftest.PROBLEMS["uq_test"] = lambda kernel, s, dev: (s.constexprs["BLOCK"] != 32, "checked")
+    # A cached failure must not stop verify from retesting (and re-enabling) a blob.
+    launch.try_launch(plan(spec(32)), 0)
+    arch, rows = devcheck.verify_device(0)
+    assert arch == "sm_90"
+    assert [(r.key, r.status) for r in rows] == [
+        (spec(16).key(), "REFUSED"), (spec(32).key(), "FAIL"), (spec(64).key(), "pass")]
+    assert "sha256" in rows[0].detail
+    text = devcheck.format_table(arch, "NVIDIA H200", rows)
+    assert "3 blobs for sm_90 on NVIDIA H200: 1 pass, 2 failed or refused" in text
+    selftest.PROBLEMS["uq_test"] = lambda kernel, s, dev: (True, "fixed")
+    _, rows = devcheck.verify_device(0)
+    assert [r.status for r in rows] == ["REFUSED", "pass", "pass"]
+    assert launch.try_launch(plan(spec(32)), 0) is True  # re-enabled by the fresh verdict
