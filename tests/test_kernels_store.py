@@ -1,0 +1,133 @@
+"""The Triton store and dequant kernels under TRITON_INTERPRET=1 against ultraquant.reference.
+
+Store must write the reference's bytes: V exactly; K exactly too except where the butterfly and the
+reference's matmul round a near-tie rotated element differently (at most a handful, each one code
+step apart, see docs/kernels.md). Dequant must give the reference's K (both spaces) and V.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import ultraquant as uq
+from tests.helpers import make_paged
+from ultraquant import reference as R
+from ultraquant.format import SlotLayout
+from ultraquant.kernels import plans
+from ultraquant.kernels.interpret import interpreted_registry
+
+
+@pytest.fixture(scope="module")
+def registry():
+    return interpreted_registry()
+
+
+@pytest.fixture
+def triton_backend(monkeypatch, registry):
+    monkeypatch.setenv("ULTRAQUANT_BACKEND", "triton")
+    return registry
+
+
+def assert_store_matches(got: torch.Tensor, ref: torch.Tensor, head_size: int, max_near_ties: int = 2) -> None:
+    """Bytes equal, except rare K near-tie codes that may be one magnitude step apart."""
+    lay = SlotLayout(head_size)
+    assert torch.equal(got[..., lay.k_scales:], ref[..., lay.k_scales:]), "V bytes or K scales differ"
+    kg = R.unpack_nibbles(got[..., : lay.k_scales]).to(torch.int32)
+    kr = R.unpack_nibbles(ref[..., : lay.k_scales]).to(torch.int32)
+    diff = kg != kr
+    assert int(diff.sum()) <= max_near_ties, f"{int(diff.sum())} K codes differ"
+    if diff.any():
+        step = ((kg[diff] & 7) - (kr[diff] & 7)).abs()
+        assert bool((step == 1).all()), "a differing K code is more than one step away"
+
+
+def _random_kv(n: int, hk: int, d: int, dtype: torch.dtype, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    gen = torch.Generator().manual_seed(seed)
+    key = (torch.randn(n, hk, d, generator=gen) * 2).to(dtype)
+    value = torch.randn(n, hk, d, generator=gen).to(dtype)
+    value[0, 0, :32] = 0  # an all-zero group -> byte 0, zero codes
+    if n > 1:
+        value[1, -1, 7] = float("nan")  # a non-finite group -> byte 0, zero codes
+        key[1, 0, 3] = 1e-30  # tiny values next to normal ones
+    return key, value
+
+
+@pytest.mark.parametrize("encoder", ["rne", "upstream", "mse"])
+@pytest.mark.parametrize("head_size", [64, 128])
+def test_store_matches_reference(triton_backend, encoder, head_size):
+    n, hk, bs = 19, 2, 16
+    key, value = _random_kv(n, hk, head_size, torch.bfloat16, seed=head_size)
+    poison = torch.randint(0, 256, (3, bs, hk, uq.slot_size(head_size)), dtype=torch.uint8,
+                           generator=torch.Generator().manual_seed(1))
+    slots = torch.randperm(3 * bs, generator=torch.Generator().manual_seed(2))[:n].long()
+    slots[4] = -1  # padding: its slot must stay untouched
+    got, ref = poison.clone(), poison.clone()
+    uq.store_kv(key, value, got, slots, encoder=encoder)
+    R.store_kv(key, value, ref, slots, encoder=encoder)
+    assert_store_matches(got, ref, head_size)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
+def test_store_dtypes_int32_slots_head_major(triton_backend, dtype):
+    n, hk, d, bs = 9, 3, 64, 16
+    key, value = _random_kv(n, hk, d, dtype, seed=7)
+    raw = torch.zeros(2, hk, bs, uq.slot_size(d), dtype=torch.uint8)
+    got = raw.permute(0, 2, 1, 3)  # head-major physical layout, API shape
+    ref = torch.zeros(2, bs, hk, uq.slot_size(d), dtype=torch.uint8)
+    slots = torch.arange(3, 3 + n, dtype=torch.int32)
+    uq.store_kv(key, value, got, slots)
+    R.store_kv(key, value, ref, slots)
+    assert_store_matches(got, ref, d)
+
+
+def test_store_wider_slots_keep_padding(triton_backend):
+    """slot_bytes > slot_size(D): the trailing bytes of each slot are never written."""
+    n, hk, d = 5, 1, 64
+    key, value = _random_kv(n, hk, d, torch.bfloat16, seed=3)
+    got = torch.full((1, 16, hk, uq.slot_size(d) + 12), 0xAB, dtype=torch.uint8)
+    ref = got.clone()
+    slots = torch.arange(n)
+    uq.store_kv(key, value, got, slots)
+    R.store_kv(key, value, ref, slots)
+    assert torch.equal(got[..., uq.slot_size(d):], ref[..., uq.slot_size(d):])
+    assert_store_matches(got[..., : uq.slot_size(d)], ref[..., : uq.slot_size(d)], d)
+
+
+@pytest.mark.parametrize("original_space", [True, False])
+@pytest.mark.parametrize("head_major", [False, True])
+def test_dequant_matches_reference(registry, original_space, head_major):
+    d, hk, bs = 64, 2, 16
+    prob = make_paged([0, 5, 40], hk, d, bs, seed=5, head_major=head_major)
+    ref_k, ref_v = R.dequant_kv(prob.kv_cache, prob.block_table, prob.seq_lens)
+    total = int(prob.seq_lens.sum())
+    cu = torch.zeros(4, dtype=torch.int32)
+    cu[1:] = torch.cumsum(prob.seq_lens, 0)
+    k = torch.full((total, hk, d), float("nan"))
+    v = torch.full((total, hk, d), float("nan"))
+    uq.ops.dequant_kv_packed(prob.kv_cache, prob.block_table, prob.seq_lens, cu, k, v,
+                             original_space=original_space)
+    ref_k = torch.cat(ref_k).double()
+    if not original_space:
+        ref_k = ref_k @ uq.hadamard(d, dtype=torch.float64)
+    torch.testing.assert_close(k.double(), ref_k, rtol=1e-6, atol=1e-6)
+    assert torch.equal(v, torch.cat(ref_v))
+
+
+def test_dequant_lists_through_public_op(triton_backend):
+    prob = make_paged([3, 33], 1, 128, 32, seed=9)
+    got_k, got_v = uq.dequant_kv(prob.kv_cache, prob.block_table, prob.seq_lens)
+    ref_k, ref_v = R.dequant_kv(prob.kv_cache, prob.block_table, prob.seq_lens)
+    assert [t.shape for t in got_k] == [t.shape for t in ref_k]
+    for a, b in zip(got_k + got_v, ref_k + ref_v, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-6)
+
+
+def test_store_plan_is_static(registry):
+    """The plan's grid and constexprs depend on shapes and dtypes only."""
+    key = torch.zeros(37, 4, 128, dtype=torch.bfloat16)
+    cache = torch.zeros(4, 16, 4, uq.slot_size(128), dtype=torch.uint8)
+    p = plans.plan_store(key, key, cache, torch.zeros(37, dtype=torch.int64), "upstream")
+    assert p.grid == (-(-37 * 4 // p.spec.constexprs["BLOCK_R"]), 1, 1)
+    assert p.spec.constexprs["ENCODER"] == 1
+    assert p.spec.signature["key_ptr"] == "*bf16"
