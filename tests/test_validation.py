@@ -41,17 +41,6 @@ STORE_BAD = {
 }
 
 
-@pytest.mark.parametrize("store", [R.store_kv, uq.store_kv], ids=["reference", "ops"])
-@pytest.mark.parametrize("case", list(STORE_BAD))
-def test_store_rejects(case: str, store) -> None:
-    over, needle = STORE_BAD[case]
-    args = store_args(**over)
-    before = args["kv_cache"].clone()
-    with pytest.raises(uq.UltraQuantError, match=needle):
-        store(**args)
-    assert torch.equal(args["kv_cache"], before)
-
-
 def test_store_rejects_unknown_encoder() -> None:
     args = store_args()
     before = args["kv_cache"].clone()
@@ -89,17 +78,6 @@ DECODE_BAD = {
 }
 
 
-@pytest.mark.parametrize("decode", [R.decode_attention, uq.decode_attention], ids=["reference", "ops"])
-@pytest.mark.parametrize("case", list(DECODE_BAD))
-def test_decode_rejects(case: str, decode) -> None:
-    over, needle = DECODE_BAD[case]
-    args = decode_args(**over)
-    before = args["kv_cache"].clone()
-    with pytest.raises(uq.UltraQuantError, match=needle):
-        decode(**args)
-    assert torch.equal(args["kv_cache"], before)
-
-
 def test_unused_block_table_entries_are_not_checked() -> None:
     # Entries past a request's last block are padding (vLLM leaves anything there).
     args = decode_args(block_table=torch.tensor([[1, 2], [3, -7]], dtype=torch.int32))
@@ -127,14 +105,24 @@ PREFILL_BAD = {
 }
 
 
-@pytest.mark.parametrize("prefill", [R.prefill_attention, uq.prefill_attention], ids=["reference", "ops"])
-@pytest.mark.parametrize("case", list(PREFILL_BAD))
-def test_prefill_rejects(case: str, prefill) -> None:
-    over, needle = PREFILL_BAD[case]
-    args = prefill_args(**over)
+# op name -> (reference function, argument builder, bad cases); the public op has the same name
+OPS = {
+    "store_kv": (R.store_kv, store_args, STORE_BAD),
+    "decode_attention": (R.decode_attention, decode_args, DECODE_BAD),
+    "prefill_attention": (R.prefill_attention, prefill_args, PREFILL_BAD),
+}
+CASES = [(op, case, path) for op, (_, _, bad) in OPS.items() for case in bad for path in ("reference", "ops")]
+
+
+@pytest.mark.parametrize(("op", "case", "path"), CASES, ids=["-".join(c) for c in CASES])
+def test_bad_input_raises_and_leaves_cache_unchanged(op: str, case: str, path: str) -> None:
+    ref_fn, build, bad = OPS[op]
+    fn = ref_fn if path == "reference" else getattr(uq, op)
+    over, needle = bad[case]
+    args = build(**over)
     before = args["kv_cache"].clone()
     with pytest.raises(uq.UltraQuantError, match=needle):
-        prefill(**args)
+        fn(**args)
     assert torch.equal(args["kv_cache"], before)
 
 
