@@ -10,6 +10,9 @@ import click
 # `ultraquant info` works without the build toolchain or a GPU.
 COMMANDS: tuple[str, ...] = (
     "info",
+    "build",
+    "verify",
+    "bench",
 )
 
 

@@ -35,7 +35,7 @@ DEFAULT_NUM_SMS = 132
 MIN_SPLIT_TOKENS = 256
 """A decode split never gets fewer tokens than this (at the static ``max_seq_len`` bound)."""
 
-DECODE_WAVES = 2.0
+DECODE_WAVES = 8.0
 """Decode aims at this many programs per multiprocessor when choosing the split count."""
 
 CONTINUATION_THRESHOLD = 128
@@ -124,14 +124,16 @@ def decode_spec(*, head_size: int, gqa: int, block_size: int, query_dtype: torch
                 has_window: bool = False, has_softcap: bool = False, **_: Any) -> Specialization:
     """The split-KV decode kernel for one head size, GQA group, block size and feature set."""
     d = check_head_size(head_size)
+    tile = int(os.environ.get("ULTRAQUANT_DECODE_TILE", 32))  # tuning knobs (bench --sweep), not API
+    warps = int(os.environ.get("ULTRAQUANT_DECODE_WARPS", 4 if d <= 128 else 8))
     return Specialization(
         kernel="uq_decode",
         signature=_signature(DECODE_PARAMS, query=_tname(query_dtype), out=_tname(out_dtype or query_dtype)),
         constexprs={"D": d, "LOG2D": d.bit_length() - 1, "GQA": int(gqa),
                     "ROWS": max(16, _pow2_at_least(int(gqa))), "BLOCK_SIZE": int(block_size),
-                    "TILE": 32, "HAS_SINKS": bool(has_sinks), "HAS_WINDOW": bool(has_window),
+                    "TILE": tile, "HAS_SINKS": bool(has_sinks), "HAS_WINDOW": bool(has_window),
                     "HAS_SOFTCAP": bool(has_softcap)},
-        num_warps=4 if d <= 128 else 8, num_stages=2)
+        num_warps=warps, num_stages=2)
 
 
 def prefill_spec(*, head_size: int, gqa: int, block_size: int, query_dtype: torch.dtype | str = "bf16",

@@ -1,0 +1,29 @@
+#!/bin/bash
+# All GPU work of one device call for the kernels issue: GPU tests, compute-sanitizer, benchmark.
+# Usage on the device (repo root):  bash tools/h200_kernels.sh [tests] [sanitize] [bench]
+# (no argument: all three). Logs and results go to $OUT (the device tool's folder) or /tmp/uq_out.
+set -uo pipefail
+export PYTHONUNBUFFERED=1
+OUT=${OUT:-/tmp/uq_out}
+mkdir -p "$OUT"
+steps=${*:-tests sanitize bench}
+pip install -q --no-deps --no-build-isolation -e . >/dev/null 2>&1 || echo "pip install -e . failed"
+nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu --format=csv | tee "$OUT/smi.txt"
+t0=$(date +%s)
+for step in $steps; do
+  case $step in
+    tests)
+      timeout 300 python3 -m pytest -q -x -m gpu tests/gpu/test_kernels_gpu.py -p no:cacheprovider \
+        2>&1 | tee "$OUT/gpu_tests.log" | tail -25 ;;
+    sanitize)
+      timeout 200 compute-sanitizer --tool memcheck --print-limit 20 python3 tools/h200_sanitize.py \
+        2>&1 | tee "$OUT/memcheck.log" | tail -6 ;;
+    racecheck)
+      timeout 200 compute-sanitizer --tool racecheck --print-limit 20 python3 tools/h200_sanitize.py \
+        2>&1 | tee "$OUT/racecheck.log" | tail -6 ;;
+    bench)
+      timeout 300 python3 -c "from ultraquant.cli import main; main()" bench ${BENCH_ARGS:-} --json "$OUT/bench.json" \
+        --plot "$OUT/decode_latency.png" 2>&1 | tee "$OUT/bench.log" | tail -30 ;;
+  esac
+  echo "== $step done at +$(( $(date +%s) - t0 ))s"
+done

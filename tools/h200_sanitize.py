@@ -1,0 +1,69 @@
+"""Small store/dequant/decode/prefill runs for compute-sanitizer (memcheck/racecheck) on a GPU.
+
+Ragged lengths sit at block and split boundaries; decode runs with 1 and several splits; every
+result is also checked against the reference so a silent wrong answer fails here too.
+Usage: compute-sanitizer --tool memcheck python3 tools/h200_sanitize.py
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+
+import ultraquant as uq  # noqa: E402
+from tests.helpers import make_paged  # noqa: E402
+from ultraquant import reference as R  # noqa: E402
+
+
+def rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    a, b = a.double().cpu(), b.double().cpu()
+    return float((a - b).norm() / max(float(b.norm()), 1e-30))
+
+
+def main() -> int:
+    worst = 0.0
+    d, hk, hq, bs = 128, 2, 8, 16
+    lens = [1, 15, 16, 17, 31, 32, 33, 257]
+    prob = make_paged(lens, hk, d, bs, seed=1, dtype=torch.bfloat16, device="cuda", head_major=True,
+                      store=uq.store_kv)
+    query = torch.randn(len(lens), hq, d, device="cuda").to(torch.bfloat16)
+    sinks = torch.randn(hq, device="cuda")
+    for splits in ("1", "3", "8"):
+        os.environ["ULTRAQUANT_DECODE_SPLITS"] = splits
+        for window, softcap in ((None, None), (20, 30.0)):
+            out = torch.full_like(query, float("nan"))
+            uq.decode_attention(query, prob.kv_cache, prob.block_table, prob.seq_lens, 0.1, sinks=sinks,
+                                sliding_window=window, softcap=softcap, out=out)
+            ref = R.decode_attention(query.float(), prob.kv_cache, prob.block_table, prob.seq_lens, 0.1,
+                                     sinks=sinks, sliding_window=window, softcap=softcap)
+            worst = max(worst, rel(out, ref))
+    os.environ.pop("ULTRAQUANT_DECODE_SPLITS")
+    k, v = uq.dequant_kv(prob.kv_cache, prob.block_table, prob.seq_lens)
+    rk, rv = R.dequant_kv(prob.kv_cache, prob.block_table, prob.seq_lens)
+    worst = max(worst, max(rel(a, b) for a, b in zip(k + v, rk + rv, strict=True) if b.numel()))
+    # prefill: continuation chunks ending at block boundaries
+    q_lens = [1, 5, 16, 17, 1, 32, 33, 40]
+    qsl = torch.zeros(len(lens) + 1, dtype=torch.int32)
+    qsl[1:] = torch.cumsum(torch.tensor(q_lens), 0)
+    n = int(qsl[-1])
+    qp = torch.randn(n, hq, d, device="cuda").to(torch.bfloat16)
+    kp = torch.randn(n, hk, d, device="cuda").to(torch.bfloat16)
+    vp = torch.randn(n, hk, d, device="cuda").to(torch.bfloat16)
+    qsl = qsl.cuda()
+    out = torch.full_like(qp, float("nan"))
+    uq.prefill_attention(qp, kp, vp, prob.kv_cache, prob.block_table, prob.seq_lens, qsl, 0.1, sinks=sinks,
+                         out=out)
+    ref = R.prefill_attention(qp.float(), kp, vp, prob.kv_cache, prob.block_table, prob.seq_lens, qsl, 0.1,
+                              sinks=sinks)
+    worst = max(worst, rel(out, ref))
+    torch.cuda.synchronize()
+    print(f"sanitize workload done: worst rel err {worst:.2e}")
+    return 0 if worst < 1e-2 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,346 @@
+"""``ultraquant bench``: decode/store timings on a GPU against the read ceiling and bf16 SDPA.
+
+Everything is timed as a CUDA-graph replay (``--calls`` launches captured in one graph, median over
+``--reps`` replays), on caches larger than the L2 (no flush). Rows:
+
+* ``ceiling``: a Triton streaming read (wide int32 vector loads, a few GB): the bandwidth ceiling;
+* ``stream``: a read of exactly the decode's cache pages with no math (the practical floor);
+* ``sdpa``: ``torch.nn.functional.scaled_dot_product_attention`` on dense bf16 K/V (default
+  dispatch, ``enable_gqa=True``): the baseline;
+* ``uq``: ``ultraquant.decode_attention`` (whatever backend dispatch picks: Triton JIT or AOT).
+
+Effective TB/s counts the bytes actually stored (``B * L * Hk * slot_size``). Also the store kernel's
+throughput (N=16384 tokens x 8 heads) and a decode-time store of 64 tokens, and a PNG plot of latency
+against context length. ``--json`` writes every number.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+
+import click
+import torch
+
+SHAPES: dict[str, dict[str, int]] = {
+    "A": dict(B=8, L=32768, Hq=32, Hk=8, D=128, block=64),
+    "B": dict(B=32, L=8192, Hq=32, Hk=8, D=128, block=64),
+    "C": dict(B=8, L=32768, Hq=16, Hk=2, D=256, block=64),
+    "D": dict(B=64, L=2048, Hq=32, Hk=8, D=128, block=64),
+}
+"""The issue's benchmark shapes (block 64 everywhere)."""
+
+
+@dataclass
+class Row:
+    """One timed configuration."""
+
+    name: str
+    us: float
+    bytes: int
+    tbps: float
+    pct_ceiling: float
+    speedup_vs_sdpa: float | None = None
+
+
+def time_graph(fn: Callable[[], None], calls: int = 10, reps: int = 15) -> float:
+    """Median microseconds per call of ``fn`` replayed from one CUDA graph of ``calls`` launches."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(2):
+            fn()  # warm-up: compile, load modules, size workspaces
+    torch.cuda.current_stream().wait_stream(stream)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(calls):
+            fn()
+    graph.replay()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(reps):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1000.0 / calls)
+    return statistics.median(times)
+
+
+def _stream_kernels():
+    """Triton streaming-read kernels (imported lazily: they need triton and a GPU)."""
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def read_all(src, dst, n_vec, VEC: tl.constexpr, BLOCK: tl.constexpr):
+        pid = tl.program_id(0)
+        acc = tl.zeros([BLOCK, VEC], dtype=tl.int32)
+        step = tl.num_programs(0) * BLOCK
+        for start in range(pid * BLOCK, n_vec, step):
+            rows = start + tl.arange(0, BLOCK)
+            ptr = src + rows[:, None].to(tl.int64) * VEC + tl.arange(0, VEC)[None, :]
+            acc ^= tl.load(ptr, mask=(rows < n_vec)[:, None], other=0)
+        tl.store(dst + pid, tl.sum(tl.sum(acc, axis=1), axis=0))
+
+    @triton.jit
+    def read_pages(cache, bt, seq_lens, dst, stride_cb, stride_ct, stride_ch, stride_btb, num_splits,
+                   SLOT_WORDS: tl.constexpr, SLOT_PAD: tl.constexpr, BLOCK_SIZE: tl.constexpr,
+                   TILE: tl.constexpr):
+        # Same work split as the decode kernel (request, kv head, split), no math: sums int32 words.
+        b = tl.program_id(0)
+        kvh = tl.program_id(1)
+        sp = tl.program_id(2)
+        length = tl.load(seq_lens + b)
+        per = tl.cdiv(tl.cdiv(length, num_splits), TILE) * TILE
+        lo = sp * per
+        hi = tl.minimum(lo + per, length)
+        acc = tl.zeros([TILE, SLOT_PAD], dtype=tl.int32)
+        w = tl.arange(0, SLOT_PAD)
+        for t0 in range(lo, hi, TILE):
+            toks = t0 + tl.arange(0, TILE)
+            tm = toks < hi
+            blk = tl.load(bt + b * stride_btb + toks // BLOCK_SIZE, mask=tm, other=0).to(tl.int64)
+            base = blk * stride_cb + (toks % BLOCK_SIZE).to(tl.int64) * stride_ct + kvh * stride_ch
+            ptr = (cache + base[:, None] + w[None, :])
+            acc ^= tl.load(ptr, mask=tm[:, None] & (w[None, :] < SLOT_WORDS), other=0)
+        tl.store(dst + (b * tl.num_programs(1) + kvh) * tl.num_programs(2) + sp, tl.sum(tl.sum(acc, 1), 0))
+
+    return read_all, read_pages
+
+
+def measure_ceiling(gib: float = 4.0) -> float:
+    """TB/s of the streaming read over ``gib`` GiB (wide int32 vector loads)."""
+    read_all, _ = _stream_kernels()
+    vec = 4
+    n_vec = int(gib * (1 << 30)) // (4 * vec)
+    src = torch.randint(-(2**31), 2**31 - 1, (n_vec * vec,), dtype=torch.int32, device="cuda")
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    grid = sms * 8
+    dst = torch.empty(grid, dtype=torch.int32, device="cuda")
+    us = time_graph(lambda: read_all[(grid,)](src, dst, n_vec, VEC=vec, BLOCK=512, num_warps=8), calls=3)
+    return n_vec * vec * 4 / (us * 1e-6) / 1e12
+
+
+@dataclass
+class DecodeProblem:
+    """A filled cache (random bytes through the store kernel) and the matching dense bf16 K/V."""
+
+    query: torch.Tensor
+    kv_cache: torch.Tensor
+    block_table: torch.Tensor
+    seq_lens: torch.Tensor
+    out: torch.Tensor
+    stored_bytes: int
+
+
+def make_decode_problem(B: int, L: int, Hq: int, Hk: int, D: int, block: int, head_major: bool = True,
+                        seed: int = 0) -> DecodeProblem:
+    """Cache of B requests x L tokens with shuffled blocks; K/V written through ultraquant.store_kv."""
+    import ultraquant as uq
+
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    nblk = B * (L // block)
+    slot = uq.slot_size(D)
+    raw = torch.empty((nblk, Hk, block, slot) if head_major else (nblk, block, Hk, slot), dtype=torch.uint8,
+                      device="cuda")
+    cache = raw.permute(0, 2, 1, 3) if head_major else raw
+    perm = torch.randperm(nblk, device="cuda", generator=gen).to(torch.int32)
+    bt = perm.view(B, L // block)
+    chunk = 16384
+    total = B * L
+    for s in range(0, total, chunk):
+        n = min(chunk, total - s)
+        tok = torch.arange(s, s + n, device="cuda")
+        b, pos = tok // L, tok % L
+        slots = bt[b, pos // block].long() * block + pos % block
+        k = torch.randn(n, Hk, D, device="cuda", dtype=torch.bfloat16, generator=gen)
+        v = torch.randn(n, Hk, D, device="cuda", dtype=torch.bfloat16, generator=gen)
+        uq.store_kv(k, v, cache, slots)
+    q = torch.randn(B, Hq, D, device="cuda", dtype=torch.bfloat16, generator=gen)
+    lens = torch.full((B,), L, dtype=torch.int32, device="cuda")
+    return DecodeProblem(q, cache, bt, lens, torch.empty_like(q), B * L * Hk * slot)
+
+
+def bench_decode(p: DecodeProblem, D: int) -> float:
+    import ultraquant as uq
+
+    scale = D ** -0.5
+    return time_graph(lambda: uq.decode_attention(p.query, p.kv_cache, p.block_table, p.seq_lens, scale,
+                                                  out=p.out))
+
+
+def bench_stream(p: DecodeProblem, block: int, splits: int) -> float:
+    _, read_pages = _stream_kernels()
+    B, Hk = p.block_table.shape[0], p.kv_cache.shape[2]
+    words = p.kv_cache.shape[3] // 4
+    # The same bytes seen as int32 words (slot sizes and strides are multiples of 4 bytes).
+    base = p.kv_cache
+    st = [s // 4 for s in base.stride()[:3]]
+    flat = torch.as_strided(base, (base.untyped_storage().nbytes(),), (1,), 0).view(torch.int32)
+    dst = torch.empty(B * Hk * splits, dtype=torch.int32, device="cuda")
+    return time_graph(lambda: read_pages[(B, Hk, splits)](
+        flat, p.block_table, p.seq_lens, dst, st[0], st[1], st[2], p.block_table.stride(0), splits,
+        SLOT_WORDS=words, SLOT_PAD=1 << (words - 1).bit_length(), BLOCK_SIZE=block, TILE=32, num_warps=2))
+
+
+def bench_sdpa(B: int, L: int, Hq: int, Hk: int, D: int) -> float:
+    q = torch.randn(B, Hq, 1, D, device="cuda", dtype=torch.bfloat16)
+    k = torch.randn(B, Hk, L, D, device="cuda", dtype=torch.bfloat16)
+    v = torch.randn(B, Hk, L, D, device="cuda", dtype=torch.bfloat16)
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+
+    def run() -> None:
+        sdpa(q, k, v, enable_gqa=True)
+
+    us = time_graph(run)
+    return us
+
+
+def bench_store(n: int, hk: int, d: int) -> tuple[float, int]:
+    import ultraquant as uq
+
+    k = torch.randn(n, hk, d, device="cuda", dtype=torch.bfloat16)
+    v = torch.randn(n, hk, d, device="cuda", dtype=torch.bfloat16)
+    block = 64
+    nblk = -(-n // block) + 1
+    cache = torch.zeros(nblk, block, hk, uq.slot_size(d), dtype=torch.uint8, device="cuda")
+    slots = torch.randperm(nblk * block, device="cuda")[:n]
+    us = time_graph(lambda: uq.store_kv(k, v, cache, slots))
+    return us, n * hk * (4 * d + uq.slot_size(d))
+
+
+def _row(name: str, us: float, nbytes: int, ceiling: float, sdpa_us: float | None = None) -> Row:
+    tbps = nbytes / (us * 1e-6) / 1e12
+    return Row(name, us, nbytes, tbps, 100.0 * tbps / ceiling, None if sdpa_us is None else sdpa_us / us)
+
+
+SWEEP = [(splits, warps, tile) for tile in (32, 64) for warps in (2, 4) for splits in (8, 16, 32, 64)]
+"""(splits, num_warps, TILE) decode variants that ``--sweep`` times on shapes A and D."""
+
+
+def sweep(rows: list[Row], ceiling: float, names: list[str]) -> None:
+    """Time decode variants through the plans' tuning variables (head-major cache)."""
+    import os
+
+    for name in names:
+        s = SHAPES[name]
+        p = make_decode_problem(s["B"], s["L"], s["Hq"], s["Hk"], s["D"], s["block"])
+        for splits, warps, tile in SWEEP:
+            os.environ.update(ULTRAQUANT_DECODE_SPLITS=str(splits), ULTRAQUANT_DECODE_WARPS=str(warps),
+                              ULTRAQUANT_DECODE_TILE=str(tile))
+            try:
+                us = bench_decode(p, s["D"])
+            except Exception as exc:  # a variant that does not compile is a finding, not a crash
+                print(f"sweep {name} {splits}/{warps}/{tile}: {type(exc).__name__}: {exc}"[:300], flush=True)
+                continue
+            rows.append(_row(f"{name} sweep splits={splits} warps={warps} tile={tile}", us, p.stored_bytes,
+                             ceiling))
+            print(rows[-1], flush=True)
+        for var in ("ULTRAQUANT_DECODE_SPLITS", "ULTRAQUANT_DECODE_WARPS", "ULTRAQUANT_DECODE_TILE"):
+            os.environ.pop(var, None)
+        del p
+        torch.cuda.empty_cache()
+
+
+def run_bench(shapes: list[str], plot: str | None, layouts: list[str], with_stream: bool,
+              sweep_shapes: list[str] | None = None) -> dict:
+    """Run everything; return a JSON-able dict and print the table."""
+    torch.manual_seed(0)
+    import ultraquant as uq
+    from ultraquant.kernels import plans
+
+    ceiling = measure_ceiling()
+    rows: list[Row] = []
+    print(f"ceiling (streaming read, int32x4 loads): {ceiling:.2f} TB/s", flush=True)
+    for name in shapes:
+        s = SHAPES[name]
+        sdpa_us = bench_sdpa(s["B"], s["L"], s["Hq"], s["Hk"], s["D"])
+        sdpa_bytes = 2 * s["B"] * s["L"] * s["Hk"] * s["D"] * 2
+        rows.append(_row(f"{name} sdpa-bf16", sdpa_us, sdpa_bytes, ceiling))
+        for layout in layouts:
+            p = make_decode_problem(s["B"], s["L"], s["Hq"], s["Hk"], s["D"], s["block"],
+                                    head_major=layout == "head")
+            splits = plans.decode_splits(s["B"], s["Hk"], p.block_table.shape[1] * s["block"], p.query.device)
+            if with_stream:
+                rows.append(_row(f"{name} stream-{layout}", bench_stream(p, s["block"], splits), p.stored_bytes,
+                                 ceiling, sdpa_us))
+            rows.append(_row(f"{name} uq-{layout} (splits {splits})", bench_decode(p, s["D"]), p.stored_bytes,
+                             ceiling, sdpa_us))
+            print(rows[-1], flush=True)
+            del p
+            torch.cuda.empty_cache()
+    if sweep_shapes:
+        sweep(rows, ceiling, sweep_shapes)
+    us, nbytes = bench_store(16384, 8, 128)
+    rows.append(_row("store N=16384 Hk=8 D=128", us, nbytes, ceiling))
+    us, nbytes = bench_store(64, 8, 128)
+    rows.append(_row("store N=64 Hk=8 D=128 (decode step)", us, nbytes, ceiling))
+    curve = []
+    if plot:
+        s = SHAPES["A"]
+        for L in (1024, 4096, 16384, 32768, 65536, 131072):
+            p = make_decode_problem(s["B"], L, s["Hq"], s["Hk"], s["D"], s["block"])
+            curve.append({"L": L, "uq_us": bench_decode(p, s["D"]),
+                          "sdpa_us": bench_sdpa(s["B"], L, s["Hq"], s["Hk"], s["D"])})
+            del p
+            torch.cuda.empty_cache()
+        _plot(curve, plot)
+    print()
+    print(f"{'config':44s} {'us':>9s} {'TB/s':>6s} {'%ceil':>6s} {'vs sdpa':>8s}")
+    for r in rows:
+        sp = "" if r.speedup_vs_sdpa is None else f"{r.speedup_vs_sdpa:.2f}x"
+        print(f"{r.name:44s} {r.us:9.1f} {r.tbps:6.2f} {r.pct_ceiling:6.1f} {sp:>8s}")
+    return {"ceiling_tbps": ceiling, "rows": [asdict(r) for r in rows], "curve": curve,
+            "device": torch.cuda.get_device_name(0), "version": uq.__version__}
+
+
+def _plot(curve: list[dict], path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    xs = [c["L"] for c in curve]
+    fig, ax = plt.subplots(figsize=(6, 4))
+    ax.plot(xs, [c["sdpa_us"] for c in curve], "o-", label="torch SDPA bf16")
+    ax.plot(xs, [c["uq_us"] for c in curve], "s-", label="UltraQuant decode")
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel("context length (tokens), B=8, Hq/Hk=32/8, D=128")
+    ax.set_ylabel("latency (us, CUDA-graph replay)")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+@click.command()
+@click.option("--shapes", default="A,B,C,D", show_default=True, help="Comma-separated shape names.")
+@click.option("--layouts", default="head,token", show_default=True,
+              help="Cache layouts to time: head (head-major inside a block), token (upstream's).")
+@click.option("--plot", default=None, help="Write a PNG of latency vs context length here.")
+@click.option("--json", "json_path", default=None, help="Write all numbers to this JSON file.")
+@click.option("--no-stream", is_flag=True, help="Skip the no-math page stream rows.")
+@click.option("--sweep", "sweep_shapes", default="", help="Shapes (e.g. A,D) to time decode variants on.")
+def command(shapes: str, layouts: str, plot: str | None, json_path: str | None, no_stream: bool,
+            sweep_shapes: str) -> None:
+    """Time decode and store on this GPU against the read ceiling and bf16 SDPA (needs CUDA)."""
+    if not torch.cuda.is_available():
+        raise click.ClickException("ultraquant bench needs a CUDA GPU")
+    names = [s.strip() for s in shapes.split(",") if s.strip()]
+    bad = [n for n in names if n not in SHAPES]
+    if bad:
+        raise click.BadParameter(f"unknown shapes {bad}; known: {sorted(SHAPES)}", param_hint="--shapes")
+    result = run_bench(names, plot, [x.strip() for x in layouts.split(",")], not no_stream,
+                       [x.strip() for x in sweep_shapes.split(",") if x.strip()])
+    if json_path:
+        with open(json_path, "w") as f:
+            json.dump(result, f, indent=1)
+
+
+__all__ = ["command", "run_bench", "time_graph", "SHAPES"]
