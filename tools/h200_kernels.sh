@@ -13,16 +13,16 @@ t0=$(date +%s)
 for step in $steps; do
   case $step in
     tests)
-      timeout 300 python3 -m pytest -q -x -m gpu tests/gpu/test_kernels_gpu.py -p no:cacheprovider \
+      timeout ${T_TESTS:-200} python3 -m pytest -q -x -m gpu tests/gpu/test_kernels_gpu.py -p no:cacheprovider \
         2>&1 | tee "$OUT/gpu_tests.log" | tail -25 ;;
     sanitize)
-      timeout 200 compute-sanitizer --tool memcheck --print-limit 20 python3 tools/h200_sanitize.py \
+      timeout ${T_SAN:-120} compute-sanitizer --tool memcheck --print-limit 20 python3 tools/h200_sanitize.py \
         2>&1 | tee "$OUT/memcheck.log" | tail -6 ;;
     racecheck)
       timeout 200 compute-sanitizer --tool racecheck --print-limit 20 python3 tools/h200_sanitize.py \
         2>&1 | tee "$OUT/racecheck.log" | tail -6 ;;
     bench)
-      timeout 300 python3 -c "from ultraquant.cli import main; main()" bench ${BENCH_ARGS:-} --json "$OUT/bench.json" \
+      timeout ${T_BENCH:-240} python3 -c "from ultraquant.cli import main; main()" bench ${BENCH_ARGS:-} --json "$OUT/bench.json" \
         --plot "$OUT/decode_latency.png" 2>&1 | tee "$OUT/bench.log" | tail -30 ;;
   esac
   echo "== $step done at +$(( $(date +%s) - t0 ))s"
