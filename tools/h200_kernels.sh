@@ -13,7 +13,7 @@ t0=$(date +%s)
 for step in $steps; do
   case $step in
     tests)
-      timeout ${T_TESTS:-200} python3 -m pytest -q -x -m gpu tests/gpu/test_kernels_gpu.py -p no:cacheprovider \
+      timeout ${T_TESTS:-200} python3 -m pytest -q --maxfail=6 -m gpu tests/gpu/test_kernels_gpu.py -p no:cacheprovider \
         2>&1 | tee "$OUT/gpu_tests.log" | tail -25 ;;
     sanitize)
       timeout ${T_SAN:-120} compute-sanitizer --tool memcheck --print-limit 20 python3 tools/h200_sanitize.py \
