@@ -107,6 +107,7 @@ class SimConfig:
     encoder: str = "rne"
     seed: int = 0
     check_cache_every: int = 7
+    cache_mismatch_frac: float = 0.0
 
 
 class Simulation:
@@ -196,10 +197,23 @@ class Simulation:
 
     def step(self) -> bool:
         """Schedule, run one forward, compare with the oracle; False when every request is done."""
-        cfg = self.cfg
         batch = self.schedule()
         if not batch:
             return False
+        self.run_batch(batch)
+        self.stats["steps"] += 1
+        if self.cfg.check_cache_every and self.stats["steps"] % self.cfg.check_cache_every == 0:
+            self.check_cache()
+        for r in [r for r in self.running if r.done]:
+            self.running.remove(r)
+            self._release(r)
+            self.finished.append(r)
+        return True
+
+    def run_batch(self, batch: list[tuple[Request, int]]) -> None:
+        """One eager forward over ``batch`` (one-token requests first), checked against the oracle;
+        the requests advance by their new tokens."""
+        cfg = self.cfg
         hq, hk, d = cfg.num_heads, cfg.num_kv_heads, cfg.head_size
         q_lens, seq_lens, tables, slots = [], [], [], []
         keys, values = [], []
@@ -228,20 +242,12 @@ class Simulation:
         assert torch.isnan(got[n_tok:]).all(), "padding rows of out must stay untouched"
         expect = self.oracle(batch, query, md.num_decodes)
         self.compare(got[:n_tok], expect)
-        self.stats["steps"] += 1
         self.stats["decode_rows"] += md.num_decodes
         self.stats["prefill_rows"] += len(batch) - md.num_decodes
         if md.num_decodes and md.num_decodes < len(batch):
             self.stats["mixed_steps"] += 1
         for r, n in batch:
             r.computed += n
-        if cfg.check_cache_every and self.stats["steps"] % cfg.check_cache_every == 0:
-            self.check_cache()
-        for r in [r for r in self.running if r.done]:
-            self.running.remove(r)
-            self._release(r)
-            self.finished.append(r)
-        return True
 
     def oracle(self, batch: list[tuple[Request, int]], query: torch.Tensor, num_decodes: int) -> torch.Tensor:
         """Expected (N, Hq, D) float64 from the unquantized histories (see the module docstring)."""
@@ -274,7 +280,7 @@ class Simulation:
 
     def check_cache(self) -> None:
         """The cache holds exactly the fake-quantized history of every running request."""
-        live = [r for r in self.running if r.computed]
+        live = [r for r in self.running if r.computed and r.blocks]
         if not live:
             return
         width = max(len(r.blocks) for r in live)
@@ -284,8 +290,10 @@ class Simulation:
         lens = torch.tensor([r.computed for r in live], dtype=torch.int32)
         ks, vs = ultraquant.dequant_kv(self.kv_cache, bt.to(self.device), lens.to(self.device))
         for r, k, v in zip(live, ks, vs, strict=True):
-            torch.testing.assert_close(k.cpu().double(), r.kq[:r.computed], atol=1e-4, rtol=1e-4)
-            torch.testing.assert_close(v.cpu().double(), r.vq[:r.computed], atol=1e-4, rtol=1e-4)
+            for got, want in ((k, r.kq[:r.computed]), (v, r.vq[:r.computed])):
+                bad = ~torch.isclose(got.cpu().double(), want, atol=1e-4, rtol=1e-4)
+                # A GPU store may round a rare near-tie element one step differently (kernels issue).
+                assert float(bad.double().mean()) <= self.cfg.cache_mismatch_frac, (r.rid, int(bad.sum()))
         self.stats["cache_checks"] += 1
 
     def run(self, max_steps: int = 500) -> Simulation:
