@@ -64,4 +64,5 @@ def register() -> bool:
         register_backend(BACKEND_NAME, BACKEND_CLASS)
     else:
         register_backend(member, BACKEND_CLASS)
+    _log.info("ultraquant: vLLM attention backend %s -> %s", BACKEND_NAME, BACKEND_CLASS)
     return True
