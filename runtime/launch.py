@@ -9,11 +9,11 @@ cached on disk). Later calls are a dict lookup, an argument pack and one driver 
 
 Switches (read on every call, so tests and users can flip them at run time):
 
-* ``ULTRAQUANT_BACKEND=auto`` (default): blob if there is one, else Triton, else the reference.
-  ``aot``: blobs only; a miss falls to the reference, never to the Triton JIT (no compiler needed).
+* ``ULTRAQUANT_BACKEND=auto`` (default): blob if there is one, else Triton, else (CPU tensors) the
+  reference. ``aot``: blobs only, never the Triton JIT; a miss raises (saying why).
   ``triton``: never use blobs. ``reference``: neither blobs nor Triton.
-* ``ULTRAQUANT_REQUIRE_AOT=1``: a miss (or a refused blob) raises instead of falling back, for CI of
-  deployments that must never JIT.
+* ``ULTRAQUANT_REQUIRE_AOT=1``: in ``auto`` mode too, a miss (or a refused blob) raises instead of
+  falling back, for CI of deployments that must never JIT.
 * ``ULTRAQUANT_SELFTEST=0``: trust blobs without testing them on this GPU (not recommended).
 
 Graph capture: loading a module or self-testing during CUDA graph capture would break the capture,
@@ -181,17 +181,37 @@ def _load_and_test(entry: Entry, spec: Specialization, d: DeviceInfo, allow_self
     return kernel
 
 
+def plan_device(plan: LaunchPlan) -> int | None:
+    """CUDA/HIP device index of the plan's first tensor argument (``None``: not on a GPU)."""
+    for a in plan.args:
+        d = getattr(a, "device", None)
+        if d is not None:
+            return d.index if d.type == "cuda" else None
+    return None
+
+
+def _strict(mode: str) -> bool:
+    return mode == "aot" or require_aot()
+
+
 def try_launch(plan: LaunchPlan, device: Any = None) -> bool:
     """Launch ``plan`` from an AOT blob if the manifest has exactly this config for the device's arch.
 
-    Returns ``True`` when launched (on torch's current stream of that device), ``False`` when the
-    caller must use another path (Triton JIT, or the reference). Never synchronizes."""
+    ``device`` defaults to the device of the plan's first tensor. Returns ``True`` when launched (on
+    torch's current stream of that device), ``False`` when the caller must use another path (Triton
+    JIT, or the reference); under ``ULTRAQUANT_BACKEND=aot`` or ``ULTRAQUANT_REQUIRE_AOT=1`` a miss
+    raises instead. Never synchronizes."""
     mode = backend()
     if mode == "triton" or mode == "reference":
         if require_aot():
             raise UltraQuantError(f"ULTRAQUANT_REQUIRE_AOT=1 contradicts ULTRAQUANT_BACKEND={mode}")
         return False
-    dev = device_of(device)
+    dev = device_of(device) if device is not None else plan_device(plan)
+    if dev is None:
+        if _strict(mode):
+            raise UltraQuantError(f"ULTRAQUANT_BACKEND={mode}/REQUIRE_AOT: {plan.spec.kernel} was called "
+                                  "with tensors that are not on a GPU; blobs run on GPUs only")
+        return False
     st = _STATE.get((dev, plan.spec.key()))
     if st is None:
         st = resolve(plan.spec, dev)
@@ -201,8 +221,9 @@ def try_launch(plan: LaunchPlan, device: Any = None) -> bool:
             return True
         except MisalignedArgument as exc:
             st = _note_miss(dev, f"{plan.spec.key()} (alignment)", str(exc), warn=False)
-    if require_aot():
-        raise UltraQuantError(f"ULTRAQUANT_REQUIRE_AOT=1 and no usable blob on cuda:{dev}: {st.reason}")
+    if _strict(mode):
+        raise UltraQuantError(f"ULTRAQUANT_BACKEND={mode}, REQUIRE_AOT={int(require_aot())}: no usable blob "
+                              f"on cuda:{dev}: {st.reason}")
     return False
 
 
@@ -218,8 +239,9 @@ def warmup(configs: Iterable[Any], device: Any = None) -> dict[str, str]:
     for spec in _specs(configs):
         st = resolve(spec, dev)
         report[spec.key()] = "aot" if isinstance(st, Kernel) else st.reason
-        if require_aot() and isinstance(st, Miss):
-            raise UltraQuantError(f"ULTRAQUANT_REQUIRE_AOT=1 and no usable blob on cuda:{dev}: {st.reason}")
+        if _strict(backend()) and isinstance(st, Miss):
+            raise UltraQuantError(f"ULTRAQUANT_BACKEND={backend()}, REQUIRE_AOT={int(require_aot())}: no "
+                                  f"usable blob on cuda:{dev}: {st.reason}")
     return report
 
 

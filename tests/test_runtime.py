@@ -317,7 +317,7 @@ def test_miss_falls_back_and_logs_once(rt, tmp_path, caplog):
 def test_require_aot_turns_a_miss_into_an_error(rt, tmp_path, monkeypatch):
     write_manifest(tmp_path / "gen", arch="gfx942")
     monkeypatch.setenv("ULTRAQUANT_REQUIRE_AOT", "1")
-    with pytest.raises(UltraQuantError, match="REQUIRE_AOT.*no blobs built for arch sm_90"):
+    with pytest.raises(UltraQuantError, match="REQUIRE_AOT=1: no usable blob.*no blobs built for arch sm_90"):
         launch.try_launch(plan(), 0)
     with pytest.raises(UltraQuantError, match="REQUIRE_AOT"):
         launch.warmup([spec()], 0)
@@ -339,10 +339,35 @@ def test_bad_backend_name_is_an_error(rt, monkeypatch):
         launch.try_launch(plan(), 0)
 
 
-def test_aot_backend_uses_blobs(rt, tmp_path, monkeypatch):
+def test_aot_backend_uses_blobs_and_a_miss_raises(rt, tmp_path, monkeypatch):
     write_manifest(tmp_path / "gen")
     monkeypatch.setenv("ULTRAQUANT_BACKEND", "aot")
     assert launch.try_launch(plan(), 0) is True
+    with pytest.raises(UltraQuantError, match="BACKEND=aot.*no sm_90 blob for config"):
+        launch.try_launch(plan(spec(32)), 0)
+
+
+class _Dev:
+    def __init__(self, type_, index):
+        self.type, self.index = type_, index
+
+
+class DevTensor(FakeTensor):
+    def __init__(self, ptr, device):
+        super().__init__(ptr)
+        self.device = device
+
+
+def test_device_comes_from_the_plan_tensors(rt, tmp_path, monkeypatch):
+    write_manifest(tmp_path / "gen")
+    a = args()
+    on1 = (DevTensor(0x7F0000001000, _Dev("cuda", 1)), *a[1:])
+    assert launch.try_launch(plan(a=on1)) is True and rt.launches[-1]["device"] == 1
+    on_cpu = (DevTensor(0x7F0000001000, _Dev("cpu", None)), *a[1:])
+    assert launch.try_launch(plan(a=on_cpu)) is False
+    monkeypatch.setenv("ULTRAQUANT_BACKEND", "aot")
+    with pytest.raises(UltraQuantError, match="not on a GPU"):
+        launch.try_launch(plan(a=on_cpu))
 
 
 def test_corrupted_blob_is_refused_with_a_warning(rt, tmp_path, caplog):

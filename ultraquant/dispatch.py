@@ -19,7 +19,7 @@ import torch
 from .errors import UltraQuantError
 from .kernels.plan import LaunchPlan
 
-BACKENDS = ("auto", "reference", "triton")
+BACKENDS = ("auto", "aot", "reference", "triton")
 """Values of ``ULTRAQUANT_BACKEND``."""
 
 Launcher = Callable[[LaunchPlan], bool]
@@ -60,3 +60,8 @@ def launch(plan: LaunchPlan) -> None:
     from .kernels import registry  # imports triton: only when a kernel really runs through it
 
     registry.launch(plan)
+
+
+from .runtime import try_launch as _try_aot  # noqa: E402  (AOT blobs first; ultraquant.runtime)
+
+register_launcher(_try_aot)
