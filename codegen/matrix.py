@@ -1,0 +1,220 @@
+"""THE specialization matrix: which kernel variants ``make kernels`` compiles, and why some are skipped.
+
+This file is the one table of the AOT build (the issue's "op x head_size x GQA x block_size x
+features"). Each :class:`OpRow` names an op of ``ultraquant.kernels.plans.SPECIALIZERS`` (or of a
+backend's own specializers), the axes its config depends on, the feature sets it is compiled for and
+the launch rule text copied into the manifest. :data:`SKIPS` lists every config that is not built,
+with the reason; skipped configs are recorded in the manifest too, so the runtime can tell "this
+config is unsupported" from "this arch was not built".
+
+Defaults cover the common models (head sizes 64/128/256/512, GQA 1/4/5/6/8/16, block sizes
+16/32/64/128); ``make kernels HEAD_SIZES=... GQA=... BLOCK_SIZES=... DTYPES=... OPS=...`` narrows or
+extends them (any value may be given: out-of-range ones are skipped with their reason).
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from ultraquant.errors import UltraQuantError
+
+DEFAULT_HEAD_SIZES: tuple[int, ...] = (64, 128, 256, 512)
+DEFAULT_GQA: tuple[int, ...] = (1, 4, 5, 6, 8, 16)
+DEFAULT_BLOCK_SIZES: tuple[int, ...] = (16, 32, 64, 128)
+DEFAULT_DTYPES: tuple[str, ...] = ("bf16",)
+"""Query/key/value/output dtype; fp16 is available (``DTYPES=bf16,fp16``) but not built by default."""
+
+AXES: tuple[str, ...] = ("head_size", "gqa", "block_size", "dtype")
+"""The matrix axes, in the order configs are enumerated (and their names in a config dict)."""
+
+Config = dict[str, Any]
+
+# Attention feature sets compiled by default: each is one model family's need.
+PLAIN: Config = {}
+GPT_OSS_FULL: Config = {"has_sinks": True}                       # gpt-oss full-attention layers
+GPT_OSS_SLIDING: Config = {"has_sinks": True, "has_window": True}  # gpt-oss sliding layers
+SLIDING: Config = {"has_window": True}                           # Mistral/Gemma-3 local layers
+SOFTCAP: Config = {"has_softcap": True}                          # Gemma-2 global layers
+SOFTCAP_SLIDING: Config = {"has_softcap": True, "has_window": True}  # Gemma-2 local layers
+ATTENTION_FEATURES: tuple[Config, ...] = (PLAIN, GPT_OSS_FULL, GPT_OSS_SLIDING, SLIDING, SOFTCAP,
+                                          SOFTCAP_SLIDING)
+ATTENTION_FLAGS: Config = {"has_sinks": False, "has_window": False, "has_softcap": False}
+"""Every feature flag defaults to off; a feature set only names the ones it turns on."""
+
+
+@dataclass(frozen=True)
+class OpRow:
+    """One op of the matrix: which axes enter its config, which feature sets, how it launches."""
+
+    op: str
+    axes: tuple[str, ...]
+    features: tuple[Config, ...] = (PLAIN,)
+    flag_defaults: Config = field(default_factory=dict)
+    backend: str = "triton"
+    archs: tuple[str, ...] | None = None
+    """Arch names this row is built for; ``None``: every arch the backend supports."""
+    rename: dict[str, str] = field(default_factory=dict)
+    """Axis -> the specializer's keyword for it (e.g. ``dtype`` -> ``query_dtype``)."""
+    grid: str = ""
+    """Launch rule: the grid as a function of the call's sizes (copied into the manifest)."""
+
+
+@dataclass(frozen=True)
+class Skip:
+    """A config that is not built: ``when(config, arch)`` is true -> skipped with ``reason``."""
+
+    ops: tuple[str, ...]
+    when: Callable[[Config, str], bool]
+    reason: str
+
+
+@dataclass(frozen=True)
+class SpillAllowance:
+    """Configs allowed to use scratch / spill registers (every other blob must use none)."""
+
+    ops: tuple[str, ...]
+    when: Callable[[Config, str], bool]
+    reason: str
+
+
+OPS: tuple[OpRow, ...] = (
+    OpRow("store_kv", ("head_size", "dtype"), rename={"dtype": "key_dtype"},
+          # slot_mapping is int64 in vLLM; an int32 variant would share the i64 blob's key (the
+          # Specialization key has no parameter types), so it is not built.
+          features=tuple({"encoder": e, "slot_dtype": "i64"} for e in ("rne", "upstream", "mse")),
+          grid="(cdiv(num_tokens * num_kv_heads, BLOCK_R), 1, 1)"),
+    OpRow("dequant_kv", ("head_size", "block_size"),
+          features=({"out_dtype": "fp32", "original_space": True},),
+          grid="(cdiv(max_blocks * block_size, TILE), num_seqs, num_kv_heads)"),
+    OpRow("decode_attention", ("head_size", "gqa", "block_size", "dtype"), rename={"dtype": "query_dtype"},
+          features=ATTENTION_FEATURES, flag_defaults=ATTENTION_FLAGS,
+          grid="(num_seqs, num_kv_heads, num_splits); num_splits fixed from static shapes "
+               "(ultraquant.kernels.plans.decode_splits), so graphs replay for any seq_lens"),
+    OpRow("prefill_attention", ("head_size", "gqa", "block_size", "dtype"), rename={"dtype": "query_dtype"},
+          features=ATTENTION_FEATURES, flag_defaults=ATTENTION_FLAGS,
+          grid="(cdiv(num_tokens, ROWS // GQA_PAD) + num_seqs, num_kv_heads, 1)"),
+)
+"""The op rows. A row's ``axes`` must be exactly the non-feature keywords its specializer takes."""
+
+
+ATTENTION_OPS = ("decode_attention", "prefill_attention")
+ALL_OPS = ("store_kv", "dequant_kv", *ATTENTION_OPS)
+
+
+def _pow2(n: int) -> bool:
+    return n >= 1 and n & (n - 1) == 0
+
+
+def _bad_head_size(c: Config, arch: str) -> bool:
+    d = c.get("head_size", 32)
+    return d < 32 or not _pow2(d)
+
+
+SKIPS: tuple[Skip, ...] = (
+    Skip(ALL_OPS, _bad_head_size,
+         "head size must be a power of two and a multiple of 32 (the format's group size)"),
+    Skip(ATTENTION_OPS, lambda c, a: c.get("gqa", 1) < 1,
+         "GQA ratio must be at least 1"),
+    Skip(("dequant_kv", *ATTENTION_OPS), lambda c, a: not _pow2(c.get("block_size", 1)),
+         "block size must be a power of two (Triton tiles are powers of two)"),
+)
+"""Every config that is deliberately not built, with why. Nothing else may drop a config."""
+
+SPILLS_ALLOWED: tuple[SpillAllowance, ...] = ()
+"""Configs whose scratch/spills are accepted (none so far: every built blob is spill-free)."""
+
+
+@dataclass(frozen=True)
+class MatrixPoint:
+    """One config to build: the op row, the config passed to the specializer, the arch."""
+
+    row: OpRow
+    config: Config
+    arch: str
+
+    def allows_spills(self) -> str:
+        """The reason this point may spill, or ``""`` when it must not."""
+        for a in SPILLS_ALLOWED:
+            if self.row.op in a.ops and a.when(self.config, self.arch):
+                return a.reason
+        return ""
+
+
+@dataclass(frozen=True)
+class Selection:
+    """The narrowed axes: the values of each axis to build (from the command line or the defaults)."""
+
+    head_sizes: tuple[int, ...] = DEFAULT_HEAD_SIZES
+    gqa: tuple[int, ...] = DEFAULT_GQA
+    block_sizes: tuple[int, ...] = DEFAULT_BLOCK_SIZES
+    dtypes: tuple[str, ...] = DEFAULT_DTYPES
+    ops: tuple[str, ...] | None = None
+
+    def values(self, axis: str) -> tuple[Any, ...]:
+        return {"head_size": self.head_sizes, "gqa": self.gqa, "block_size": self.block_sizes,
+                "dtype": self.dtypes}[axis]
+
+    def as_dict(self) -> dict[str, Any]:
+        """JSON form recorded in the manifest."""
+        return {"head_sizes": list(self.head_sizes), "gqa": list(self.gqa),
+                "block_sizes": list(self.block_sizes), "dtypes": list(self.dtypes),
+                "ops": list(self.ops) if self.ops is not None else None}
+
+
+def parse_int_list(text: str | None, name: str, default: tuple[int, ...]) -> tuple[int, ...]:
+    """``"64,128"`` -> ``(64, 128)``; empty or None -> ``default``; bad items name ``name``."""
+    if text is None or not text.strip():
+        return default
+    out = []
+    for item in text.split(","):
+        item = item.strip()
+        if not item:
+            continue
+        try:
+            out.append(int(item))
+        except ValueError:
+            raise UltraQuantError(f"{name}: expected comma-separated integers, got {item!r}") from None
+    return tuple(dict.fromkeys(out))
+
+
+def parse_str_list(text: str | None, name: str, default: tuple[str, ...] | None) -> tuple[str, ...] | None:
+    """``"a,b"`` -> ``("a", "b")``; empty or None -> ``default``."""
+    if text is None or not text.strip():
+        return default
+    return tuple(dict.fromkeys(s.strip() for s in text.split(",") if s.strip()))
+
+
+def expand(rows: Sequence[OpRow], selection: Selection, arch: str, backends_for_arch: Iterable[str],
+           skips: Sequence[Skip] = SKIPS) -> tuple[list[MatrixPoint], list[dict[str, Any]]]:
+    """Every config of ``rows`` for ``arch`` under ``selection``: (to build, skipped with reasons).
+
+    Rows whose backend does not target ``arch`` are left out silently (a FlyDSL row has nothing to
+    do with sm_90); an unknown op in ``selection.ops`` is an error.
+    """
+    known = {r.op for r in rows}
+    if selection.ops is not None:
+        unknown = [o for o in selection.ops if o not in known]
+        if unknown:
+            raise UltraQuantError(f"OPS: unknown op(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}")
+    usable = set(backends_for_arch)
+    points: list[MatrixPoint] = []
+    skipped: list[dict[str, Any]] = []
+    for row in rows:
+        if selection.ops is not None and row.op not in selection.ops:
+            continue
+        if row.backend not in usable or (row.archs is not None and arch not in row.archs):
+            continue
+        for values in itertools.product(*(selection.values(a) for a in row.axes)):
+            for feats in row.features:
+                axes = {row.rename.get(a, a): v for a, v in zip(row.axes, values, strict=True)}
+                config = {**axes, **row.flag_defaults, **feats}
+                reason = next((s.reason for s in skips if row.op in s.ops and s.when(config, arch)), "")
+                if reason:
+                    skipped.append({"op": row.op, "backend": row.backend, "config": config,
+                                    "reason": reason})
+                else:
+                    points.append(MatrixPoint(row, config, arch))
+    return points, skipped

@@ -1,0 +1,151 @@
+"""Triton backend: compiles the JIT path's own ``@triton.jit`` sources to HSACO / cubin, offline.
+
+Specializations come from ``ultraquant.kernels.plans.SPECIALIZERS`` (no Triton import) and kernels
+from ``ultraquant.kernels.registry`` (kernel name -> JITFunction), so the AOT blobs and the JIT path
+cannot disagree about a config. Both module names are options (the tests point them at a fixture).
+
+Choices that shape the bytes:
+- ``triton.compile(ASTSource(fn, signature, constexprs, attrs), target=GPUTarget(...))`` with the
+  Specialization's ``num_warps``/``num_stages``; every other option at Triton's default (as the JIT).
+- Pointer parameters carry ``tt.divisibility=16`` (what the JIT assumes for a 16-byte aligned tensor,
+  the usual case); the manifest records ``divisibility: 16`` on them and the runtime must only launch
+  with 16-byte aligned pointers. Integers get no divisibility assumption (correct for any value).
+- No AMD ``tt.pointer_range=32`` (buffer ops): a KV cache may exceed 2 GiB.
+- ``TRITON_DISABLE_LINE_INFO=1`` (no source paths in the binaries: path-independent, reproducible)
+  and a private, empty Triton cache per worker (nothing stale is reused).
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+from pathlib import Path
+from typing import Any
+
+from ultraquant.errors import UltraQuantError
+from ultraquant.kernels.plan import Specialization
+
+from .archs import Arch
+from .backends import Backend
+
+POINTER_DIVISIBILITY = 16
+HIDDEN = ("global_scratch", "profile_scratch")
+
+
+def _module_files(module_name: str) -> list[tuple[str, Path]]:
+    """Every .py file of the package that holds ``module_name`` (kernels import their siblings)."""
+    spec = importlib.util.find_spec(module_name)
+    if spec is None or spec.origin is None:
+        raise UltraQuantError(f"triton backend: cannot find module {module_name}")
+    folder = Path(spec.origin).parent
+    prefix = module_name.rsplit(".", 1)[0] if "." in module_name else module_name
+    return [(f"{prefix}/{p.relative_to(folder).as_posix()}", p) for p in sorted(folder.rglob("*.py"))]
+
+
+class TritonBackend(Backend):
+    """Compiles Triton kernels; options ``plans`` and ``registry`` name the two contract modules."""
+
+    name = "triton"
+    hidden_params = HIDDEN
+
+    def __init__(self, plans: str = "ultraquant.kernels.plans",
+                 registry: str = "ultraquant.kernels.registry", **options: Any) -> None:
+        super().__init__(plans=plans, registry=registry, **options)
+        self.plans_module = plans
+        self.registry_module = registry
+
+    def targets(self, arch: Arch) -> bool:
+        return arch.vendor in ("hip", "cuda")
+
+    def toolchain(self, arch: Arch) -> dict[str, str]:
+        import triton
+
+        out = {"triton": triton.__version__}
+        if arch.vendor == "cuda":
+            from triton.backends.nvidia.compiler import get_ptxas_version
+
+            text = get_ptxas_version(int(arch.triton_arch))
+            out["ptxas"] = text.strip().splitlines()[-1] if text.strip() else "unknown"
+        return out
+
+    def source_files(self) -> list[tuple[str, Path]]:
+        files = dict(_module_files(self.plans_module))
+        files.update(_module_files(self.registry_module))
+        here = Path(__file__).resolve().parent
+        # The compile path itself shapes the bytes (options, attrs): hash it too.
+        for name in ("triton_backend.py", "worker.py"):
+            files[f"codegen/{name}"] = here / name
+        return sorted(files.items())
+
+    def specialize(self, op: str, config: dict[str, Any]) -> Specialization:
+        plans = importlib.import_module(self.plans_module)
+        table = plans.SPECIALIZERS
+        if op not in table:
+            raise UltraQuantError(f"op {op!r}: no specializer in {self.plans_module}.SPECIALIZERS "
+                                  f"(has: {', '.join(sorted(table))})")
+        try:
+            return table[op](**config)
+        except TypeError as exc:
+            raise UltraQuantError(f"op {op!r}: the matrix config {config} does not fit its specializer "
+                                  f"({exc}); fix the row in codegen/matrix.py") from exc
+
+    def _kernel(self, name: str):
+        reg = importlib.import_module(self.registry_module)
+        for attr in ("KERNELS", "REGISTRY"):
+            table = getattr(reg, attr, None)
+            if isinstance(table, dict):
+                if name not in table:
+                    raise UltraQuantError(f"kernel {name!r} is not in {self.registry_module}.{attr}")
+                return table[name]
+        for attr in ("get_kernel", "get"):
+            fn = getattr(reg, attr, None)
+            if callable(fn):
+                return fn(name)
+        raise UltraQuantError(f"{self.registry_module} has no KERNELS dict or get_kernel()")
+
+    def compile(self, spec: Specialization, arch: Arch) -> tuple[bytes, dict[str, Any]]:
+        import triton
+        from triton.backends.compiler import GPUTarget
+        from triton.compiler import ASTSource
+
+        fn = self._kernel(spec.kernel)
+        names = list(fn.arg_names)
+        missing = [n for n in spec.signature if n not in names]
+        if missing:
+            raise UltraQuantError(f"{spec.kernel}: signature names {missing} are not parameters")
+        attrs = {(names.index(n),): [["tt.divisibility", POINTER_DIVISIBILITY]]
+                 for n, ty in spec.signature.items() if ty.startswith("*")}
+        src = ASTSource(fn, dict(spec.signature), dict(spec.constexprs), attrs)
+        target = GPUTarget(arch.vendor, arch.triton_arch, arch.warp_size)
+        compiled = triton.compile(src, target=target,
+                                  options={"num_warps": spec.num_warps, "num_stages": spec.num_stages})
+        binary = compiled.asm["hsaco" if arch.vendor == "hip" else "cubin"]
+        md = compiled.metadata
+        num_warps = int(md.num_warps)
+        hidden = [
+            {"name": "global_scratch", "type": "*i8",
+             "scratch_bytes": int(getattr(md, "global_scratch_size", 0) or 0),
+             "scratch_align": int(getattr(md, "global_scratch_align", 1) or 1)},
+            {"name": "profile_scratch", "type": "*i8",
+             "scratch_bytes": int(getattr(md, "profile_scratch_size", 0) or 0),
+             "scratch_align": int(getattr(md, "profile_scratch_align", 1) or 1)},
+        ]
+        info = {
+            "symbol": str(md.name),
+            "threads": num_warps * arch.warp_size,
+            "num_warps": num_warps,
+            "num_stages": int(md.num_stages),
+            "num_ctas": int(getattr(md, "num_ctas", 1) or 1),
+            "shared": int(md.shared),
+            "hidden": hidden,
+            "divisibility": {n: POINTER_DIVISIBILITY for n, ty in spec.signature.items() if ty.startswith("*")},
+        }
+        return bytes(binary), info
+
+    def worker_env(self, arch: Arch) -> dict[str, str]:
+        return {"TRITON_DISABLE_LINE_INFO": "1", "TRITON_ALWAYS_COMPILE": "1",
+                "TRITON_STORE_BINARY_ONLY": "1"}
+
+    def requirements(self) -> list[str]:
+        return ["triton==3.6.0"]
+

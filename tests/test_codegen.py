@@ -1,0 +1,194 @@
+"""AOT generator on a fixture kernel set (tests/codegen_fixture): builds for gfx942, gfx950 and sm_90
+on the CPU, checks the manifest against independent readers (pyelftools + msgpack, cuobjdump),
+determinism, incremental rebuilds, and that every kind of compiler failure fails the build."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+from ultraquant.codegen import matrix
+from ultraquant.codegen.archs import get_arch, parse_arch_list
+from ultraquant.codegen.build import BuildError, build
+from ultraquant.codegen.elf import ElfError, read_code_object
+from ultraquant.codegen.msgpack_lite import MsgpackError, unpackb
+from ultraquant.codegen.verify import verify_dir
+
+from ultraquant.errors import UltraQuantError
+
+triton = pytest.importorskip("triton")
+from tests.codegen_fixture import options as _opts  # noqa: E402
+from tests.codegen_fixture import plans as fixture  # noqa: E402
+from tests.codegen_fixture import shared_build  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def built() -> Path:
+    out = shared_build()
+    assert [len(list((out / a).glob("*.cubin"))) for a in ("sm_90",)] == [4]
+    return out
+
+
+def _manifest(d: Path) -> dict:
+    return json.loads((d / "manifest.json").read_text())
+
+
+def test_manifest_fields(built):
+    m = _manifest(built / "gfx942")
+    assert m["schema_version"] == 1 and m["arch"] == "gfx942"
+    assert m["toolchain"]["triton"]["triton"] == "3.6.0"
+    assert set(m["source_hash"]) == {"triton"}
+    keys = [b["key"] for b in m["blobs"]]
+    assert keys == sorted(keys) and len(set(keys)) == 4
+    b = m["blobs"][0]
+    assert b["launch"]["threads"] == 2 * 64 and b["launch"]["grid"] == "(cdiv(n, BLOCK), 1, 1)"
+    names = [p["name"] for p in b["params"]]
+    assert names == [*fixture.AXPY_SIG, "global_scratch", "profile_scratch"]
+    sizes = [p["size"] for p in b["params"]]
+    assert sizes == [8, 8, 8, 4, 4, 8, 8, 8]
+    assert [p["offset"] for p in b["params"]] == [0, 8, 16, 24, 28, 32, 40, 48]
+    assert [p["hidden"] for p in b["params"]][-2:] == [True, True]
+    assert b["params"][0]["divisibility"] == 16 and b["params"][3]["divisibility"] == 1
+    assert b["code_object_version"] == 5 and b["target"] == "amdgcn-amd-amdhsa--gfx942"
+    assert b["resources"]["scratch"] == 0 and b["resources"]["vgpr"] > 0
+    sm = _manifest(built / "sm_90")["blobs"][0]
+    assert sm["launch"]["threads"] == 64 and sm["elf_abi_version"] == 7
+    assert sm["resources"]["registers"] > 0 and sm["kernarg_size"] == 56
+
+
+def test_keys_are_the_specializers(built):
+    for blob in _manifest(built / "sm_90")["blobs"]:
+        assert fixture.SPECIALIZERS[blob["op"]](**blob["config"]).key() == blob["key"]
+
+
+def test_reader_agrees_with_pyelftools_and_msgpack(built):
+    elftools = pytest.importorskip("elftools.elf.elffile")
+    msgpack = pytest.importorskip("msgpack")
+    for arch in ("gfx942", "gfx950", "sm_90"):
+        for blob in _manifest(built / arch)["blobs"]:
+            data = (built / arch / blob["file"]).read_bytes()
+            obj = read_code_object(data)
+            with open(built / arch / blob["file"], "rb") as f:
+                ref = elftools.ELFFile(f)
+                assert obj.machine == {"EM_AMDGPU": 224, "EM_CUDA": 190}[ref.header.e_machine]
+                assert obj.flags == ref.header.e_flags
+                funcs = {s.name for sec in ref.iter_sections() if sec.header.sh_type == "SHT_SYMTAB"
+                         for s in sec.iter_symbols() if s["st_info"]["type"] == "STT_FUNC"}
+                assert {n for n, k in obj.symbols.items() if k == "func"} == funcs
+                if arch.startswith("gfx"):
+                    notes = [n for sec in ref.iter_sections() if sec.header.sh_type == "SHT_NOTE"
+                             for n in sec.iter_notes() if n.n_name == "AMDGPU"]
+                    desc = notes[0].n_descdata
+                    desc = desc if isinstance(desc, bytes) else desc.encode("latin-1")
+                    assert unpackb(desc) == msgpack.unpackb(desc, strict_map_key=False)
+
+
+def test_reader_agrees_with_cuobjdump(built):
+    tool = Path(triton.__file__).parent / "backends/nvidia/bin/cuobjdump"
+    if not tool.exists():
+        pytest.skip("no cuobjdump in this triton wheel")
+    for blob in _manifest(built / "sm_90")["blobs"]:
+        text = subprocess.run([str(tool), "--dump-resource-usage", str(built / "sm_90" / blob["file"])],
+                              capture_output=True, text=True, check=True).stdout
+        assert f"REG:{blob['resources']['registers']} " in text
+        assert f"STACK:{blob['resources']['max_stack']} " in text
+
+
+def test_msgpack_lite_rejects_garbage():
+    with pytest.raises(MsgpackError):
+        unpackb(b"\xc1")
+    with pytest.raises(MsgpackError):
+        unpackb(b"\x92\x01")  # array of 2, one item
+    assert unpackb(b"\x82\xa1a\x01\xa1b\x93\xc3\xc2\xc0") == {"a": 1, "b": [True, False, None]}
+
+
+def test_elf_reader_rejects_garbage():
+    for data in (b"", b"\x7fELF" + b"\0" * 10, b"\x7fELF\x01\x01" + b"\0" * 80):
+        with pytest.raises(ElfError):
+            read_code_object(data)
+
+
+def test_verify_passes(built):
+    for arch in ("gfx942", "gfx950", "sm_90"):
+        report = verify_dir(built / arch)
+        assert report.ok, report.problems
+        assert report.blobs == 4
+
+
+def test_deterministic_and_incremental(built, tmp_path):
+    again = tmp_path / "again"
+    build(_opts(again, cache=None))
+    for arch in ("gfx942", "gfx950", "sm_90"):
+        a = sorted(p.name for p in (built / arch).iterdir())
+        b = sorted(p.name for p in (again / arch).iterdir())
+        assert a == b
+        for name in a:
+            assert (built / arch / name).read_bytes() == (again / arch / name).read_bytes(), name
+    # incremental: the module build's cache serves every blob, nothing recompiles
+    inc = tmp_path / "inc"
+    results = build(_opts(inc, cache=built.parent / "cache"))
+    assert [(r.compiled, r.cached) for r in results] == [(0, 4)] * 3
+    assert (inc / "sm_90" / "manifest.json").read_bytes() == (built / "sm_90" / "manifest.json").read_bytes()
+
+
+def test_narrower_rebuild_removes_stale_blobs(built, tmp_path):
+    out = tmp_path / "g"
+    shutil.copytree(built / "gfx942", out / "gfx942")
+    build(_opts(out, archs="gfx942", cache=built.parent / "cache",
+                selection=matrix.Selection(head_sizes=(64,), block_sizes=(16,))))
+    assert len(list((out / "gfx942").glob("*.hsaco"))) == 1
+    assert verify_dir(out / "gfx942").ok
+
+
+@pytest.mark.parametrize("op, needle", [("broken", "undefined_name"), ("noisy", "error: simulated"),
+                                        ("abort", "worker died")])
+def test_compiler_failures_fail_the_build(tmp_path, op, needle):
+    with pytest.raises(BuildError) as exc:
+        build(_opts(tmp_path, archs="gfx942", rows=fixture.BAD_ROWS[op],
+                    selection=matrix.Selection(head_sizes=(64,))))
+    assert needle in str(exc.value)
+    assert not (tmp_path / "gfx942" / "manifest.json").exists()
+
+
+def test_duplicate_keys_fail_the_build(tmp_path):
+    with pytest.raises(BuildError, match="duplicate key"):
+        build(_opts(tmp_path, archs="sm_90", rows=fixture.DUP_ROWS))
+
+
+def test_matrix_expansion_and_skips():
+    sel = matrix.Selection(head_sizes=(96, 128), gqa=(4,), block_sizes=(16, 24))
+    points, skipped = matrix.expand(matrix.OPS, sel, "sm_90", ["triton"])
+    assert all(p.config["head_size"] == 128 for p in points)
+    reasons = {s["reason"] for s in skipped}
+    assert any("power of two" in r for r in reasons)
+    decode = [p for p in points if p.row.op == "decode_attention"]
+    assert len(decode) == len(matrix.ATTENTION_FEATURES)  # one head size, gqa, block size
+    assert decode[0].config["query_dtype"] == "bf16" and decode[0].config["has_sinks"] is False
+    # a backend that does not target the arch contributes nothing
+    assert matrix.expand(matrix.OPS, sel, "sm_90", [])[0] == []
+
+
+def test_default_matrix_has_unique_keys():
+    from ultraquant.codegen.backends import load_backend
+
+    backend = load_backend("triton")
+    points, skipped = matrix.expand(matrix.OPS, matrix.Selection(), "gfx942", ["triton"])
+    keys = [backend.specialize(p.row.op, p.config).key() for p in points]
+    assert len(keys) == len(set(keys)) > 1000
+    assert not skipped
+
+
+def test_selection_parsing_errors():
+    with pytest.raises(UltraQuantError, match="HEAD_SIZES"):
+        matrix.parse_int_list("64,abc", "HEAD_SIZES", ())
+    assert matrix.parse_int_list(" 64, 128,64", "HEAD_SIZES", ()) == (64, 128)
+    assert matrix.parse_int_list("", "GQA", (1,)) == (1,)
+    with pytest.raises(UltraQuantError, match="OPS"):
+        matrix.expand(matrix.OPS, matrix.Selection(ops=("nope",)), "sm_90", ["triton"])
+    with pytest.raises(UltraQuantError, match="arch"):
+        parse_arch_list("gfx90a")
+    assert [a.name for a in parse_arch_list("sm_90, gfx942,sm_90")] == ["sm_90", "gfx942"]
+    assert get_arch("sm_90").ext == "cubin"
