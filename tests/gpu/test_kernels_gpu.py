@@ -127,10 +127,10 @@ def test_decode(name):
 
 def test_decode_graph_replay_new_seq_lens_and_stream():
     """Capture once (on a side stream), replay with other seq_lens: right each time."""
-    lens = [4000, 1, 2500, 64]
+    capacity = [4000, 4000, 2500, 4000]  # blocks allocated per request; replays stay within them
     hq, hk, d, bs = 16, 4, 128, 32
-    prob, query, _ = _problem(lens, hq, hk, d, bs, True, seed=99, sinks=False)
-    seq_lens = prob.seq_lens.clone()
+    prob, query, _ = _problem(capacity, hq, hk, d, bs, True, seed=99, sinks=False)
+    seq_lens = torch.tensor([4000, 1, 2500, 64], dtype=torch.int32, device="cuda")
     out = torch.full_like(query, float("nan"))
     scale = d ** -0.5
     stream = torch.cuda.Stream()
