@@ -22,7 +22,10 @@ class BlobError(RuntimeError):
 
 
 _IMAGES: dict[str, bytes] = {}
-_KERNELS: dict[tuple[int, str], Kernel] = {}
+_MODULES: dict[tuple[int, str], tuple[int, int]] = {}
+"""(device, blob sha256) -> (module, function): one module per device and blob, never unloaded."""
+_KERNELS: dict[tuple[int, str, str], Kernel] = {}
+"""(device, config key, blob sha256) -> Kernel (two keys may share identical blob bytes)."""
 _LOCK = threading.RLock()
 
 
@@ -68,13 +71,7 @@ class Kernel:
         self.packer = ArgPacker(entry.params, entry.key)
         self.threads = entry.threads
         self.shared = entry.shared
-        image = read_blob(entry)
-        try:
-            self.module = self.driver.load_module(device, image)
-            self.function = self.driver.get_function(device, self.module, entry.symbol)
-            self.driver.prepare_function(device, self.function, entry.shared)
-        except RuntimeError as exc:
-            raise BlobError(f"{entry.key}: loading on device {device} failed: {exc}") from None
+        self.module, self.function = _module(entry, device, self.driver)
         self._stream = _raw_stream_getter()
 
     def launch(self, args: Sequence[Any], grid: tuple[int, int, int], stream: int | None = None) -> None:
@@ -91,17 +88,43 @@ class Kernel:
         return f"Kernel({self.entry.key} on device {self.device}, module {self.module:#x})"
 
 
+def _module(entry: Entry, device: int, driver: Driver) -> tuple[int, int]:
+    """Load ``entry``'s blob on ``device`` once (sha256-checked); its (module, function) handles."""
+    with _LOCK:
+        got = _MODULES.get((device, entry.sha256))
+        if got is None:
+            image = read_blob(entry)
+            try:
+                module = driver.load_module(device, image)
+                function = driver.get_function(device, module, entry.symbol)
+                driver.prepare_function(device, function, entry.shared)
+            except RuntimeError as exc:
+                raise BlobError(f"{entry.key}: loading on device {device} failed: {exc}") from None
+            got = _MODULES[(device, entry.sha256)] = (module, function)
+        return got
+
+
 def get_kernel(entry: Entry, device: int) -> Kernel:
     """The kernel of ``entry`` on ``device``, loading its module on first use (thread safe)."""
-    k = _KERNELS.get((device, entry.sha256))
+    k = _KERNELS.get((device, entry.key, entry.sha256))
     if k is None:
         with _LOCK:
-            k = _KERNELS.get((device, entry.sha256))
+            k = _KERNELS.get((device, entry.key, entry.sha256))
             if k is None:
-                k = _KERNELS[(device, entry.sha256)] = Kernel(entry, device)
+                k = _KERNELS[(device, entry.key, entry.sha256)] = Kernel(entry, device)
     return k
 
 
-def loaded_kernels() -> dict[tuple[int, str], Kernel]:
-    """Snapshot of every loaded (device, blob sha256) -> kernel (for tests and ``verify``)."""
-    return dict(_KERNELS)
+def loaded_modules() -> dict[tuple[int, str], tuple[int, int]]:
+    """Snapshot of (device, blob sha256) -> (module, function) handles (tests, diagnostics)."""
+    return dict(_MODULES)
+
+
+def forget() -> None:
+    """Drop every cached image, module handle and kernel, as a new process would start (tests).
+
+    The driver modules themselves stay loaded (a captured graph may still launch them)."""
+    with _LOCK:
+        _IMAGES.clear()
+        _MODULES.clear()
+        _KERNELS.clear()

@@ -102,6 +102,7 @@ def rt(tmp_path, monkeypatch):
                                             driver_version=fake.driver_version)
     monkeypatch.setattr(loader, "_raw_stream_getter", lambda: (lambda dev: 0xABC0 + dev))
     monkeypatch.setattr(loader, "_KERNELS", {})
+    monkeypatch.setattr(loader, "_MODULES", {})
     monkeypatch.setattr(loader, "_IMAGES", {})
     monkeypatch.setattr(launch, "_capturing", lambda: False)
     launch.reset()
@@ -292,6 +293,20 @@ def test_hit_launches_with_manifest_geometry_on_current_stream(rt, tmp_path):
     assert len(rt.loads) == 1 and len(rt.launches) == 2  # loaded once
 
 
+def test_identical_blobs_under_two_keys_share_one_module(rt, tmp_path):
+    d = write_manifest(tmp_path / "gen", specs=[spec(16), spec(32)])
+    m = json.loads((d / "manifest.json").read_text())
+    m["blobs"][1]["file"], m["blobs"][1]["sha256"] = m["blobs"][0]["file"], m["blobs"][0]["sha256"]
+    (d / "manifest.json").write_text(json.dumps(m))
+    seen = []
+    selftest.PROBLEMS["uq_test"] = lambda kernel, s, dev: (seen.append(kernel.entry.key) or True, "")
+    assert launch.try_launch(plan(spec(16)), 0) and launch.try_launch(plan(spec(32)), 0)
+    # one module; the verdict belongs to the bytes, so the second key needs no second self-test
+    assert len(rt.loads) == 1 and seen == [spec(16).key()]
+    k16, k32 = (launch.state()[(0, s.key())] for s in (spec(16), spec(32)))
+    assert k16.entry.key != k32.entry.key and k16.function == k32.function
+
+
 def test_modules_are_per_device(rt, tmp_path):
     write_manifest(tmp_path / "gen")
     launch.try_launch(plan(), 0)
@@ -408,7 +423,7 @@ def test_failing_selftest_disables_blob_and_verdict_is_cached_per_device(rt, tmp
     assert calls == [0, 1]
     # A new process (reset) trusts the cache: no rerun; device 1 is not even loaded again.
     launch.reset()
-    loader._KERNELS.clear()
+    loader.forget()
     rt.loads.clear()
     assert launch.try_launch(plan(), 0) is True and launch.try_launch(plan(), 1) is False
     assert calls == [0, 1] and [d for d, _ in rt.loads] == [0]
