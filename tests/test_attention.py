@@ -190,3 +190,21 @@ def test_store_and_setup() -> None:
     expect = torch.zeros_like(cache)
     reference.store_kv(k.view(3, HK, D), v.view(3, HK, D), expect, torch.tensor([5, -1, 0]))
     assert torch.equal(cache, expect) and cache[1, 1].any() and not cache[0, 1:].any()
+
+
+def test_warmup_decode_sizes_every_batch_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    calls = []
+
+    def fake_decode(q, cache, table, lens, scale, **kw):
+        assert not lens.any() and kw["out"].shape == q.shape and kw["sinks"].dtype == torch.float32
+        calls.append((q.shape[0], table.shape[1]))
+
+    monkeypatch.setattr(ops, "decode_attention", fake_decode)
+    layer = UltraQuantAttention(HQ, HK, D, 0.2, sinks=torch.zeros(HQ))
+    cache = torch.zeros(8, BS, HK, slot_size(D), dtype=torch.uint8)
+    assert layer.warmup_decode(cache, max_num_reqs=4, max_seq_len=10, dtype=torch.float32) == 0  # CPU
+    assert layer.warmup_decode(cache, max_num_reqs=4, max_seq_len=10, dtype=torch.float32, skip_cpu=False) == 4
+    assert calls == [(4, 3), (3, 3), (2, 3), (1, 3)]  # largest first; width ceil(10 / 4)
+    again = UltraQuantAttention(HQ, HK, D, 0.3, sinks=torch.ones(HQ))  # same shapes: already covered
+    assert again.warmup_decode(cache, max_num_reqs=4, max_seq_len=10, dtype=torch.float32, skip_cpu=False) == 0
+    assert layer.warmup_decode(cache, max_num_reqs=5, max_seq_len=10, dtype=torch.float32, skip_cpu=False) == 5

@@ -412,6 +412,15 @@ def test_builder_and_impl_serve_a_vllm_batch(vllm_env, head_major: bool) -> None
     assert isinstance(md, vb.AttentionMetadata) and md.num_decodes == 2
     assert builder.build_for_cudagraph_capture(cam).num_actual_tokens == 13
     scale = 0.125
+    assert ub._serving_limits() == (0, 0)  # no vLLM config being built: no decode warm-up
+    config_mod = sys.modules["vllm.config"]
+    real_get = config_mod.get_current_vllm_config_or_none
+    config_mod.get_current_vllm_config_or_none = lambda: SimpleNamespace(
+        scheduler_config=SimpleNamespace(max_num_seqs=3), model_config=SimpleNamespace(max_model_len=20))
+    try:
+        assert ub._serving_limits() == (3, 20)
+    finally:
+        config_mod.get_current_vllm_config_or_none = real_get
     impl = ub.UltraQuantImpl(4, 64, scale, 2, None, None, "ultraquant_4bit", None, "decoder", None)
     with pytest.raises(ValueError, match="kv_cache_dtype"):
         ub.UltraQuantImpl(4, 64, scale, 2, kv_cache_dtype="fp8")

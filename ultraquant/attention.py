@@ -279,6 +279,39 @@ class UltraQuantAttention:
         ws = self._qsl_ws
         return sinks_ok and ws is not None and ws.device == device and ws.shape[0] > num_reqs
 
+    def warmup_decode(self, kv_cache: torch.Tensor, *, max_num_reqs: int, max_seq_len: int,
+                      dtype: torch.dtype, skip_cpu: bool = True) -> int:
+        """Size the decode ops' workspaces for every batch of 1..``max_num_reqs`` requests, before
+        any CUDA graph capture; returns the number of warm-up launches (0 when already done).
+
+        Why every size: the kernels' split-KV workspace is grown on demand and its size is not
+        monotonic in the batch (smaller batches get more splits), so capturing a large batch and
+        then a smaller one could reallocate it under an earlier graph. One launch per size, largest
+        first, on all-empty sequences (seq_lens 0: nothing is read), with the block-table width a
+        real batch will have (the split count depends on it). Done once per distinct shape per
+        process; skipped on the CPU (the reference keeps no workspace) unless ``skip_cpu=False``.
+        """
+        device = kv_cache.device
+        if (skip_cpu and device.type == "cpu") or max_num_reqs <= 0 or _capturing(device):
+            return 0
+        bs = kv_cache.shape[1]
+        width = max(1, -(-max_seq_len // bs))
+        key = (str(device), tuple(kv_cache.shape), tuple(kv_cache.stride()), self.num_heads, self.head_size,
+               dtype, width, max_num_reqs, self.sinks is not None or self._sinks_src is not None,
+               self.sliding_window is not None, self.softcap is not None)
+        if key in _WARMED:
+            return 0
+        self.setup(device, max_num_reqs=max_num_reqs)
+        q = torch.zeros(max_num_reqs, self.num_heads, self.head_size, dtype=dtype, device=device)
+        out = torch.empty_like(q)
+        table = torch.zeros(max_num_reqs, width, dtype=torch.int32, device=device)
+        lens = torch.zeros(max_num_reqs, dtype=torch.int32, device=device)
+        opts = {"sinks": self.sinks, "sliding_window": self.sliding_window, "softcap": self.softcap}
+        for b in range(max_num_reqs, 0, -1):
+            ops.decode_attention(q[:b], kv_cache, table[:b], lens[:b], self.scale, out=out[:b], **opts)
+        _WARMED.add(key)
+        return max_num_reqs
+
     def reset(self) -> None:
         """Forget the device copy of the sinks (after new weights were loaded into the source)."""
         self.sinks = None
@@ -367,6 +400,10 @@ class UltraQuantAttention:
             self.setup(device, max_num_reqs=max(entries - 1, 256))
         assert self._qsl_ws is not None
         return self._qsl_ws
+
+
+_WARMED: set[tuple] = set()
+"""Shapes :meth:`UltraQuantAttention.warmup_decode` already covered in this process."""
 
 
 def _capturing(device: torch.device) -> bool:

@@ -150,6 +150,9 @@ def graph_decode_run(device: str, head_major: bool, use_graph: bool) -> None:
     q = fill()
     replay = forward
     if use_graph:
+        n_warm = s.layer.warmup_decode(s.kv_cache, max_num_reqs=b, max_seq_len=width * cfg.block_size,
+                                       dtype=cfg.dtype)
+        assert n_warm in (0, b)
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):  # warm-up: sizes every workspace before capture

@@ -95,6 +95,8 @@ class UltraQuantImpl(AttentionImpl[UltraQuantVllmMetadata]):
         self.attn = UltraQuantAttention(num_heads, self.num_kv_heads, head_size, self.scale,
                                         sinks=kwargs.get("sinks"), sliding_window=self.sliding_window,
                                         softcap=self.logits_soft_cap)
+        self._max_num_reqs, self._max_model_len = _serving_limits()
+        self._warmed = False
 
     def process_weights_after_loading(self, act_dtype: torch.dtype) -> None:
         """Sinks are a model weight: take the loaded values at the next setup."""
@@ -114,8 +116,26 @@ class UltraQuantImpl(AttentionImpl[UltraQuantVllmMetadata]):
             raise NotImplementedError("UltraQuant attention: fused output quantization is not supported")
         if attn_metadata is None:  # vLLM's profiling run: no batch
             return output.fill_(0)
-        self.attn.forward(query, key, value, ops_cache_view(kv_cache), attn_metadata, output, store=False)
+        cache = ops_cache_view(kv_cache)
+        if not self._warmed and not (query.is_cuda and torch.cuda.is_current_stream_capturing()):
+            # Before the first capture (vLLM captures after eager warm-up runs): size the decode
+            # workspaces for every batch size the graphs may use.
+            self.attn.warmup_decode(cache, max_num_reqs=self._max_num_reqs, max_seq_len=self._max_model_len,
+                                    dtype=query.dtype)
+            self._warmed = True
+        self.attn.forward(query, key, value, cache, attn_metadata, output, store=False)
         return output
+
+
+def _serving_limits() -> tuple[int, int]:
+    """(max_num_seqs, max_model_len) of the vLLM config being built, or (0, 0) outside one."""
+    try:
+        from vllm.config import get_current_vllm_config_or_none
+
+        cfg = get_current_vllm_config_or_none()
+        return int(cfg.scheduler_config.max_num_seqs), int(cfg.model_config.max_model_len)
+    except (ImportError, AttributeError, TypeError):
+        return 0, 0
 
 
 class UltraQuantBackend(AttentionBackend):
