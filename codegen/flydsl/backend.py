@@ -1,0 +1,143 @@
+"""The FlyDSL backend of the generator: UltraQuant decode blobs for gfx942 and gfx950.
+
+Contract with the rest of the system (why it looks like this):
+
+- Same launch as the Triton decode. ``specialize`` takes the Triton decode's own Specialization
+  (``ultraquant.kernels.plans.decode_spec``) and renames the kernel ``uq_decode_flydsl``: same
+  parameter list (``DECODE_PARAMS``: pointers, then fp32/i32 scalars, no hidden parameters), same
+  constexprs, same grid ``(B, Hk, num_splits)`` and the same workspace/ticket protocol, so the runtime
+  launches it with the very LaunchPlan it builds for ``uq_decode`` (64 threads per block). The key
+  differs only in the kernel name, so both blobs live in one manifest.
+- Alignment the kernel assumes (vector loads): pointers 16-byte aligned; query and output strides
+  multiples of 8 elements; cache strides multiples of 8 bytes (slot sizes 136/272/544 are).
+- Compiles run inside the generator's worker subprocess (an LLVM abort kills the worker, not the
+  build; the worker's output is scanned for ``error:``). For a stand-alone subprocess compile use
+  :mod:`.compile_kernel`.
+"""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+from typing import Any
+
+from ultraquant.errors import UltraQuantError
+from ultraquant.kernels.plan import Specialization
+
+from ..archs import Arch
+from ..backends import Backend
+from . import isa
+
+KERNEL = "uq_decode_flydsl"
+OP = "decode_attention_flydsl"
+ARCHS = ("gfx942", "gfx950")
+HEAD_SIZES = (128, 256)
+MAX_GQA = 16
+DTYPES = ("bf16", "fp16")
+FLYDSL_REQUIREMENT = "flydsl==0.5.0"
+
+
+def unsupported(config: dict[str, Any]) -> str:
+    """Why the FlyDSL decode does not serve ``config`` (matrix keys), or ``""``."""
+    d, g, bs = config.get("head_size"), config.get("gqa", 1), config.get("block_size", 16)
+    dtype = config.get("query_dtype", config.get("dtype", "bf16"))
+    if d not in HEAD_SIZES:
+        return f"FlyDSL decode is built for head sizes {HEAD_SIZES} (512 exceeds the register budget)"
+    if not 1 <= g <= MAX_GQA:
+        return f"FlyDSL decode serves 1..{MAX_GQA} query heads per kv head (one 16-column MFMA tile)"
+    if bs < 16 or bs % 16:
+        return "FlyDSL decode tiles are 16 tokens inside one page: block size must be a multiple of 16"
+    if str(dtype) not in DTYPES:
+        return f"FlyDSL decode reads bf16/fp16 queries, not {dtype}"
+    return ""
+
+
+def flydsl_spec(**config: Any) -> Specialization:
+    """The FlyDSL decode Specialization for one matrix config (the Triton spec, renamed)."""
+    from ultraquant.kernels.plans import decode_spec
+
+    why = unsupported(config)
+    if why:
+        raise UltraQuantError(f"config {config}: {why}")
+    base = decode_spec(**config)
+    return Specialization(kernel=KERNEL, signature=dict(base.signature), constexprs=dict(base.constexprs),
+                          num_warps=1, num_stages=1)
+
+
+def flydsl_key(triton_spec: Specialization) -> str:
+    """Manifest key of the FlyDSL blob that can replace the Triton decode ``triton_spec``."""
+    return Specialization(kernel=KERNEL, signature={}, constexprs=dict(triton_spec.constexprs)).key()
+
+
+def _dtype(ty: str) -> str:
+    return ty.lstrip("*")
+
+
+class FlyDSLBackend(Backend):
+    """Compiles :mod:`.decode` with FlyDSL (``flyc.compile`` offline) for CDNA3/CDNA4."""
+
+    name = "flydsl"
+    hidden_params = ()
+
+    def targets(self, arch: Arch) -> bool:
+        return arch.name in ARCHS
+
+    def toolchain(self, arch: Arch) -> dict[str, str]:
+        from .compiler import find_lld, flydsl_version
+
+        try:
+            lld = subprocess.run([find_lld(), "--version"], capture_output=True, text=True).stdout.strip()
+        except (OSError, RuntimeError) as exc:
+            lld = f"unavailable ({exc})"
+        return {"flydsl": flydsl_version(), "lld": lld.splitlines()[0] if lld else "unknown"}
+
+    def source_files(self) -> list[tuple[str, Path]]:
+        here = Path(__file__).resolve().parent
+        files = [(f"codegen/flydsl/{p.name}", p) for p in sorted(here.glob("*.py"))]
+        kernels = here.parent.parent / "ultraquant" / "kernels"
+        if not kernels.is_dir():  # installed: ultraquant/codegen/flydsl -> ultraquant/kernels
+            kernels = here.parent.parent / "kernels"
+        for name in ("layout_emulation.py", "plans.py", "plan.py"):
+            files.append((f"ultraquant/kernels/{name}", kernels / name))
+        return files
+
+    def specialize(self, op: str, config: dict[str, Any]) -> Specialization:
+        if op != OP:
+            raise UltraQuantError(f"flydsl backend: only op {OP!r} is built, not {op!r}")
+        return flydsl_spec(**config)
+
+    def compile(self, spec: Specialization, arch: Arch) -> tuple[bytes, dict[str, Any]]:
+        from .compiler import compile_decode
+        from .elf_resources import resources_of
+
+        c = spec.constexprs
+        config = {"head_size": int(c["D"]), "gqa": int(c["GQA"]), "block_size": int(c["BLOCK_SIZE"]),
+                  "has_sinks": bool(c["HAS_SINKS"]), "has_window": bool(c["HAS_WINDOW"]),
+                  "has_softcap": bool(c["HAS_SOFTCAP"])}
+        why = unsupported({**config, "query_dtype": _dtype(spec.signature["q_ptr"])})
+        if why:
+            raise UltraQuantError(why)
+        binary = compile_decode(arch.name, KERNEL, config, query_dtype=_dtype(spec.signature["q_ptr"]),
+                                out_dtype=_dtype(spec.signature["out_ptr"]))
+        res = resources_of(binary, KERNEL)
+        record = isa.describe(binary, arch.name, config["head_size"], res)
+        problems = isa.check_record(record, record["mfma"], res, arch.max_shared)
+        if problems:
+            raise UltraQuantError("FlyDSL blob fails its ISA checks: " + "; ".join(problems))
+        info = {
+            "symbol": KERNEL, "threads": 64, "num_warps": 1, "num_stages": 1, "num_ctas": 1, "shared": 0,
+            "hidden": [],
+            "divisibility": {n: 16 for n, ty in spec.signature.items() if ty.startswith("*")},
+            "isa": record,
+        }
+        return binary, info
+
+    def worker_env(self, arch: Arch) -> dict[str, str]:
+        return {"FLYDSL_RUNTIME_ENABLE_CACHE": "0"}
+
+    def requirements(self) -> list[str]:
+        return [FLYDSL_REQUIREMENT]
+
+    def system_packages(self) -> list[str]:
+        # lld-19: FlyDSL's linker; llvm-22: llvm-objdump for the ISA checks (19 cannot read gfx950)
+        return ["lld-19", "llvm-22"]

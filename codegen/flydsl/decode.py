@@ -1,0 +1,385 @@
+"""FlyDSL source of the UltraQuant paged split-KV decode kernel and its split reduce (gfx942/gfx950).
+
+Imports flydsl: only the compile subprocess (:mod:`codegen.flydsl.compile_kernel`) loads this module.
+Every address and permutation comes from the formula functions of
+:mod:`ultraquant.kernels.layout_emulation`, the module whose pure-PyTorch emulation of this exact
+lane layout is tested against the reference on the CPU (docs/flydsl.md has the derivation).
+
+One wave (64 lanes) computes one split of one (request, kv head): all GQA query heads of the kv head
+at once (padded to the 16 columns of the MFMA), 16 tokens per step:
+
+1. Q prologue: lane (r, g) loads 32-element runs of query head ``kvh*G + r``, rotates them with a fast
+   Walsh-Hadamard transform (in-lane stages + two xor shuffles) and keeps them as bf16 B operands.
+2. QK: lane row r decodes token ``t0 + r``'s K codes (one 16-byte run = one scale group per lane
+   group) straight into bf16 A operands; ``v_mfma_f32_16x16x16_bf16`` gives ``S^T`` (token x head).
+3. Online softmax in base 2 on the MFMA result layout, window/length mask, optional soft cap.
+4. PV: the probabilities are already in the B layout; lane (r, g) decodes D/32 V bytes of each of its
+   4 tokens into A operands (rows permuted ``d = (D/16) m + nb``); D/16 MFMAs accumulate O.
+5. Epilogue: normalized partial O (float32) and its LSE (natural log) per (request, head, split).
+
+The reduce kernel combines the splits (and the optional sink logit) into the output dtype.
+"""
+
+from __future__ import annotations
+
+import math
+
+import flydsl.compiler as flyc
+import flydsl.expr as fx
+from flydsl._mlir import ir
+from flydsl._mlir.dialects import llvm
+from flydsl.expr import arith, const_expr, gpu, range_constexpr, rocdl
+from flydsl.expr.typing import T
+
+from ultraquant.kernels import layout_emulation as lay
+from ultraquant.kernels.layout_emulation import LOG2E, MFMA_K, TILE, WAVE, DecodeConfig
+
+F32_NEG_INF = float("-inf")
+
+
+def _raw(v):
+    return arith.unwrap(v) if not isinstance(v, ir.Value) or hasattr(v, "ir_value") else v
+
+
+def _intrinsic_f32(name: str, x):
+    """Call an ``llvm.amdgcn.*`` float intrinsic (no ocml bitcode needed)."""
+    return fx.Float32(llvm.call_intrinsic(ir.F32Type.get(), name, [_raw(fx.Float32(x))], [], []))
+
+
+def exp2(x):
+    """v_exp_f32: 2**x (exp2(-inf) = 0)."""
+    return _intrinsic_f32("llvm.amdgcn.exp2.f32", x)
+
+
+def log2(x):
+    """v_log_f32: log2(x) for x > 0."""
+    return _intrinsic_f32("llvm.amdgcn.log.f32", x)
+
+
+def grid_dim_y():
+    """Number of workgroups along y, read from the HSA dispatch packet (``grid_size_y`` at byte 16;
+    the block is 1 high). ``gpu.grid_dim`` would call ockl, which needs ROCm device bitcode."""
+    p4 = llvm.PointerType.get(4)
+    base = llvm.call_intrinsic(p4, "llvm.amdgcn.dispatch.ptr", [], [], [])
+    addr = llvm.PtrToIntOp(T.i64, base).result
+    addr = llvm.AddOp(addr, _raw(fx.Int64(16)), llvm.IntegerOverflowFlags(0)).result
+    return fx.Int32(llvm.LoadOp(T.i32, llvm.IntToPtrOp(p4, addr).result, alignment=4, invariant=True).result)
+
+
+def rcp(x):
+    """v_rcp_f32: 1/x (1 ulp)."""
+    return fx.Float32(rocdl.rcp(T.f32, _raw(fx.Float32(x))))
+
+
+def _select(cond, a, b):
+    return arith.select(cond, a, b)
+
+
+def _global_ptr(base, byte_offset, elem, align: int):
+    """Typed global pointer ``base + byte_offset`` (base is a u8 pointer) with a stated alignment."""
+    p = base + byte_offset
+    ty = fx.PointerType.get(elem.ir_type, fx.AddressSpace.Global, align)
+    return fx.recast_iter(ty, p)
+
+
+def _load(base, byte_offset, elem, count: int, align: int):
+    """``count`` elements (a list, even for one) loaded with one vector load."""
+    v = fx.generic_load(_global_ptr(base, byte_offset, elem, align), dtype=elem, count=count)
+    return [v] if count == 1 else [v[k] for k in range(count)]
+
+
+def _xor(x, mask: int):
+    return fx.Float32(gpu.shuffle_xor(fx.Float32(x), mask, WAVE))
+
+
+def _bf16_pack(vals):
+    """Four float32 scalars -> vector<4xi16> bf16 operand (round to nearest even)."""
+    v = fx.Vector.from_elements([fx.Float32(x) for x in vals], dtype=fx.Float32)
+    return v.to(fx.BFloat16).bitcast(fx.Int16)
+
+
+def _fp4_operand(nibs, scale):
+    """Four int32 FP4 codes (one scale byte, int32) -> vector<4xi16> bf16 bits (shared formula)."""
+    return fx.Vector.from_elements([_i16(lay.fp4_bf16_bits(n, scale, _select)) for n in nibs],
+                                   dtype=fx.Int16)
+
+
+def _i16(x):
+    """Low 16 bits of an int32 value as an Int16."""
+    return fx.Int16(arith.trunci(T.i16, _raw(fx.Int32(x))))
+
+
+def _vselect(cond, a, b):
+    """Select between two float vectors with a scalar condition."""
+    return fx.Vector(arith.select(cond, a, b))
+
+
+def _mfma(a, b, c):
+    return fx.Vector(rocdl.mfma_f32_16x16x16bf16_1k(T.vec(4, T.f32), [a, b, c, 0, 0, 0]))
+
+
+PARAMS: tuple[tuple[str, str], ...] = (
+    ("q_ptr", "ptr"), ("cache_ptr", "ptr"), ("bt_ptr", "ptr"), ("seqlen_ptr", "ptr"), ("sinks_ptr", "ptr"),
+    ("out_ptr", "ptr"), ("part_ptr", "ptr"), ("ml_ptr", "ptr"), ("counter_ptr", "ptr"),
+    ("scale", "f32"), ("softcap", "f32"), ("window", "i32"), ("num_splits", "i32"),
+    ("stride_qb", "i32"), ("stride_qh", "i32"), ("stride_ob", "i32"), ("stride_oh", "i32"),
+    ("stride_cb", "i32"), ("stride_ct", "i32"), ("stride_ch", "i32"), ("stride_btb", "i32"),
+)
+"""The kernel's parameters, in order: exactly ``ultraquant.kernels.plans.DECODE_PARAMS`` (the Triton
+decode's), so one LaunchPlan launches either blob; no hidden trailing parameters."""
+
+ROWS = 16
+"""Rows of one (request, kv head) in the decode workspace (the MFMA's 16 columns = padded heads)."""
+
+_DTYPES = {"bf16": (fx.BFloat16, 2), "fp16": (fx.Float16, 2), "fp32": (fx.Float32, 4)}
+
+
+def build_decode(cfg: DecodeConfig, arch: str, *, name: str, query_dtype: str = "bf16",
+                 out_dtype: str = "bf16"):
+    """Return the ``@flyc.jit`` launcher of the decode kernel for ``cfg`` on ``arch``.
+
+    Grid (B, Hk, num_splits), one wave per workgroup. Workspace contract of the Triton decode: split
+    ``sp`` of pair ``b * Hk + kvh`` writes its unnormalized ``acc`` (16 x D f32) at slot
+    ``pair * num_splits + sp`` of ``part_ptr`` and its (m, l) (log2 units) at ``ml_ptr + slot * 32``;
+    the last split to take a ticket from ``counter_ptr[pair]`` merges the slots in order, folds the
+    sinks and writes ``out``, then resets the ticket to 0. One split writes ``out`` directly.
+    """
+    D, G, BS = cfg.head_size, cfg.gqa, cfg.block_size
+    CH, NB = cfg.chunks, cfg.pv_mfmas
+    VB = D // 32  # V code bytes per lane per token
+    QT, q_bytes = _DTYPES[query_dtype]
+    OT, o_bytes = _DTYPES[out_dtype]
+    has_sinks, has_window, has_softcap = cfg.has_sinks, cfg.has_window, cfg.has_softcap
+    inv_sqrt_d = 1.0 / math.sqrt(D)
+    QUARTER = D // 4  # output elements per lane: O[r][QUARTER * g : QUARTER * (g + 1)]
+
+    def merge(acc, m, l_, acc2, m2, l2):
+        m_new = arith.maxnumf(m, m2)
+        m_use = _select(m_new == F32_NEG_INF, fx.Float32(0.0), m_new)
+        a1, a2 = exp2(m - m_use), exp2(m2 - m_use)
+        a1v = fx.Vector.from_elements([a1] * MFMA_K, dtype=fx.Float32)
+        a2v = fx.Vector.from_elements([a2] * MFMA_K, dtype=fx.Float32)
+        return [acc[k] * a1v + acc2[k] * a2v for k in range(len(acc))], m_new, l_ * a1 + l2 * a2
+
+    @flyc.kernel(name=name, known_block_size=(WAVE, 1, 1))
+    def decode_kernel(
+        q_ptr: fx.Pointer, cache_ptr: fx.Pointer, bt_ptr: fx.Pointer, seqlen_ptr: fx.Pointer,
+        sinks_ptr: fx.Pointer, out_ptr: fx.Pointer, part_ptr: fx.Pointer, ml_ptr: fx.Pointer,
+        counter_ptr: fx.Pointer,
+        scale: fx.Float32, softcap: fx.Float32, window: fx.Int32, num_splits: fx.Int32,
+        stride_qb: fx.Int32, stride_qh: fx.Int32, stride_ob: fx.Int32, stride_oh: fx.Int32,
+        stride_cb: fx.Int32, stride_ct: fx.Int32, stride_ch: fx.Int32, stride_btb: fx.Int32,
+    ):
+        lane = fx.Int32(gpu.thread_id("x")) % WAVE
+        b = fx.Int32(gpu.block_id("x"))
+        kvh = fx.Int32(gpu.block_id("y"))
+        split = fx.Int32(gpu.block_id("z"))
+        num_kv = grid_dim_y()
+        r = lane % 16
+        g = lane // 16
+
+        seq_len = _load(seqlen_ptr, b * 4, fx.Int32, 1, 4)[0]
+        if const_expr(has_window):
+            lo, hi, t_begin, t_end = lay.split_tiles(seq_len, num_splits, split, window)
+        else:
+            lo, hi, t_begin, t_end = lay.split_tiles(seq_len, num_splits, split, None)
+        t_end = _select(t_end > t_begin, t_end, t_begin)
+
+        # ---- 1. query prologue: load, rotate (FWHT in the B layout), round to bf16 operands
+        head_ok = r < G
+        qh = kvh * G + _select(head_ok, r, fx.Int32(G - 1))
+        q_row = b * stride_qb + qh * stride_qh
+        x = []  # x[c][e]: lane holds q[r][128c + 32g + e]
+        for c in range_constexpr(CH):
+            base = (q_row + 128 * c + 32 * g) * q_bytes
+            run = []
+            per_load = 16 // q_bytes
+            for part in range_constexpr(32 // per_load):
+                v = _load(q_ptr, base + part * 16, QT, per_load, 16)
+                for e in range_constexpr(per_load):
+                    run.append(_select(head_ok, fx.Float32(v[e].to(fx.Float32)), fx.Float32(0.0)))
+            x.append(run)
+        for s in (1, 2, 4, 8, 16):  # bits 0..4 of d: inside the lane's 32-run
+            for c in range_constexpr(CH):
+                for e in range_constexpr(32):
+                    if const_expr(e & s == 0):
+                        a0, b0 = x[c][e], x[c][e + s]
+                        x[c][e], x[c][e + s] = a0 + b0, a0 - b0
+        for mask, bit in ((16, 1), (32, 2)):  # bits 5, 6: lane groups g ^ 1, g ^ 2
+            upper = (g & bit) != 0
+            for c in range_constexpr(CH):
+                for e in range_constexpr(32):
+                    o = _xor(x[c][e], mask)
+                    x[c][e] = _select(upper, o - x[c][e], x[c][e] + o)
+        for s in [1 << k for k in range(CH.bit_length() - 1)]:  # bits 7+: across the lane's chunks
+            for c in range_constexpr(CH):
+                if const_expr(c & s == 0):
+                    for e in range_constexpr(32):
+                        a0, b0 = x[c][e], x[c + s][e]
+                        x[c][e], x[c + s][e] = a0 + b0, a0 - b0
+        q_ops = [[_bf16_pack([x[c][4 * j + i] * inv_sqrt_d for i in range(MFMA_K)]) for j in range(8)]
+                 for c in range(CH)]
+
+        # ---- main loop over this split's 16-token tiles
+        qk_scale = scale * LOG2E
+        cap2 = (2.0 * LOG2E) * rcp(softcap) if has_softcap else None
+        kv_base = fx.Int64(kvh) * fx.Int64(stride_ch)
+        bt_row = fx.Int64(b) * fx.Int64(stride_btb)
+        zero4 = fx.Vector.filled(MFMA_K, 0.0, fx.Float32)
+        init = [fx.Float32(F32_NEG_INF), fx.Float32(0.0)] + [zero4] * NB
+        for tile, st in range(t_begin, t_end, 1, init=init):
+            tile = fx.Int32(tile)
+            m_run, l_run = fx.Float32(st[0]), fx.Float32(st[1])
+            o_acc = [fx.Vector(st[2 + nb]) for nb in range_constexpr(NB)]
+            t0 = tile * TILE
+            page = _load(bt_ptr, (bt_row + fx.Int64(t0 // BS)) * 4, fx.Int32, 1, 4)[0]
+            within = t0 % BS
+            last_row = within + (seq_len - 1 - t0)  # rows past the sequence re-read its last token
+            page_base = fx.Int64(page) * fx.Int64(stride_cb) + kv_base
+
+            # ---- 2. QK: A = K rows (token t0 + r), B = rotated Q
+            k_row = _select(within + r < last_row, within + r, last_row)
+            k_base = page_base + fx.Int64(k_row) * fx.Int64(stride_ct)
+            acc = zero4
+            for c in range_constexpr(CH):
+                words = _load(cache_ptr, k_base + fx.Int64(lay.k_code_offset(c, g)), fx.Int32, 4, 8)
+                sbyte = fx.Int32(_load(cache_ptr, k_base + fx.Int64(lay.k_scale_offset(D, c, g)),
+                                       fx.Uint8, 1, 1)[0]) & 0xFF
+                for j in range_constexpr(8):
+                    w = fx.Int32(words[j // 2])
+                    nibs = [(w >> (16 * (j % 2) + 4 * i)) & 0xF for i in range(MFMA_K)]
+                    acc = _mfma(_fp4_operand(nibs, sbyte), q_ops[c][j], acc)
+
+            # ---- 3. scores S^T[4g+i][r], mask, online softmax (log2 units)
+            sc = []
+            for i in range_constexpr(MFMA_K):
+                si = fx.Float32(acc[i])
+                if const_expr(has_softcap):
+                    si = si * scale
+                    # c * tanh(s / c) = c * (1 - 2 / (2^(2 log2(e) s / c) + 1)); v_rcp_f32, 1 ulp
+                    si = softcap * (1.0 - 2.0 * rcp(exp2(si * cap2) + 1.0))
+                    si = si * LOG2E
+                else:
+                    si = si * qk_scale
+                tok = t0 + 4 * g + i
+                sc.append(_select((tok >= lo) & (tok < hi), si, fx.Float32(F32_NEG_INF)))
+            mt = arith.maxnumf(arith.maxnumf(sc[0], sc[1]), arith.maxnumf(sc[2], sc[3]))
+            mt = arith.maxnumf(mt, _xor(mt, 16))
+            mt = arith.maxnumf(mt, _xor(mt, 32))
+            m_new = arith.maxnumf(m_run, mt)
+            m_use = _select(m_new == F32_NEG_INF, fx.Float32(0.0), m_new)
+            alpha = exp2(m_run - m_use)
+            p = [exp2(sc[i] - m_use) for i in range(MFMA_K)]
+            l_new = l_run * alpha + ((p[0] + p[1]) + (p[2] + p[3]))
+            p_ops = _bf16_pack(p)
+
+            # ---- 4. PV: A = V^T (rows d = (D/16) m + nb), B = P^T
+            vwords = []
+            vscales = []
+            for i in range_constexpr(MFMA_K):
+                tok = t0 + 4 * g + i
+                vis = (tok >= lo) & (tok < hi)
+                row = _select(within + 4 * g + i < last_row, within + 4 * g + i, last_row)
+                v_base = page_base + fx.Int64(row) * fx.Int64(stride_ct)
+                vw = _load(cache_ptr, v_base + fx.Int64(lay.v_code_offset(D, r)), fx.Int32, VB // 4, 4)
+                vs = fx.Int32(_load(cache_ptr, v_base + fx.Int64(lay.v_scale_offset(D, r)),
+                                    fx.Uint8, 1, 1)[0]) & 0xFF
+                vwords.append([_select(vis, fx.Int32(w), fx.Int32(0)) for w in vw])
+                vscales.append(_select(vis, vs, fx.Int32(0)))
+            alpha4 = fx.Vector.from_elements([alpha] * MFMA_K, dtype=fx.Float32)
+            new_o = []
+            for nb in range_constexpr(NB):
+                nibs = [(vwords[i][nb // 8] >> (4 * (nb % 8))) & 0xF for i in range(MFMA_K)]
+                a_op = fx.Vector.from_elements(
+                    [_i16(lay.fp4_bf16_bits(nibs[i], vscales[i], _select)) for i in range(MFMA_K)],
+                    dtype=fx.Int16)
+                new_o.append(_mfma(a_op, p_ops, o_acc[nb] * alpha4))
+            results = yield [m_new, l_new] + new_o
+
+        # ---- 5. epilogue. Lane (r, g) holds O[r][QUARTER*g + NB*i + nb] = o[nb][i].
+        m_fin, l_fin = fx.Float32(results[0]), fx.Float32(results[1])
+        o_fin = [fx.Vector(results[2 + nb]) for nb in range_constexpr(NB)]
+        l_tot = l_fin + _xor(l_fin, 16)
+        l_tot = l_tot + _xor(l_tot, 32)
+        # registers as QUARTER/4 vectors of 4 in memory order: chunk k = elements 4k..4k+3
+        mine = [fx.Vector.from_elements([fx.Float32(o_fin[(4 * k + t) % NB][(4 * k + t) // NB])
+                                         for t in range(MFMA_K)], dtype=fx.Float32)
+                for k in range(QUARTER // 4)]
+        pair = b * num_kv + kvh
+        multi = num_splits > 1
+        if multi:
+            slot = fx.Int64(pair * num_splits + split)
+            prow = (slot * ROWS + fx.Int64(r)) * D + fx.Int64(QUARTER * g)
+            for k in range_constexpr(QUARTER // 4):
+                fx.generic_store(_global_ptr(part_ptr, (prow + 4 * k) * 4, fx.Float32, 16), mine[k])
+            if g == 0:
+                fx.generic_store(_global_ptr(ml_ptr, (slot * (2 * ROWS) + fx.Int64(r)) * 4, fx.Float32, 4),
+                                 m_fin)
+                fx.generic_store(_global_ptr(ml_ptr, (slot * (2 * ROWS) + ROWS + fx.Int64(r)) * 4,
+                                             fx.Float32, 4), l_tot)
+        # ticket: lane 0 adds 1 (0 with one split, which leaves the counter at 0); acq_rel at agent
+        # scope publishes this wave's partial stores and makes the other splits' visible
+        inc = _select((lane == 0) & multi, fx.Int32(1), fx.Int32(0))
+        old = fx.atomic_add(_global_ptr(counter_ptr, fx.Int64(pair) * 4, fx.Int32, 4), inc,
+                            syncscope="agent", ordering=fx.AtomicOrdering.AcqRel)
+        ticket = fx.Int32(rocdl.readfirstlane(T.i32, old))
+        if ticket == num_splits - 1:
+            n_read = _select(multi, num_splits, fx.Int32(0))
+            st0 = [m_fin, l_tot] + mine
+            zero_mine = [zero4] * (QUARTER // 4)
+            st0 = [_select(multi, fx.Float32(F32_NEG_INF), m_fin), _select(multi, fx.Float32(0.0), l_tot)]
+            st0 += [_vselect(multi, zero4, v) for v in mine]
+            for sp, ms in range(0, n_read, 1, init=st0):
+                src = fx.Int64(pair * num_splits + fx.Int32(sp))
+                prow = (src * ROWS + fx.Int64(r)) * D + fx.Int64(QUARTER * g)
+                acc2 = [fx.Vector(fx.generic_load(_global_ptr(part_ptr, (prow + 4 * k) * 4, fx.Float32, 16),
+                                                  dtype=fx.Float32, count=4))
+                        for k in range_constexpr(QUARTER // 4)]
+                m2 = _load(ml_ptr, (src * (2 * ROWS) + fx.Int64(r)) * 4, fx.Float32, 1, 4)[0]
+                l2 = _load(ml_ptr, (src * (2 * ROWS) + ROWS + fx.Int64(r)) * 4, fx.Float32, 1, 4)[0]
+                accm, mm, lm = merge([fx.Vector(v) for v in ms[2:]], fx.Float32(ms[0]), fx.Float32(ms[1]),
+                                     acc2, m2, l2)
+                merged = yield [mm, lm] + accm
+            del zero_mine
+            m_all, l_all = fx.Float32(merged[0]), fx.Float32(merged[1])
+            acc_all = [fx.Vector(v) for v in merged[2:]]
+            if const_expr(has_sinks):
+                sink = _load(sinks_ptr, (kvh * G + _select(head_ok, r, fx.Int32(0))) * 4, fx.Float32, 1, 4)[0]
+                s2 = sink * LOG2E
+                m_s = arith.maxnumf(m_all, s2)
+                l_all = l_all * exp2(m_all - m_s) + exp2(s2 - m_s)
+                f = exp2(m_all - m_s)
+                fv = fx.Vector.from_elements([f] * MFMA_K, dtype=fx.Float32)
+                acc_all = [v * fv for v in acc_all]
+            pos = l_all > 0.0
+            inv = _select(pos, fx.Float32(rocdl.rcp(T.f32, _raw(_select(pos, l_all, fx.Float32(1.0))))),
+                          fx.Float32(0.0))
+            invv = fx.Vector.from_elements([inv] * MFMA_K, dtype=fx.Float32)
+            if head_ok:
+                orow = (fx.Int64(b) * fx.Int64(stride_ob) + fx.Int64(kvh * G + r) * fx.Int64(stride_oh)
+                        + QUARTER * g) * o_bytes
+                for k in range_constexpr(QUARTER // 4):
+                    val = (acc_all[k] * invv)
+                    if const_expr(out_dtype != "fp32"):
+                        val = val.to(OT)
+                    fx.generic_store(_global_ptr(out_ptr, orow + 4 * k * o_bytes, OT, 4 * o_bytes), val)
+            if multi & (lane == 0):
+                fx.atomic_xchg(_global_ptr(counter_ptr, fx.Int64(pair) * 4, fx.Int32, 4), fx.Int32(0),
+                               syncscope="agent", ordering=fx.AtomicOrdering.Monotonic)
+
+    @flyc.jit
+    def launch(
+        q_ptr: fx.Pointer, cache_ptr: fx.Pointer, bt_ptr: fx.Pointer, seqlen_ptr: fx.Pointer,
+        sinks_ptr: fx.Pointer, out_ptr: fx.Pointer, part_ptr: fx.Pointer, ml_ptr: fx.Pointer,
+        counter_ptr: fx.Pointer,
+        scale: fx.Float32, softcap: fx.Float32, window: fx.Int32, num_splits: fx.Int32,
+        stride_qb: fx.Int32, stride_qh: fx.Int32, stride_ob: fx.Int32, stride_oh: fx.Int32,
+        stride_cb: fx.Int32, stride_ct: fx.Int32, stride_ch: fx.Int32, stride_btb: fx.Int32,
+        stream: fx.Stream = fx.Stream(None),  # noqa: B008 (FlyDSL reads the default at trace time)
+    ):
+        decode_kernel(q_ptr, cache_ptr, bt_ptr, seqlen_ptr, sinks_ptr, out_ptr, part_ptr, ml_ptr,
+                      counter_ptr, scale, softcap, window, num_splits, stride_qb, stride_qh, stride_ob,
+                      stride_oh, stride_cb, stride_ct, stride_ch, stride_btb).launch(
+            grid=(1, 1, 1), block=(WAVE, 1, 1), stream=stream)
+
+    return launch

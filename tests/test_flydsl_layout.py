@@ -1,0 +1,210 @@
+"""CPU checks of the FlyDSL decode kernels' lane layout (ultraquant.kernels.layout_emulation).
+
+No AMD GPU exists for this project, so these tests are what stands between the FlyDSL kernels and a
+wrong permutation: every formula the kernel builds its addresses from is checked here (bijections,
+scale-group alignment, byte offsets against the reference decoder), then the whole kernel is emulated
+lane by lane and compared with ultraquant.reference.decode_attention.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from ultraquant import reference as ref
+from ultraquant.errors import UltraQuantError
+from ultraquant.format import hadamard, slot_size
+from ultraquant.kernels import layout_emulation as lay
+
+LANES = torch.arange(lay.WAVE)
+ELEMS = torch.arange(lay.MFMA_K)
+
+
+def _cover(index_fn):
+    rows, cols = torch.broadcast_tensors(*index_fn(LANES[:, None], ELEMS[None, :]))
+    return sorted(zip(rows.flatten().tolist(), cols.flatten().tolist(), strict=True))
+
+
+@pytest.mark.parametrize("fn", [lay.mfma_a_index, lay.mfma_b_index, lay.mfma_c_index])
+def test_mfma_maps_cover_the_tile_once(fn):
+    assert _cover(fn) == [(r, c) for r in range(16) for c in range(16)]
+
+
+def test_mfma_emulation_is_a_matmul():
+    g = torch.Generator().manual_seed(1)
+    a, b, c = (torch.randn(16, 16, generator=g) for _ in range(3))
+    ar, ak = torch.broadcast_tensors(*lay.mfma_a_index(LANES[:, None], ELEMS[None, :]))
+    bk, bn = torch.broadcast_tensors(*lay.mfma_b_index(LANES[:, None], ELEMS[None, :]))
+    cr, cn = torch.broadcast_tensors(*lay.mfma_c_index(LANES[:, None], ELEMS[None, :]))
+    d = lay.mfma_16x16x16(a[ar, ak], b[bk, bn], c[cr, cn])
+    expect = (a.double() @ b.double() + c.double()).float()
+    torch.testing.assert_close(d, expect[cr, cn], rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("d", [128, 256, 512])
+def test_qk_permutation_is_one_scale_group_per_lane_group(d):
+    dims = []
+    for c in range(d // 128):
+        for g in range(4):
+            run = [lay.qk_dim(c, j, g, i) for j in range(8) for i in range(4)]
+            assert len({x // 32 for x in run}) == 1  # one UE8M0 scale per lane group and chunk
+            assert run == list(range(run[0], run[0] + 32))  # one contiguous 16-byte code run
+            assert run[0] // 2 == lay.k_code_offset(c, g)
+            assert lay.k_scale_offset(d, c, g) == d // 2 + run[0] // 32
+            dims += run
+    assert sorted(dims) == list(range(d))
+
+
+@pytest.mark.parametrize("d", [128, 256, 512])
+def test_pv_permutation_is_contiguous_per_lane_row(d):
+    nb_count = d // 16
+    dims = [lay.v_dim(d, nb, m) for m in range(16) for nb in range(nb_count)]
+    assert sorted(dims) == list(range(d))
+    lay_d = d // 2 + d // 32  # start of the V codes
+    for m in range(16):
+        row = [lay.v_dim(d, nb, m) for nb in range(nb_count)]
+        assert row == list(range(row[0], row[0] + nb_count))
+        assert lay.v_code_offset(d, m) == lay_d + row[0] // 2
+        assert lay.v_scale_offset(d, m) == d + d // 32 + row[0] // 32
+        assert len({x // 32 for x in row}) == 1
+    # output: lane (r, g) holds a contiguous quarter of head r
+    for g in range(4):
+        got = sorted(lay.v_dim(d, nb, 4 * g + i) for i in range(4) for nb in range(nb_count))
+        assert got == list(range(g * d // 4, (g + 1) * d // 4))
+
+
+def test_fp4_bf16_bits_match_the_reference_decoder():
+    codes = torch.arange(16, dtype=torch.int32)[:, None]
+    scales = torch.arange(2, 253, dtype=torch.int32)[None, :]
+    got = lay.bf16_from_bits(lay.fp4_bf16_bits_torch(codes, scales))
+    vals = ref.decode_e2m1(codes.to(torch.uint8)).double() * torch.pow(2.0, (scales - 127).double())
+    assert torch.equal(got.double(), vals)
+    # zero group: byte 0 decodes every code to 0 (the format writes zero codes there)
+    assert torch.all(lay.bf16_from_bits(lay.fp4_bf16_bits_torch(codes, torch.zeros(1, 1, dtype=torch.int32))) == 0)
+    # byte 1: exact except 0.5 * 2^-126 (a bf16 subnormal), flushed to zero
+    one = lay.bf16_from_bits(lay.fp4_bf16_bits_torch(codes, torch.ones(1, 1, dtype=torch.int32)))[:, 0]
+    exact = ref.decode_e2m1(codes[:, 0].to(torch.uint8)).double() * 2.0**-126
+    keep = (codes[:, 0] & 7) != 1
+    assert torch.equal(one.double()[keep], exact[keep]) and torch.all(one[~keep] == 0)
+
+
+@pytest.mark.parametrize("d", [128, 256, 512])
+def test_query_rotation_in_lane_layout_is_hadamard(d):
+    g = torch.Generator().manual_seed(d)
+    q = torch.randn(16, d, generator=g)
+    r, grp = LANES % 16, LANES // 16
+    dims = (128 * torch.arange(d // 128)[None, :, None] + 32 * grp[:, None, None]
+            + torch.arange(32)[None, None, :])
+    lanes = q[r][torch.arange(lay.WAVE)[:, None, None], dims]
+    rotated = lay.rotate_query_lanes(lanes, d)
+    expect = (q.double() @ hadamard(d, dtype=torch.float64)).float()
+    torch.testing.assert_close(rotated, expect[r][torch.arange(lay.WAVE)[:, None, None], dims],
+                               rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("window", [None, 1, 17, 100])
+@pytest.mark.parametrize("seq_len", [0, 1, 15, 16, 17, 100, 257])
+@pytest.mark.parametrize("splits", [1, 3, 8])
+def test_split_tiles_cover_the_visible_keys_once(seq_len, splits, window):
+    seen = []
+    for s in range(splits):
+        lo, hi, t0, t1 = lay.split_tiles(seq_len, splits, s, window)
+        assert t0 <= t1 or t1 <= t0  # empty splits are allowed
+        for t in range(t0, t1):
+            seen += [k for k in range(t * lay.TILE, (t + 1) * lay.TILE) if lo <= k < hi]
+    lo = 0 if window is None else max(0, seq_len - window)
+    assert seen == list(range(lo, seq_len))
+
+
+def _cache(d, gqa, hk, bs, lens, *, head_major=False, seed=0, encoder="rne"):
+    g = torch.Generator().manual_seed(seed)
+    max_blocks = max(1, max(math.ceil(n / bs) for n in lens))
+    nblk = len(lens) * max_blocks + 2
+    shape = (nblk, hk, bs, slot_size(d)) if head_major else (nblk, bs, hk, slot_size(d))
+    cache = torch.randint(0, 256, shape, dtype=torch.uint8, generator=g)  # stale bytes everywhere
+    if head_major:
+        cache = cache.permute(0, 2, 1, 3)
+    perm = torch.randperm(nblk, generator=g)[: len(lens) * max_blocks]
+    bt = perm.reshape(len(lens), max_blocks).to(torch.int32)
+    for b, n in enumerate(lens):
+        if n == 0:
+            continue
+        k = torch.randn(n, hk, d, generator=g) * 2
+        v = torch.randn(n, hk, d, generator=g)
+        pos = torch.arange(n)
+        ref.store_kv(k, v, cache, bt[b, pos // bs].long() * bs + pos % bs, encoder=encoder)
+    q = torch.randn(len(lens), hk * gqa, d, generator=g).to(torch.bfloat16)
+    return q, cache, bt, torch.tensor(lens, dtype=torch.int32)
+
+
+CASES = [
+    # d, gqa, hk, bs, lens, splits, features
+    (128, 8, 2, 16, [37, 0, 100], 4, {}),
+    (128, 4, 1, 64, [130], 3, {"sinks": True}),
+    (128, 6, 2, 32, [70, 1], 2, {"window": 33}),
+    (128, 16, 1, 16, [49], 5, {"softcap": 8.0}),
+    (256, 8, 1, 16, [45], 2, {"sinks": True, "window": 20, "softcap": 10.0}),
+    (256, 16, 1, 128, [140], 1, {}),
+]
+
+
+def _run(case, exact, head_major=False):
+    d, gqa, hk, bs, lens, splits, feats = case
+    q, cache, bt, seq = _cache(d, gqa, hk, bs, lens, head_major=head_major, seed=d + gqa + bs)
+    sinks = torch.randn(hk * gqa) if feats.get("sinks") else None
+    window, softcap = feats.get("window"), feats.get("softcap")
+    cfg = lay.DecodeConfig(d, gqa, bs, has_sinks=sinks is not None, has_window=window is not None,
+                           has_softcap=softcap is not None)
+    scale = d**-0.5
+    got = lay.emulate_decode(cfg, q, cache, bt, seq, scale, num_splits=splits, sinks=sinks, window=window,
+                             softcap=softcap, exact_operands=exact)
+    expect = ref.decode_attention(q.float(), cache, bt, seq, scale, sinks=sinks, sliding_window=window,
+                                  softcap=softcap).float()
+    return got, expect
+
+
+@pytest.mark.parametrize("case", CASES, ids=[f"d{c[0]}-g{c[1]}-bs{c[3]}-{'+'.join(c[6]) or 'plain'}" for c in CASES])
+def test_emulated_layout_is_exact_with_float32_operands(case):
+    """With the MFMA operands kept in float32, only the layout is left to be wrong: errors ~1e-6."""
+    got, expect = _run(case, exact=True)
+    torch.testing.assert_close(got, expect, rtol=2e-5, atol=2e-5)
+
+
+@pytest.mark.parametrize("case", CASES[:4], ids=[f"d{c[0]}-g{c[1]}" for c in CASES[:4]])
+def test_emulated_kernel_with_bf16_operands_is_close(case):
+    """What the hardware computes (bf16 query and P operands): within the Triton decode's bar."""
+    got, expect = _run(case, exact=False)
+    cos = torch.nn.functional.cosine_similarity(got.flatten().double(), expect.flatten().double(), dim=0)
+    assert cos > 0.9999
+    assert (got - expect).abs().max() <= 1e-2 * max(1.0, expect.abs().max().item())
+
+
+def test_emulation_reads_a_head_major_cache_view():
+    got, expect = _run(CASES[0], exact=True, head_major=True)
+    torch.testing.assert_close(got, expect, rtol=2e-5, atol=2e-5)
+
+
+def test_a_layout_slip_is_caught():
+    """The exact-operand comparison can fail: swap two PV output columns and it must."""
+    d, gqa, hk, bs, lens, splits, feats = CASES[0]
+    q, cache, bt, seq = _cache(d, gqa, hk, bs, lens)
+    cfg = lay.DecodeConfig(d, gqa, bs)
+    orig = lay.v_dim
+    try:
+        lay.v_dim = lambda head_size, nb, m: orig(head_size, (nb + 1) % (head_size // 16), m)
+        got = lay.emulate_decode(cfg, q, cache, bt, seq, 0.1, num_splits=splits, exact_operands=True)
+    finally:
+        lay.v_dim = orig
+    expect = ref.decode_attention(q.float(), cache, bt, seq, 0.1).float()
+    assert (got - expect).abs().max() > 1e-2
+
+
+def test_config_rejects_what_the_kernel_cannot_do():
+    with pytest.raises(UltraQuantError, match="gqa"):
+        lay.DecodeConfig(128, 17, 16)
+    with pytest.raises(UltraQuantError, match="block_size"):
+        lay.DecodeConfig(128, 8, 8)
+    with pytest.raises(UltraQuantError, match="head_size"):
+        lay.DecodeConfig(64, 8, 16)

@@ -1,0 +1,386 @@
+"""Pure-PyTorch emulation of the FlyDSL decode kernels' exact lane/data layout (no GPU needed).
+
+No AMD GPU is reachable by this project, so the FlyDSL decode kernels (codegen/flydsl/) cannot be run.
+What *can* be checked on a CPU is the part most likely to be wrong: which lane loads which bytes, how
+the FP4 codes become MFMA operands, and whether the MFMA operand/result permutations put every score
+and every output element where the next step expects it. This module does that, step by step, with
+one torch tensor row per lane, and the kernel builds its addresses from the *same* formula functions
+below (they work on Python ints, torch tensors and FlyDSL values alike), so the two cannot drift.
+
+Layout summary (derivation in docs/flydsl.md). Lane ``l`` of a 64-lane wave: ``r = l % 16``,
+``g = l // 16``. The CDNA MFMA ``v_mfma_f32_16x16x16_bf16`` (gfx942 and gfx950) takes, per lane, four
+bf16 of A at ``A[r][4g+i]``, four of B at ``B[4g+i][r]`` and returns four f32 of D at ``D[4g+i][r]``.
+
+- QK: A = K (rows = 16 tokens of a tile), B = Q^T (columns = the GQA query heads, padded to 16), the
+  contraction index permuted so lane group g of step ``(c, j)`` covers ``d = 32(4c+g) + 4j + i``:
+  each lane decodes one contiguous 16-byte run of K codes (exactly one 32-element scale group).
+- The QK result ``S^T[4g+i][r]`` is already the B operand layout the PV MFMA needs (P^T, tokens x
+  heads): no shuffle between the two MFMAs; softmax statistics of head r live in lanes ``r, r+16,
+  r+32, r+48`` (two xor shuffles).
+- PV: A = V^T with output rows permuted as ``d = (D/16) m + nb`` for MFMA ``nb``: lane (r, g) decodes,
+  for each of its 4 tokens, one contiguous run of D/32 bytes; it ends up holding
+  ``O[r][(D/16)(4g+i) + nb]``, i.e. one contiguous quarter of the head dimension of head r.
+- The query is rotated (fast Walsh-Hadamard) in this same layout: stages on bits 0-4 and 7+ of d stay
+  in the lane, bits 5 and 6 are lane xor 16 and xor 32.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from ..errors import UltraQuantError
+from ..format import GROUP, SlotLayout, check_head_size
+
+WAVE = 64
+"""Lanes per wavefront (CDNA)."""
+
+TILE = 16
+"""Tokens per MFMA tile (the M of the QK MFMA, the K of the PV MFMA)."""
+
+MFMA_K = 4
+"""bf16 elements per lane per operand of the 16x16x16 MFMA."""
+
+LOG2E = 1.4426950408889634
+LN2 = 0.6931471805599453
+
+# ---------------------------------------------------------------- shared formulas (kernel + emulation)
+# Every function below uses only + - * // % & | << >> on its arguments, so it evaluates the same on
+# Python ints, torch integer tensors and FlyDSL Int32 values. The kernel imports these.
+
+
+def mfma_a_index(lane, i):
+    """(row, k) of A element ``i`` held by ``lane`` in a 16x16x16 MFMA."""
+    return lane % 16, 4 * (lane // 16) + i
+
+
+def mfma_b_index(lane, i):
+    """(k, col) of B element ``i`` held by ``lane``."""
+    return 4 * (lane // 16) + i, lane % 16
+
+
+def mfma_c_index(lane, i):
+    """(row, col) of result element ``i`` held by ``lane``."""
+    return 4 * (lane // 16) + i, lane % 16
+
+
+def qk_dim(c, j, g, i):
+    """Head-dim index d of QK contraction element ``i`` in step ``(c, j)`` for lane group ``g``."""
+    return 32 * (4 * c + g) + 4 * j + i
+
+
+def k_code_offset(c, g):
+    """Byte offset (inside the slot) of the 16 K-code bytes lane group ``g`` decodes for chunk ``c``."""
+    return 16 * (4 * c + g)
+
+
+def k_scale_offset(head_size: int, c, g):
+    """Byte offset (inside the slot) of the UE8M0 scale of those 16 K-code bytes."""
+    return SlotLayout(head_size).k_scales + 4 * c + g
+
+
+def v_dim(head_size: int, nb, m):
+    """Head-dim index d of PV output row ``m`` in MFMA ``nb`` (``nb < D/16``)."""
+    return (head_size // 16) * m + nb
+
+
+def v_code_offset(head_size: int, r):
+    """Byte offset of the D/32 V-code bytes lane row ``r`` decodes for each of its tokens."""
+    return SlotLayout(head_size).v_codes + (head_size // 32) * r
+
+
+def v_scale_offset(head_size: int, r):
+    """Byte offset of the scale of those V-code bytes (one scale group: (D/16) r // 32)."""
+    return SlotLayout(head_size).v_scales + ((head_size // 16) * r) // GROUP
+
+
+def fp4_bf16_bits(nib, scale_byte, where):
+    """bf16 bit pattern (int) of FP4 code ``nib`` (0..15) times ``2**(scale_byte - 127)``.
+
+    Integer-only (no table, no float denormals): for magnitude index m >= 2 the E2M1 exponent and
+    mantissa bits shifted left by 6 *are* the bf16 exponent/mantissa, so the result is
+    ``(m << 6) + ((scale_byte - 1) << 7)``; m == 1 (0.5) is that minus 64, m == 0 is 0; the sign is
+    bit 15. Scale byte 0 (zero group) gives 0. Exact for scale bytes 2..252 (all the encoder writes
+    for finite bf16/fp16/fp32 input); byte 1 flushes 0.5 * 2^-126 to zero. ``where(cond, a, b)`` is
+    the caller's select (torch.where, or the kernel's arith.select).
+    """
+    mag = nib & 7
+    bits = (mag << 6) + ((scale_byte - 1) << 7)
+    bits = where(mag == 1, bits - 64, bits)
+    bits = where(mag == 0, bits * 0, bits)
+    bits = where(scale_byte == 0, bits * 0, bits)
+    return bits | ((nib & 8) << 12)
+
+
+def fp4_bf16_bits_torch(nib: torch.Tensor, scale_byte: torch.Tensor) -> torch.Tensor:
+    """:func:`fp4_bf16_bits` on int32 tensors (broadcasting); returns int32 bit patterns."""
+    nib, se = torch.broadcast_tensors(nib.to(torch.int32), scale_byte.to(torch.int32))
+    return fp4_bf16_bits(nib, se, torch.where)
+
+
+def bf16_from_bits(bits: torch.Tensor) -> torch.Tensor:
+    """float32 value of int bf16 bit patterns."""
+    return ((bits.to(torch.int32) & 0xFFFF) << 16).view(torch.float32)
+
+
+def to_bf16(x: torch.Tensor) -> torch.Tensor:
+    """Round float32 to bf16 (round to nearest even, as LLVM's fptrunc lowering does) and back."""
+    return x.to(torch.bfloat16).to(torch.float32)
+
+
+# ---------------------------------------------------------------- configuration
+
+
+@dataclass(frozen=True)
+class DecodeConfig:
+    """Compile-time parameters of one FlyDSL decode kernel."""
+
+    head_size: int = 128
+    gqa: int = 8
+    block_size: int = 16
+    has_sinks: bool = False
+    has_window: bool = False
+    has_softcap: bool = False
+
+    def __post_init__(self) -> None:
+        check_head_size(self.head_size)
+        if self.head_size < 128:
+            raise UltraQuantError(f"head_size: the FlyDSL decode needs >= 128, got {self.head_size}")
+        if not 1 <= self.gqa <= 16:
+            raise UltraQuantError(f"gqa: the FlyDSL decode serves 1..16 query heads per kv head, got {self.gqa}")
+        if self.block_size % TILE:
+            raise UltraQuantError(f"block_size: must be a multiple of {TILE}, got {self.block_size}")
+
+    @property
+    def chunks(self) -> int:
+        """128-element chunks of the head dim (QK steps come in groups of 8 per chunk)."""
+        return self.head_size // 128
+
+    @property
+    def pv_mfmas(self) -> int:
+        """PV MFMAs per tile (= D/16 = output elements per lane per token row)."""
+        return self.head_size // 16
+
+
+def split_tiles(seq_len, num_splits: int, split, window=None):
+    """Token range ``[lo, hi)`` a split attends to and its tile range ``[t_begin, t_end)``.
+
+    Visible keys are ``[max(0, L - w), L)`` (all of ``[0, L)`` without a window). Tiles are 16-token
+    aligned in absolute position; the visible tiles are dealt to ``num_splits`` splits in equal
+    contiguous runs of ``ceil(n_tiles / num_splits)``. Works on ints and torch tensors.
+    """
+    if window is None:
+        lo = seq_len * 0
+    else:
+        lo = seq_len - window
+        lo = lo * (lo > 0)
+    first = lo // TILE
+    n_tiles = (seq_len + TILE - 1) // TILE - first
+    per = (n_tiles + num_splits - 1) // num_splits
+    t_begin = first + split * per
+    t_end = first + (split + 1) * per
+    last = first + n_tiles
+    t_end = t_end * (t_end < last) + last * (t_end >= last)
+    return lo, seq_len, t_begin, t_end
+
+
+# ---------------------------------------------------------------- lane-level emulation
+
+_LANES = torch.arange(WAVE)
+_R = _LANES % 16
+_G = _LANES // 16
+_I = torch.arange(MFMA_K)
+
+
+def mfma_16x16x16(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
+    """Emulate one MFMA on lane registers: a, b (64, 4) operands, c (64, 4) f32 accumulator.
+
+    Scatters the lane registers into 16x16 A and B with the index maps above, multiplies in float64
+    (the hardware's products of bf16 are exact and its f32 sums are close to that) and gathers D back.
+    """
+    ar, ak = mfma_a_index(_LANES[:, None], _I[None, :])
+    bk, bn = mfma_b_index(_LANES[:, None], _I[None, :])
+    cr, cn = mfma_c_index(_LANES[:, None], _I[None, :])
+    A = torch.zeros(16, 16, dtype=torch.float64)
+    B = torch.zeros(16, 16, dtype=torch.float64)
+    A[ar, ak] = a.double()
+    B[bk, bn] = b.double()
+    D = A @ B
+    return (c.double() + D[cr, cn]).float()
+
+
+def _xor_shuffle(x: torch.Tensor, mask: int) -> torch.Tensor:
+    """Value of lane ``l ^ mask`` for every lane (ds_bpermute / DPP), x of shape (64, ...)."""
+    return x[_LANES ^ mask]
+
+
+def rotate_query_lanes(q_lanes: torch.Tensor, head_size: int) -> torch.Tensor:
+    """Fast Walsh-Hadamard transform of the query in the QK B-operand layout.
+
+    ``q_lanes`` (64, chunks, 32) float32: lane (r, g) holds ``q[r][128 c + 32 g + e]``. Bits 0-4 of d
+    (e) and bits 7+ (c) pair elements inside a lane; bit 5 pairs lane groups g ^ 1 (lane xor 16), bit
+    6 pairs g ^ 2 (lane xor 32). Returns the rotated values (times 1/sqrt(D)) in the same layout.
+    """
+    x = q_lanes.clone()
+    chunks = x.shape[1]
+    for s in (1, 2, 4, 8, 16):  # bits 0..4: inside a 32-run
+        y = x.reshape(WAVE, chunks, 32 // (2 * s), 2, s)
+        a, b = y[:, :, :, 0], y[:, :, :, 1]
+        x = torch.stack([a + b, a - b], dim=3).reshape(WAVE, chunks, 32)
+    for mask, bit in ((16, 1), (32, 2)):  # bits 5, 6: across lane groups
+        other = _xor_shuffle(x, mask)
+        upper = ((_G & bit) != 0)[:, None, None]
+        x = torch.where(upper, other - x, x + other)
+    s = 1
+    while s < chunks:  # bits 7+: across chunks inside a lane
+        y = x.reshape(WAVE, chunks // (2 * s), 2, s, 32)
+        a, b = y[:, :, 0], y[:, :, 1]
+        x = torch.stack([a + b, a - b], dim=2).reshape(WAVE, chunks, 32)
+        s *= 2
+    return x * (1.0 / math.sqrt(head_size))
+
+
+def _slot_bytes(kv_cache: torch.Tensor, block_table: torch.Tensor, b: int, kvh: int,
+                tokens: torch.Tensor) -> torch.Tensor:
+    """(n, slot) bytes of the given absolute token positions (int64 tensor) of request b, kv head."""
+    bs = kv_cache.shape[1]
+    blocks = block_table[b, tokens // bs].long()
+    return kv_cache[blocks, tokens % bs, kvh].to(torch.int32)
+
+
+def emulate_split(cfg: DecodeConfig, query: torch.Tensor, kv_cache: torch.Tensor,
+                  block_table: torch.Tensor, seq_lens: torch.Tensor, b: int, kvh: int, split: int,
+                  num_splits: int, scale: float, *, window: int | None = None,
+                  softcap: float | None = None,
+                  exact_operands: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """One wave's split: unnormalized ``acc`` (16, D), running max ``m`` (16,) (log2 units) and
+    denominator ``l`` (16,), rows = the 16 MFMA columns (query heads ``kvh*G + r``; rows >= G junk).
+
+    This is what the kernel writes to the decode workspace (the Triton decode's partial contract).
+    Follows the kernel at the level of lane registers. With ``exact_operands`` the query and P stay
+    float32 instead of being rounded to bf16 for the MFMA: the result then matches float64 attention
+    to ~1e-6, which makes any layout slip visible.
+    """
+    d, g_heads = cfg.head_size, cfg.gqa
+    rnd = (lambda x: x) if exact_operands else to_bf16
+    # --- 1. query: load (B layout, rows >= G zero), rotate, round to the operand type
+    qh = kvh * g_heads + torch.clamp(_R, max=g_heads - 1)
+    valid_q = _R < g_heads
+    e = torch.arange(32)
+    c_idx = torch.arange(cfg.chunks)
+    dims = 128 * c_idx[None, :, None] + 32 * _G[:, None, None] + e[None, None, :]  # (64, chunks, 32)
+    q_rows = query[b].float()[qh]  # (64, D)
+    q_lanes = torch.gather(q_rows[:, None, :].expand(WAVE, cfg.chunks, d), 2, dims)
+    q_lanes = torch.where(valid_q[:, None, None], q_lanes, torch.zeros_like(q_lanes))
+    q_ops = rnd(rotate_query_lanes(q_lanes, d)).reshape(WAVE, cfg.chunks, 8, MFMA_K)  # step (c, j)
+
+    seq_len = int(seq_lens[b])
+    lo, hi, t_begin, t_end = split_tiles(seq_len, num_splits, split, window)
+    m_run = torch.full((WAVE,), float("-inf"))
+    l_run = torch.zeros(WAVE)
+    o_acc = torch.zeros(WAVE, cfg.pv_mfmas, MFMA_K)  # [nb][i]
+    for tile in range(t_begin, t_end):
+        t0 = tile * TILE
+        # --- 2. QK. K: lane row r holds token t0 + r; rows past the sequence re-read its last token
+        k_tok = torch.clamp(t0 + _R, max=seq_len - 1)
+        k_slots = _slot_bytes(kv_cache, block_table, b, kvh, k_tok)  # (64, slot)
+        acc = torch.zeros(WAVE, MFMA_K)
+        for c in range(cfg.chunks):
+            off = k_code_offset(c, _G)  # (64,)
+            codes = torch.gather(k_slots, 1, off[:, None] + torch.arange(16)[None, :])  # (64, 16)
+            sbyte = torch.gather(k_slots, 1, k_scale_offset(d, c, _G)[:, None])  # (64, 1)
+            nibs = torch.stack([codes & 0xF, codes >> 4], dim=2).reshape(WAVE, 32)
+            kv = bf16_from_bits(fp4_bf16_bits_torch(nibs, sbyte))  # (64, 32) = elements 4j+i
+            for j in range(8):
+                acc = mfma_16x16x16(kv[:, 4 * j : 4 * j + 4], q_ops[:, c, j], acc)
+        # --- 3. scores S^T[token 4g+i][head r] (log2 units), mask, online softmax
+        if softcap is not None:  # c * tanh(s / c) through exp2 and a reciprocal, as the kernel
+            s = acc * scale
+            cap2 = torch.tensor(2.0 * LOG2E) * (1.0 / torch.tensor(softcap, dtype=torch.float32))
+            s = softcap * (1.0 - 2.0 * (1.0 / (torch.exp2(s * cap2) + 1.0))) * LOG2E
+        else:
+            s = acc * (scale * LOG2E)
+        tok = t0 + 4 * _G[:, None] + _I[None, :]  # (64, 4)
+        visible = (tok >= lo) & (tok < hi)
+        s = torch.where(visible, s, torch.full_like(s, float("-inf")))
+        mt = s.amax(dim=1)
+        mt = torch.maximum(mt, _xor_shuffle(mt, 16))
+        mt = torch.maximum(mt, _xor_shuffle(mt, 32))
+        m_new = torch.maximum(m_run, mt)
+        m_use = torch.where(m_new == float("-inf"), torch.zeros_like(m_new), m_new)
+        alpha = torch.exp2(m_run - m_use)
+        p = torch.exp2(s - m_use[:, None])
+        l_run = l_run * alpha + p.sum(dim=1)
+        m_run = m_new
+        p_ops = rnd(p)  # B operand P^T[4g+i][r]: the QK result layout as it is
+        # --- 4. PV. V: lane (r, g) loads tokens t0 + 4g + i, D/32 bytes at row r's offset
+        v_tok = torch.clamp(tok, max=seq_len - 1)
+        v_slots = _slot_bytes(kv_cache, block_table, b, kvh, v_tok.reshape(-1)).reshape(WAVE, MFMA_K, -1)
+        nbytes = d // 32
+        voff = v_code_offset(d, _R)[:, None, None] + torch.arange(nbytes)[None, None, :]
+        vcodes = torch.gather(v_slots, 2, voff.expand(WAVE, MFMA_K, nbytes))  # (64, 4, D/32)
+        vscale = torch.gather(v_slots, 2, v_scale_offset(d, _R)[:, None, None].expand(WAVE, MFMA_K, 1))
+        vcodes = torch.where(visible[:, :, None], vcodes, torch.zeros_like(vcodes))
+        vscale = torch.where(visible[:, :, None], vscale, torch.zeros_like(vscale))
+        vnibs = torch.stack([vcodes & 0xF, vcodes >> 4], dim=3).reshape(WAVE, MFMA_K, cfg.pv_mfmas)
+        vv = bf16_from_bits(fp4_bf16_bits_torch(vnibs, vscale))  # (64, i=token, nb)
+        for nb in range(cfg.pv_mfmas):
+            o_acc[:, nb] = mfma_16x16x16(vv[:, :, nb], p_ops, o_acc[:, nb] * alpha[:, None])
+    # --- 5. per-head denominator over the 4 lane groups; lane (r, g) holds O[r][(D/16)(4g+i) + nb]
+    l_tot = l_run + _xor_shuffle(l_run, 16)
+    l_tot = l_tot + _xor_shuffle(l_tot, 32)
+    out = torch.zeros(16, d)
+    cols = v_dim(d, torch.arange(cfg.pv_mfmas)[None, :, None], (4 * _G[:, None, None] + _I[None, None, :]))
+    out[_R[:, None, None].expand_as(cols), cols] = o_acc
+    return out, m_run[:16], l_tot[:16]
+
+
+def merge_state(acc, m, l_, acc2, m2, l2):
+    """Merge two softmax states (log2 domain); a state with m = -inf contributes nothing."""
+    m_new = torch.maximum(m, m2)
+    m_use = torch.where(m_new == float("-inf"), torch.zeros_like(m_new), m_new)
+    a1, a2 = torch.exp2(m - m_use), torch.exp2(m2 - m_use)
+    return acc * a1[..., None] + acc2 * a2[..., None], m_new, l_ * a1 + l2 * a2
+
+
+def finish(acc, m, l_, sinks: torch.Tensor | None) -> torch.Tensor:
+    """Fold the sink logits (natural units) into the denominator and normalize (zeros if l = 0)."""
+    if sinks is not None:
+        s2 = sinks.float() * LOG2E
+        m_new = torch.maximum(m, s2)
+        l_ = l_ * torch.exp2(m - m_new) + torch.exp2(s2 - m_new)
+        acc = acc * torch.exp2(m - m_new)[..., None]
+    return torch.where((l_ > 0)[..., None], acc / torch.where(l_ > 0, l_, 1.0)[..., None],
+                       torch.zeros_like(acc))
+
+
+def emulate_decode(cfg: DecodeConfig, query: torch.Tensor, kv_cache: torch.Tensor,
+                   block_table: torch.Tensor, seq_lens: torch.Tensor, scale: float, *,
+                   num_splits: int = 4, sinks: torch.Tensor | None = None, window: int | None = None,
+                   softcap: float | None = None, exact_operands: bool = False) -> torch.Tensor:
+    """The whole FlyDSL decode launch: every split of every (request, kv head), then the last
+    split's merge (splits in order) and sink fold, as the kernel does. Returns (B, Hq, D) float32."""
+    bsz, hq, d = query.shape
+    hk = kv_cache.shape[2]
+    if d != cfg.head_size or hq != hk * cfg.gqa or kv_cache.shape[1] != cfg.block_size:
+        raise UltraQuantError("query/kv_cache: shapes do not match the DecodeConfig")
+    if (cfg.has_window != (window is not None) or cfg.has_softcap != (softcap is not None)
+            or cfg.has_sinks != (sinks is not None)):
+        raise UltraQuantError("sinks/window/softcap: must match the DecodeConfig flags")
+    out = torch.zeros(bsz, hq, d)
+    for b in range(bsz):
+        for kvh in range(hk):
+            acc = torch.zeros(16, d)
+            m = torch.full((16,), float("-inf"))
+            l_ = torch.zeros(16)
+            for s in range(num_splits):
+                a2, m2, l2 = emulate_split(cfg, query, kv_cache, block_table, seq_lens, b, kvh, s,
+                                           num_splits, scale, window=window, softcap=softcap,
+                                           exact_operands=exact_operands)
+                acc, m, l_ = merge_state(acc, m, l_, a2, m2, l2)
+            heads = slice(kvh * cfg.gqa, (kvh + 1) * cfg.gqa)
+            sk = None if sinks is None else sinks[heads]
+            out[b, heads] = finish(acc[: cfg.gqa], m[: cfg.gqa], l_[: cfg.gqa], sk)
+    return out
