@@ -17,7 +17,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .common import fwht, load_dequant
+from .common import DEQUANT_GATHER, fwht, load_dequant, load_dequant_gather
 
 
 @triton.jit
@@ -27,15 +27,14 @@ def _tanh(x):
 
 
 @triton.jit
-def _softmax_step(acc, m_i, l_i, q, q_lo, k, v, toks, tmask, qpos, window, softcap,
+def _softmax_step(acc, m_i, l_i, q, q_lo, kt, v, toks, tmask, qpos, window, softcap,
                   HAS_WINDOW: tl.constexpr, HAS_SOFTCAP: tl.constexpr):
-    """One online-softmax step over a tile of keys ``k [T, D]``/values ``v [T, D]`` (bf16).
+    """One online-softmax step over a tile of keys ``kt [D, T]`` (transposed) and values ``v [T, D]``.
 
     ``q [R, D]`` is pre-scaled (by scale*log2(e), or by scale alone when a soft cap follows);
     scores use the log2 domain. Keys after a row's position (causal) or outside its window, and
     masked tokens, get -inf.
     """
-    kt = tl.trans(k)
     s = tl.dot(q, kt)
     s = tl.dot(q_lo, kt, s)
     if HAS_SOFTCAP:
@@ -64,9 +63,14 @@ def _attend_paged(acc, m_i, l_i, q, q_lo, qpos, cache_ptr, bt_row_ptr, head_off,
         blk = tl.load(bt_row_ptr + toks // BLOCK_SIZE, mask=tmask, other=0)
         base = (cache_ptr + blk.to(tl.int64) * stride_cb + (toks % BLOCK_SIZE).to(tl.int64) * stride_ct
                 + head_off)
-        k = load_dequant(base, base + D // 2, tmask, TILE, D).to(tl.bfloat16)
-        v = load_dequant(base + (D // 2 + D // 32), base + (D + D // 32), tmask, TILE, D).to(tl.bfloat16)
-        acc, m_i, l_i = _softmax_step(acc, m_i, l_i, q, q_lo, k, v, toks, tmask, qpos, window, softcap,
+        if DEQUANT_GATHER:
+            kt = load_dequant_gather(base, base + D // 2, tmask, TILE, D, True).to(tl.bfloat16)
+            v = load_dequant_gather(base + (D // 2 + D // 32), base + (D + D // 32), tmask, TILE, D,
+                                    False).to(tl.bfloat16)
+        else:
+            kt = tl.trans(load_dequant(base, base + D // 2, tmask, TILE, D).to(tl.bfloat16))
+            v = load_dequant(base + (D // 2 + D // 32), base + (D + D // 32), tmask, TILE, D).to(tl.bfloat16)
+        acc, m_i, l_i = _softmax_step(acc, m_i, l_i, q, q_lo, kt, v, toks, tmask, qpos, window, softcap,
                                       HAS_WINDOW, HAS_SOFTCAP)
     return acc, m_i, l_i
 
@@ -83,7 +87,8 @@ def _attend_raw(acc, m_i, l_i, q, q_lo, qpos, k_base, v_base, stride_kn, stride_
         rel = (toks - pos0).to(tl.int64)
         k = tl.load(k_base + rel[:, None] * stride_kn + cols[None, :], mask=tmask[:, None], other=0.0)
         v = tl.load(v_base + rel[:, None] * stride_vn + cols[None, :], mask=tmask[:, None], other=0.0)
-        acc, m_i, l_i = _softmax_step(acc, m_i, l_i, q, q_lo, k.to(tl.bfloat16), v.to(tl.bfloat16), toks, tmask,
+        acc, m_i, l_i = _softmax_step(acc, m_i, l_i, q, q_lo, tl.trans(k.to(tl.bfloat16)), v.to(tl.bfloat16),
+                                      toks, tmask,
                                       qpos, window, softcap, HAS_WINDOW, HAS_SOFTCAP)
     return acc, m_i, l_i
 

@@ -17,9 +17,10 @@ import triton.language as tl
 ENCODER_IDS = {"rne": 0, "upstream": 1, "mse": 2}
 """Constexpr value of each encoder name (see ultraquant.format.ENCODERS)."""
 
-WORD_LOADS = tl.constexpr(os.environ.get("ULTRAQUANT_WORD_LOADS", "1") == "1")
-"""Read slots as int32 words where aligned (D >= 128); ``ULTRAQUANT_WORD_LOADS=0`` (set before
-import) keeps byte loads, for A/B timing."""
+WORD_LOADS = tl.constexpr(os.environ.get("ULTRAQUANT_WORD_LOADS", "0") == "1")
+"""Read slots as int32 words where aligned (D >= 128) when ``ULTRAQUANT_WORD_LOADS=1`` (set before
+import). Off by default: measured 2x slower on the H200 (shape A 1502 us vs 732 us with byte loads;
+the in-register nibble broadcast costs more than the load instructions it saves)."""
 
 
 @triton.jit
@@ -158,6 +159,34 @@ def quantize_store(x, codes_ptr, scales_ptr, row_mask, R: tl.constexpr, D: tl.co
     tl.store(scales_ptr[:, None] + gcols[None, :], byte, mask=row_mask[:, None])
 
 
+DEQUANT_GATHER = tl.constexpr(os.environ.get("ULTRAQUANT_DEQUANT", "gather") == "gather")
+"""Attention kernels decode FP4 with per-element byte gathers (``gather``, the default: no nibble
+join/reshape, K built directly in the transposed layout QK needs) or with a nibble join + group
+reshape (``ULTRAQUANT_DEQUANT=join``, set before import). See benchmarks/NOTES.md."""
+
+
+@triton.jit
+def load_dequant_gather(codes_ptr, scales_ptr, row_mask, R: tl.constexpr, D: tl.constexpr,
+                        TRANSPOSED: tl.constexpr):
+    """Exact float32 values of ``[R]`` rows: ``[R, D]``, or ``[D, R]`` when TRANSPOSED.
+
+    Each element loads its own code byte (``d // 2``, nibble ``d % 2``) and scale byte (``d // 32``):
+    repeated bytes hit L1, and no register shuffles are needed to spread nibbles and scales.
+    """
+    d = tl.arange(0, D)
+    if TRANSPOSED:
+        m = row_mask[None, :]
+        byte = tl.load(codes_ptr[None, :] + (d // 2)[:, None], mask=m, other=0).to(tl.int32)
+        code = (byte >> ((d & 1) * 4)[:, None]) & 0xF
+        sb = tl.load(scales_ptr[None, :] + (d // 32)[:, None], mask=m, other=0).to(tl.int32)
+    else:
+        m = row_mask[:, None]
+        byte = tl.load(codes_ptr[:, None] + (d // 2)[None, :], mask=m, other=0).to(tl.int32)
+        code = (byte >> ((d & 1) * 4)[None, :]) & 0xF
+        sb = tl.load(scales_ptr[:, None] + (d // 32)[None, :], mask=m, other=0).to(tl.int32)
+    return e2m1_decode_f32(code) * scale_f32(sb)
+
+
 @triton.jit
 def _load_words_as_nibbles(ptr32, row_mask, R: tl.constexpr, NW: tl.constexpr):
     """``[R]`` int32 pointers to NW words each -> ``[R, NW * 8]`` int32 nibbles (little-endian)."""
@@ -170,9 +199,8 @@ def _load_words_as_nibbles(ptr32, row_mask, R: tl.constexpr, NW: tl.constexpr):
 def load_dequant(codes_ptr, scales_ptr, row_mask, R: tl.constexpr, D: tl.constexpr):
     """Load ``[R]`` rows of D/2 code bytes + D/32 scale bytes and return exact float32 ``[R, D]``.
 
-    Masked-off rows read as zero (code 0, byte 0). For D >= 128 every part of a slot is 4-byte
-    aligned, so codes and scales are read as int32 words (a quarter of the load instructions of
-    byte loads); D = 64 (V codes at byte 34) reads bytes.
+    Masked-off rows read as zero (code 0, byte 0). Byte loads by default; with WORD_LOADS and
+    D >= 128 (every part of a slot 4-byte aligned) codes and scales are read as int32 words.
     """
     G: tl.constexpr = D // 32
     if D >= 128 and WORD_LOADS:

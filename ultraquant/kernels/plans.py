@@ -126,6 +126,7 @@ def decode_spec(*, head_size: int, gqa: int, block_size: int, query_dtype: torch
     d = check_head_size(head_size)
     tile = int(os.environ.get("ULTRAQUANT_DECODE_TILE", 32))  # tuning knobs (bench --sweep), not API
     warps = int(os.environ.get("ULTRAQUANT_DECODE_WARPS", 4 if d <= 128 else 8))
+    stages = int(os.environ.get("ULTRAQUANT_DECODE_STAGES", 2))
     return Specialization(
         kernel="uq_decode",
         signature=_signature(DECODE_PARAMS, query=_tname(query_dtype), out=_tname(out_dtype or query_dtype)),
@@ -133,7 +134,7 @@ def decode_spec(*, head_size: int, gqa: int, block_size: int, query_dtype: torch
                     "ROWS": max(16, _pow2_at_least(int(gqa))), "BLOCK_SIZE": int(block_size),
                     "TILE": tile, "HAS_SINKS": bool(has_sinks), "HAS_WINDOW": bool(has_window),
                     "HAS_SOFTCAP": bool(has_softcap)},
-        num_warps=warps, num_stages=2)
+        num_warps=warps, num_stages=stages)
 
 
 def prefill_spec(*, head_size: int, gqa: int, block_size: int, query_dtype: torch.dtype | str = "bf16",
