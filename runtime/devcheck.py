@@ -6,14 +6,17 @@ fresh verdicts, so a blob that now passes is re-enabled and one that now fails i
 
 from __future__ import annotations
 
+import json
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from ultraquant.kernels.plan import Specialization
 
 from . import launch, selftest
 from .loader import BlobError, get_kernel
+from .manifest import ManifestIndex
 
 
 @dataclass(frozen=True)
@@ -61,3 +64,35 @@ def format_table(arch: str, device_name: str, rows: list[Row]) -> str:
     bad = sum(r.status != "pass" for r in rows)
     lines.append(f"{len(rows)} blobs for {arch} on {device_name}: {len(rows) - bad} pass, {bad} failed or refused")
     return "\n".join(lines)
+
+
+def cli_verify_device(device: str, dirs: list[Path] | None = None) -> int:
+    """``ultraquant verify --device [INDEX]``: print the table; exit status 0 only if all pass.
+
+    ``dirs`` (generated/<arch> folders) replace the default manifest search when given."""
+    import click
+    import torch
+
+    if not torch.cuda.is_available():
+        click.echo("verify --device: no GPU visible to torch", err=True)
+        return 2
+    text = str(device).split(":")[-1]
+    if device not in ("", "current") and not text.isdigit():
+        click.echo(f"verify --device: expected a GPU index such as 0 or cuda:1, got {device!r}", err=True)
+        return 2
+    dev = torch.cuda.current_device() if device in ("", "current") else int(text)
+    if dirs:
+        from .manifest import MANIFEST_NAME, Manifest
+
+        found = []
+        for d in dirs:
+            data = json.loads((Path(d) / MANIFEST_NAME).read_text())
+            found.append(Manifest(arch=data.get("arch", Path(d).name), directory=Path(d), data=data))
+        launch.reset(ManifestIndex(found))
+    d = launch.info(dev)
+    arch, rows = verify_device(dev)
+    if not rows:
+        click.echo(f"no blobs for {arch} ({d.name}); nothing to self-test", err=True)
+        return 1
+    click.echo(format_table(arch, f"cuda:{dev} {d.name}", rows))
+    return 0 if all(r.status == "pass" for r in rows) else 1

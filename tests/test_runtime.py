@@ -504,3 +504,32 @@ def test_verify_device_table(rt, tmp_path):
     _, rows = devcheck.verify_device(0)
     assert [r.status for r in rows] == ["REFUSED", "pass", "pass"]
     assert launch.try_launch(plan(spec(32)), 0) is True  # re-enabled by the fresh verdict
+
+
+def test_cli_verify_device(rt, tmp_path, monkeypatch):
+    from click.testing import CliRunner
+
+    from ultraquant.cli import main
+
+    d = write_manifest(tmp_path / "elsewhere", specs=[spec(16), spec(64)])
+    selftest.PROBLEMS["uq_test"] = lambda kernel, s, dev: (True, "ok")
+    monkeypatch.setattr("torch.cuda.is_available", lambda: True)
+    r = CliRunner().invoke(main, ["verify", "--device", "1", str(d)])
+    assert r.exit_code == 0, r.output
+    assert "2 blobs for sm_90 on cuda:1 NVIDIA H200: 2 pass, 0 failed or refused" in r.output
+    assert {dev for dev, _ in rt.loads} == {1}
+    selftest.PROBLEMS["uq_test"] = lambda kernel, s, dev: (s.constexprs["BLOCK"] == 16, "max err 9")
+    r = CliRunner().invoke(main, ["verify", "--device", "cuda:1", str(d)])
+    assert r.exit_code == 1 and "FAIL" in r.output and "max err 9" in r.output
+    r = CliRunner().invoke(main, ["verify", "--device", "gpu-one", str(d)])
+    assert r.exit_code == 2
+
+
+def test_cli_verify_device_without_gpu(monkeypatch):
+    from click.testing import CliRunner
+
+    from ultraquant.cli import main
+
+    monkeypatch.setattr("torch.cuda.is_available", lambda: False)
+    r = CliRunner().invoke(main, ["verify", "--device"])
+    assert r.exit_code == 2 and "no GPU" in r.output

@@ -20,8 +20,14 @@ def _default_dirs() -> list[Path]:
 
 @click.command()
 @click.argument("dirs", nargs=-1, type=click.Path(path_type=Path))
-def command(dirs: tuple[Path, ...]) -> None:
+@click.option("--device", is_flag=False, flag_value="current", default=None, metavar="[INDEX]",
+              help="Instead: self-test every blob of this GPU's arch on the GPU (0, 1, cuda:1...).")
+def command(dirs: tuple[Path, ...], device: str | None = None) -> None:
     """Verify every blob of each DIR (a generated/<arch>/ folder holding manifest.json)."""
+    if device is not None:  # on-device self-tests: ultraquant.runtime (docs/runtime.md)
+        from ultraquant.runtime.devcheck import cli_verify_device
+
+        raise SystemExit(cli_verify_device(device, list(dirs)))
     from ultraquant.codegen.verify import verify_dir
 
     targets = list(dirs) or _default_dirs()
