@@ -114,6 +114,7 @@ class CudaDriver(Driver):
             fn.argtypes = argtypes
             fn.restype = i32
         self._launch = L.cuLaunchKernel
+        self._get_current = L.cuCtxGetCurrent
         self._check("cuInit", L.cuInit(0))
         v = ctypes.c_int()
         self._check("cuDriverGetVersion", L.cuDriverGetVersion(ctypes.byref(v)))
@@ -163,8 +164,12 @@ class CudaDriver(Driver):
 
     def get_function(self, device: int, module: int, symbol: str) -> int:
         fn = ctypes.c_void_p()
-        self._check(f"cuModuleGetFunction({symbol})",
-                    self.lib.cuModuleGetFunction(ctypes.byref(fn), module, symbol.encode()))
+        self._push(device)
+        try:
+            self._check(f"cuModuleGetFunction({symbol})",
+                        self.lib.cuModuleGetFunction(ctypes.byref(fn), module, symbol.encode()))
+        finally:
+            self._pop()
         return fn.value
 
     def function_attributes(self, device: int, function: int) -> dict[str, int]:
@@ -180,6 +185,13 @@ class CudaDriver(Driver):
     def prepare_function(self, device: int, function: int, dynamic_shared: int) -> None:
         if dynamic_shared <= DEFAULT_SHARED_LIMIT:
             return
+        self._push(device)
+        try:
+            self._opt_in_shared(device, function, dynamic_shared)
+        finally:
+            self._pop()
+
+    def _opt_in_shared(self, device: int, function: int, dynamic_shared: int) -> None:
         optin = ctypes.c_int()
         self._check("cuDeviceGetAttribute", self.lib.cuDeviceGetAttribute(
             ctypes.byref(optin), CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN, device))
@@ -193,8 +205,12 @@ class CudaDriver(Driver):
 
     def launch(self, device: int, function: int, grid: tuple[int, int, int], block: int,
                shared: int, stream: int, params: ctypes.Array) -> None:
-        # Fast path: torch's current device is the launch device, so its primary context is current.
-        if _current_torch_device() == device:
+        # Fast path: this thread's current context is the device's primary context (the usual case:
+        # torch made it current). Otherwise (another device, or a thread where nothing bound a
+        # context yet) push it around the launch.
+        cur = ctypes.c_void_p()
+        self._get_current(ctypes.byref(cur))
+        if cur.value is not None and cur.value == self._contexts.get(device):
             code = self._launch(function, grid[0], grid[1], grid[2], block, 1, 1, shared, stream,
                                 params, None)
         else:
