@@ -204,7 +204,7 @@ def test_warmup_decode_sizes_every_batch_once(monkeypatch: pytest.MonkeyPatch) -
     cache = torch.zeros(8, BS, HK, slot_size(D), dtype=torch.uint8)
     assert layer.warmup_decode(cache, max_num_reqs=4, max_seq_len=10, dtype=torch.float32) == 0  # CPU
     assert layer.warmup_decode(cache, max_num_reqs=4, max_seq_len=10, dtype=torch.float32, skip_cpu=False) == 4
-    assert calls == [(4, 3), (3, 3), (2, 3), (1, 3)]  # largest first; width ceil(10 / 4)
+    assert calls == [(4, 6), (3, 6), (2, 6), (1, 6)]  # largest first; width 2 * ceil(10 / 4)
     again = UltraQuantAttention(HQ, HK, D, 0.3, sinks=torch.ones(HQ))  # same shapes: already covered
     assert again.warmup_decode(cache, max_num_reqs=4, max_seq_len=10, dtype=torch.float32, skip_cpu=False) == 0
     assert layer.warmup_decode(cache, max_num_reqs=5, max_seq_len=10, dtype=torch.float32, skip_cpu=False) == 5

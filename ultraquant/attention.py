@@ -287,15 +287,16 @@ class UltraQuantAttention:
         Why every size: the kernels' split-KV workspace is grown on demand and its size is not
         monotonic in the batch (smaller batches get more splits), so capturing a large batch and
         then a smaller one could reallocate it under an earlier graph. One launch per size, largest
-        first, on all-empty sequences (seq_lens 0: nothing is read), with the block-table width a
-        real batch will have (the split count depends on it). Done once per distinct shape per
-        process; skipped on the CPU (the reference keeps no workspace) unless ``skip_cpu=False``.
+        first, on all-empty sequences (seq_lens 0: nothing is read), with a block table twice as
+        wide as ``max_seq_len`` needs (the split count grows with the width, so this bounds what a
+        real table asks for). Done once per distinct shape per process; skipped on the CPU (the
+        reference keeps no workspace) unless ``skip_cpu=False``.
         """
         device = kv_cache.device
         if (skip_cpu and device.type == "cpu") or max_num_reqs <= 0 or _capturing(device):
             return 0
         bs = kv_cache.shape[1]
-        width = max(1, -(-max_seq_len // bs))
+        width = 2 * max(1, -(-max_seq_len // bs))
         key = (str(device), tuple(kv_cache.shape), tuple(kv_cache.stride()), self.num_heads, self.head_size,
                dtype, width, max_num_reqs, self.sinks is not None or self._sinks_src is not None,
                self.sliding_window is not None, self.softcap is not None)
