@@ -39,10 +39,10 @@ pytestmark = [
 HQ, HK, D, BS = 32, 8, 128, 16
 SMOKE = Path(__file__).with_name("aot_smoke.py")
 FEATURES = {
-    "plain": {}, "sinks": {"has_sinks": True}, "sinks+window": {"has_sinks": True, "has_window": True},
-    "window": {"has_window": True}, "softcap": {"has_softcap": True},
+    "plain": {}, "sinks+window": {"has_sinks": True, "has_window": True},
     "softcap+window": {"has_softcap": True, "has_window": True},
 }
+"""Three of the six built feature sets: every flag on and off (each JIT comparison compiles once)."""
 
 
 def rel(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -161,7 +161,7 @@ def test_decode_equals_jit(arch, monkeypatch, feature):
     assert rel(aot, ref) <= 1e-2
 
 
-@pytest.mark.parametrize("feature", ["plain", "sinks+window", "softcap"])
+@pytest.mark.parametrize("feature", ["plain", "softcap+window"])
 def test_prefill_equals_jit(arch, monkeypatch, feature):
     lens, q_lens = [900, 60, 130], [12, 60, 1]
     cache, table, seq_lens, k, v, _ = paged(lens, seed=3)
@@ -330,9 +330,11 @@ def test_offline_without_triton_serves_from_blobs(arch):
 
 @pytest.mark.skipif(shutil.which("compute-sanitizer") is None, reason="compute-sanitizer not on PATH")
 def test_memcheck_over_aot_launches(arch):
+    # No caching allocator: an out-of-bounds access into a neighbouring tensor is caught too.
+    # Self-tests off here: they run the reference's many torch kernels, not our launches.
+    env = {**os.environ, "PYTORCH_NO_CUDA_MEMORY_CACHING": "1", "ULTRAQUANT_SELFTEST": "0"}
     r = subprocess.run(["compute-sanitizer", "--tool", "memcheck", "--print-limit", "20", sys.executable,
-                        str(SMOKE), "--no-triton"], env=dict(os.environ), capture_output=True, text=True,
-                       timeout=540)
+                        str(SMOKE), "--no-triton"], env=env, capture_output=True, text=True, timeout=540)
     text = r.stdout + r.stderr
     print(text[-2000:])
     assert "AOT-SMOKE OK" in text and "ERROR SUMMARY: 0 errors" in text, text[-4000:]
