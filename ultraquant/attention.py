@@ -325,8 +325,10 @@ class UltraQuantAttention:
         n = slot_mapping.shape[0]
         if n == 0:
             return
-        k = key[:n].view(n, self.num_kv_heads, self.head_size)
-        v = value[:n].view(n, self.num_kv_heads, self.head_size)
+        shape = (n, self.num_kv_heads, self.head_size)
+        k, v = _rows(key, n), _rows(value, n)
+        if k.dim() == 2:
+            k, v = k.view(shape), v.view(shape)
         ops.store_kv(k, v, kv_cache, slot_mapping, encoder=self.encoder)
         self.route_counts["store"] += 1
 
@@ -346,26 +348,26 @@ class UltraQuantAttention:
         n = metadata.num_actual_tokens
         if n > t:
             raise UltraQuantError(f"metadata: num_actual_tokens {n} > query rows {t}")
-        q = query.view(t, hq, d)
+        q = query if query.dim() == 3 else query.view(t, hq, d)
         if out is None:
             out = torch.empty((t, hq, d), dtype=query.dtype, device=query.device)
-        if out.shape[0] < n or out[0].numel() != hq * d:
+        if out.shape[0] < n or out.numel() != out.shape[0] * hq * d:
             raise UltraQuantError(
                 f"out: expected ({t}, {hq}, {d}) or ({t}, {hq * d}), got {tuple(out.shape)}")
-        o = out.view(out.shape[0], hq, d)
+        o = out if out.dim() == 3 else out.view(out.shape[0], hq, d)
         if not self._ready(query.device, metadata.num_reqs):
             self.setup(query.device, max_num_reqs=max(256, metadata.num_reqs))
         if store and n:
             if key is None or value is None:
                 raise UltraQuantError("key/value: required to store the new tokens")
-            self.store(key, value, kv_cache, metadata.slot_mapping[:n])
+            self.store(key, value, kv_cache, _rows(metadata.slot_mapping, n))
         if n == 0:
             return out
         nd = metadata.num_decodes
         opts = {"sinks": self.sinks, "sliding_window": self.sliding_window, "softcap": self.softcap}
         if nd:
-            ops.decode_attention(q[:nd], kv_cache, metadata.block_table[:nd], metadata.seq_lens[:nd],
-                                 self.scale, out=o[:nd], **opts)
+            ops.decode_attention(_rows(q, nd), kv_cache, _rows(metadata.block_table, nd),
+                                 _rows(metadata.seq_lens, nd), self.scale, out=_rows(o, nd), **opts)
             self.route_counts["decode"] += 1
         if nd < metadata.num_reqs and nd < n:
             if key is None or value is None:
@@ -401,6 +403,12 @@ class UltraQuantAttention:
             self.setup(device, max_num_reqs=max(entries - 1, 256))
         assert self._qsl_ws is not None
         return self._qsl_ws
+
+
+def _rows(t: torch.Tensor, n: int) -> torch.Tensor:
+    """``t[:n]`` without the cost of a new view when ``t`` has exactly ``n`` rows (host time counts
+    on the eager decode path)."""
+    return t if t.shape[0] == n else t[:n]
 
 
 _WARMED: set[tuple] = set()
