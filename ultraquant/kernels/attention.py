@@ -14,10 +14,16 @@ Both honour sinks (an extra logit per query head), sliding windows and soft caps
 
 from __future__ import annotations
 
+import os
+
 import triton
 import triton.language as tl
 
 from .common import DEQUANT_GATHER, fwht, load_dequant, load_dequant_gather
+
+QK_SPLIT = tl.constexpr(os.environ.get("ULTRAQUANT_QK_SPLIT", "1") == "1")
+"""Tuning knob (set before import): the query as bf16 hi + lo (two QK MMAs, ~0.2% output error) or
+one bf16 operand (``ULTRAQUANT_QK_SPLIT=0``: one MMA, ~0.5%)."""
 
 
 @triton.jit
@@ -36,7 +42,8 @@ def _softmax_step(acc, m_i, l_i, q, q_lo, kt, v, toks, tmask, qpos, window, soft
     masked tokens, get -inf.
     """
     s = tl.dot(q, kt)
-    s = tl.dot(q_lo, kt, s)
+    if QK_SPLIT:
+        s = tl.dot(q_lo, kt, s)
     if HAS_SOFTCAP:
         s = softcap * _tanh(s / softcap) * 1.4426950408889634
     valid = tmask[None, :] & (toks[None, :] <= qpos[:, None])

@@ -166,6 +166,12 @@ K built directly transposed). Measured on the H200: gather 1194 us vs join 740 u
 join stays the default (benchmarks/NOTES.md)."""
 
 
+FOLD_SCALE14 = tl.constexpr(os.environ.get("ULTRAQUANT_FOLD_SCALE14", "0") == "1")
+"""Tuning knob (set before import): fold the fp16-subnormal factor 2**14 into the per-group scale
+(one multiply per element instead of two). Exact except for scale bytes >= 241 (values >= 2**114),
+which would overflow to inf; off by default until measured."""
+
+
 @triton.jit
 def load_dequant_gather(codes_ptr, scales_ptr, row_mask, R: tl.constexpr, D: tl.constexpr,
                         TRANSPOSED: tl.constexpr):
@@ -216,5 +222,10 @@ def load_dequant(codes_ptr, scales_ptr, row_mask, R: tl.constexpr, D: tl.constex
         codes = tl.reshape(tl.join(packed & 0xF, packed >> 4), [R, G, 32])
         gcols = tl.arange(0, G)
         sb = tl.load(scales_ptr[:, None] + gcols[None, :], mask=row_mask[:, None], other=0).to(tl.int32)
-    vals = e2m1_decode_f32(codes) * scale_f32(sb)[:, :, None]
+    if FOLD_SCALE14:
+        h = ((codes & 7) << 9) | ((codes & 8) << 12)
+        sub = h.to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+        vals = sub * (scale_f32(sb) * 16384.0)[:, :, None]
+    else:
+        vals = e2m1_decode_f32(codes) * scale_f32(sb)[:, :, None]
     return tl.reshape(vals, [R, D])
