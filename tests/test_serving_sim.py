@@ -236,8 +236,8 @@ class Simulation:
         key = torch.cat(keys + [torch.randn(pad, hk, d, generator=self.gen).to(cfg.dtype)])
         value = torch.cat(values + [torch.randn(pad, hk, d, generator=self.gen).to(cfg.dtype)])
         out = torch.full((n_tok + pad, hq * d), float("nan"), dtype=cfg.dtype, device=self.device)
-        self.layer.forward(query.to(self.device).reshape(n_tok + pad, hq * d), key.to(self.device),
-                           value.to(self.device), self.kv_cache, md, out)
+        self.forward_batch(query.to(self.device).reshape(n_tok + pad, hq * d), key.to(self.device),
+                           value.to(self.device), md, out)
         got = out.view(n_tok + pad, hq, d).cpu()
         assert torch.isnan(got[n_tok:]).all(), "padding rows of out must stay untouched"
         expect = self.oracle(batch, query, md.num_decodes)
@@ -248,6 +248,11 @@ class Simulation:
             self.stats["mixed_steps"] += 1
         for r, n in batch:
             r.computed += n
+
+    def forward_batch(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                      md: AttentionMetadata, out: torch.Tensor) -> None:
+        """How the engine calls the layer (tests/test_vllm_adapter.py drives vLLM's classes here)."""
+        self.layer.forward(query, key, value, self.kv_cache, md, out)
 
     def oracle(self, batch: list[tuple[Request, int]], query: torch.Tensor, num_decodes: int) -> torch.Tensor:
         """Expected (N, Hq, D) float64 from the unquantized histories (see the module docstring)."""

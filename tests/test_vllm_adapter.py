@@ -437,3 +437,49 @@ def test_builder_and_impl_serve_a_vllm_batch(vllm_env, head_major: bool) -> None
     assert impl.forward(None, query, key, value, logical, None, out) is out and not out.any()
     _ = ultraquant  # the public package stays importable alongside the stubs
     assert spec.BACKEND_NAME == ub.UltraQuantBackend.get_name()
+
+
+def test_serving_simulation_through_vllm_classes(vllm_env) -> None:
+    """The serving simulation with every step going through vLLM's path: a real
+    ``CommonAttentionMetadata`` -> our builder -> ``do_kv_cache_update`` + ``forward`` of our impl on
+    the logical ``[blocks, heads, tokens, bytes]`` cache view, 3-D query/output as vLLM passes them."""
+    from tests.test_serving_sim import SimConfig, Simulation
+
+    vb, _, ub = _modules(vllm_env)
+    config = SimpleNamespace(parallel_config=SimpleNamespace(decode_context_parallel_size=1),
+                             speculative_config=None)
+
+    class VllmDriven(Simulation):
+        def __init__(self, cfg: SimConfig) -> None:
+            super().__init__(cfg)
+            self.impl = ub.UltraQuantImpl(cfg.num_heads, cfg.head_size, self.scale, cfg.num_kv_heads, None,
+                                          cfg.window, "ultraquant_4bit", cfg.softcap, "decoder", None,
+                                          sinks=self.sinks)
+            self.impl.attn._threshold = cfg.threshold
+            self.layer = self.impl.attn  # the route counts the test reads
+            self.builder = ub.UltraQuantMetadataBuilder(SimpleNamespace(block_size=cfg.block_size), ["l0"],
+                                                        config, torch.device("cpu"))
+
+        def forward_batch(self, query, key, value, md, out) -> None:
+            n = md.num_actual_tokens
+            cam = vb.CommonAttentionMetadata(
+                query_start_loc=md.query_start_loc, query_start_loc_cpu=md.query_start_loc_cpu,
+                seq_lens=md.seq_lens, num_reqs=md.num_reqs, num_actual_tokens=n,
+                max_query_len=md.max_query_len, max_seq_len=md.max_seq_len,
+                block_table_tensor=md.block_table, slot_mapping=md.slot_mapping,
+                seq_lens_cpu_upper_bound=md.seq_lens_cpu)
+            attn_md = self.builder.build(0, cam)
+            assert attn_md.num_decodes == md.num_decodes
+            t, hq, hk, d = query.shape[0], self.cfg.num_heads, self.cfg.num_kv_heads, self.cfg.head_size
+            logical = self.kv_cache.transpose(1, 2)  # what vLLM hands a layer: [blocks, heads, tokens, bytes]
+            k3, v3 = key.view(t, hk, d), value.view(t, hk, d)
+            self.impl.do_kv_cache_update(None, k3, v3, logical, md.slot_mapping[:n])
+            self.impl.forward(None, query.view(t, hq, d), k3, v3, logical, attn_md, out.view(t, hq, d))
+
+    cfg = SimConfig(dtype=torch.bfloat16, head_major=True, sinks=True, window=7, softcap=10.0, seed=4,
+                    num_requests=8)
+    s = VllmDriven(cfg).run()
+    for kind in ("store", "decode", "first", "small", "large"):
+        assert s.layer.route_counts[kind] > 0, dict(s.layer.route_counts)
+    assert s.stats["mixed_steps"] > 0 and s.reused_blocks > 0
+    assert s.max_err <= 1e-2 and s.min_cos >= 1 - 1e-2, (s.max_err, s.min_cos)
