@@ -68,7 +68,12 @@ class Miss:
     reason: str
 
 
-_STATE: dict[tuple[int, str], Kernel | Miss] = {}
+StateKey = tuple[int, str, tuple, tuple]
+_STATE: dict[StateKey, Kernel | Miss] = {}
+"""(device, kernel, constexpr items, parameter types) -> resolution. Cheaper to build per call than
+the key string, and it includes the parameter types, which ``Specialization.key()`` leaves out
+(two calls differing only in dtype must not share a resolution)."""
+_KEYS: dict[StateKey, str] = {}
 _DEVICES: dict[int, DeviceInfo] = {}
 _INDEX: ManifestIndex | None = None
 _LOGGED: set[tuple[int, str]] = set()
@@ -92,6 +97,7 @@ def reset(manifest_index: ManifestIndex | None = None) -> None:
     global _INDEX
     with _LOCK:
         _STATE.clear()
+        _KEYS.clear()
         _LOGGED.clear()
         _INDEX = manifest_index
 
@@ -130,17 +136,23 @@ def _capturing() -> bool:
     return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
 
 
+def state_key(spec: Specialization, dev: int) -> StateKey:
+    """The per-call lookup key of ``spec`` on ``dev`` (see ``_STATE``)."""
+    return dev, spec.kernel, tuple(spec.constexprs.items()), tuple(spec.signature.values())
+
+
 def resolve(spec: Specialization, dev: int, *, allow_selftest: bool = True) -> Kernel | Miss:
     """The loaded, self-tested kernel for ``spec`` on device ``dev``, or why there is none.
 
     First use per (device, config) only; the result is cached. Raises :class:`UltraQuantError`
     if it would have to load a module during CUDA graph capture."""
-    key = spec.key()
-    st = _STATE.get((dev, key))
+    skey = state_key(spec, dev)
+    st = _STATE.get(skey)
     if st is not None:
         return st
+    key = spec.key()
     with _LOCK:
-        st = _STATE.get((dev, key))
+        st = _STATE.get(skey)
         if st is not None:
             return st
         d = info(dev)
@@ -148,13 +160,15 @@ def resolve(spec: Specialization, dev: int, *, allow_selftest: bool = True) -> K
         if entry is None:
             st = _note_miss(dev, key, reason, warn=False)
         elif entry.signature != dict(spec.signature):
-            st = _note_miss(dev, key, f"blob {entry.path.name} was built for parameters "
-                            f"{list(entry.signature.items())}, the kernel now takes "
-                            f"{list(spec.signature.items())} (stale blobs: rebuild them)", warn=True)
+            ours = [f"{n}:{t}" for n, t in spec.signature.items()]
+            theirs = [f"{n}:{t}" for n, t in entry.signature.items()]
+            st = _note_miss(dev, key, f"blob {entry.path.name} takes parameters {theirs}, this call needs "
+                            f"{ours} (other dtypes than were built, or stale blobs)", warn=True)
         else:
             st = _load_and_test(entry, spec, d, allow_selftest)
         if not selftest.running():  # nested lookups inside a self-test are not final verdicts
-            _STATE[(dev, key)] = st
+            _STATE[skey] = st
+            _KEYS[skey] = key
         return st
 
 
@@ -212,7 +226,7 @@ def try_launch(plan: LaunchPlan, device: Any = None) -> bool:
             raise UltraQuantError(f"ULTRAQUANT_BACKEND={mode}/REQUIRE_AOT: {plan.spec.kernel} was called "
                                   "with tensors that are not on a GPU; blobs run on GPUs only")
         return False
-    st = _STATE.get((dev, plan.spec.key()))
+    st = _STATE.get(state_key(plan.spec, dev))
     if st is None:
         st = resolve(plan.spec, dev)
     if isinstance(st, Kernel):
@@ -261,5 +275,6 @@ def _specs(configs: Iterable[Any]) -> Iterable[Specialization]:
 
 
 def state() -> dict[tuple[int, str], Kernel | Miss]:
-    """Snapshot of the resolved (device, config key) -> kernel or miss (tests, ``verify``)."""
-    return dict(_STATE)
+    """Snapshot of the resolved (device, config key) -> kernel or miss (tests, ``verify``); where
+    calls of one key differ in dtypes, one of them."""
+    return {(k[0], _KEYS[k]): st for k, st in _STATE.items()}

@@ -15,7 +15,7 @@ from __future__ import annotations
 import ctypes
 import struct
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -66,6 +66,12 @@ def _bf16_bits(x: float) -> int:
     return ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16) & 0xFFFF
 
 
+def _tensor_type() -> type:
+    import torch
+
+    return torch.Tensor
+
+
 def _pointer(value: Any) -> int:
     if value is None:
         return 0
@@ -112,6 +118,9 @@ class ArgPacker:
         self._checks = tuple((i, p.name, p.divisibility) for i, p in enumerate(self.visible)
                              if p.divisibility > 1)
         self._tls = threading.local()
+        self.pack = self._compile_pack()
+        """Write ``args`` into this thread's buffer; return the pointer array for the launch.
+        (Anything unusual, an error included, goes through :meth:`pack_slow`.)"""
 
     def buffers(self) -> tuple[ctypes.Array, ctypes.Array]:
         """This thread's (value buffer, pointer array) pair, created on first use."""
@@ -137,8 +146,8 @@ class ArgPacker:
                                       f"multiple of {div}, which the blob was compiled to assume")
         return vals
 
-    def pack(self, args: Sequence[Any]) -> ctypes.Array:
-        """Write ``args`` into this thread's buffer; return the pointer array for the launch."""
+    def pack_slow(self, args: Sequence[Any]) -> ctypes.Array:
+        """Reference implementation of :meth:`pack` (and the path that words its errors)."""
         buf, ptrs = self.buffers()
         try:
             self.struct.pack_into(buf, 0, *self.values(args))
@@ -146,3 +155,43 @@ class ArgPacker:
             raise UltraQuantError(f"{self.kernel}: an argument does not fit its parameter type: {exc}") \
                 from None
         return ptrs
+
+    def _compile_pack(self) -> Callable[[Sequence[Any]], ctypes.Array]:
+        """A ``pack`` specialized to this parameter list (the launch hot path: one unpack, one
+        ``data_ptr()`` per tensor, one alignment test, one ``pack_into``). Generated code uses only
+        parameter indices, never names from the manifest."""
+        n = len(self.visible)
+        names = [f"a{i}" for i in range(n)]
+        vals = []
+        body = [f"    {', '.join(names)}{',' if n == 1 else ''} = args"] if n else []
+        aligned: dict[int, list[str]] = {}
+        for i, p in enumerate(self.visible):
+            if p.type.startswith("*"):
+                body.append(f"    v{i} = a{i}.data_ptr() if a{i}.__class__ is Tensor else pointer(a{i})")
+            elif p.type == "bf16":
+                body.append(f"    v{i} = bf16(a{i})")
+            else:
+                body.append(f"    v{i} = a{i}")
+            vals.append(f"v{i}")
+            if p.divisibility > 1:
+                aligned.setdefault(p.divisibility, []).append(f"v{i}")
+        for div, vs in aligned.items():
+            test = f"({' | '.join(vs)}) & {div - 1}" if div & (div - 1) == 0 else \
+                " or ".join(f"{v} % {div}" for v in vs)
+            body.append(f"    if {test}:\n        return slow(args)")
+        src = "\n".join([
+            "def pack(args):",
+            f"    if len(args) != {n}:",
+            "        return slow(args)",
+            "    buf, ptrs = buffers()",
+            *body,
+            "    try:",
+            f"        pack_into(buf, 0{''.join(', ' + v for v in vals)})",
+            "    except struct_error:",
+            "        return slow(args)",
+            "    return ptrs",
+        ])
+        scope = {"Tensor": _tensor_type(), "pointer": _pointer, "bf16": _bf16_bits, "slow": self.pack_slow,
+                 "buffers": self.buffers, "pack_into": self.struct.pack_into, "struct_error": struct.error}
+        exec(compile(src, f"<ultraquant pack {self.kernel}>", "exec"), scope)  # noqa: S102
+        return scope["pack"]

@@ -398,7 +398,16 @@ def test_stale_signature_is_a_miss(rt, tmp_path):
     new_sig = {**SIG, "extra": "i32"}
     s = Specialization(kernel="uq_test", signature=new_sig, constexprs=spec().constexprs)
     assert launch.try_launch(plan(s, a=(*args(), 3)), 0) is False
-    assert "rebuild" in launch.state()[(0, s.key())].reason
+    assert "stale blobs" in launch.state()[(0, s.key())].reason
+
+
+def test_dtype_variants_of_one_key_resolve_separately(rt, tmp_path):
+    write_manifest(tmp_path / "gen")  # built for x_ptr: *bf16
+    fp16 = Specialization(kernel="uq_test", signature={**SIG, "x_ptr": "*fp16"}, constexprs=spec().constexprs)
+    assert fp16.key() == spec().key()  # the key string does not name dtypes...
+    assert launch.try_launch(plan(fp16), 0) is False  # ...so the signature check tells them apart
+    assert launch.try_launch(plan(), 0) is True  # and the bf16 call still gets its blob
+    assert launch.try_launch(plan(fp16), 0) is False
 
 
 def test_scratch_or_cluster_blobs_are_refused(rt, tmp_path):
@@ -533,3 +542,22 @@ def test_cli_verify_device_without_gpu(monkeypatch):
     monkeypatch.setattr("torch.cuda.is_available", lambda: False)
     r = CliRunner().invoke(main, ["verify", "--device"])
     assert r.exit_code == 2 and "no GPU" in r.output
+
+
+def test_fast_pack_equals_slow_pack_for_tensors_ints_none_and_subclasses():
+    import torch
+
+    sig = {"a": "*fp32", "b": "*u8", "c": "*i32", "n": "i32", "x": "fp32", "h": "bf16", "q": "i64"}
+    ps = [Param(p.name, p.type, p.size, p.offset, p.hidden, 16 if p.type.startswith("*") else 1)
+          for p in _params(sig)]
+    packer = ArgPacker(ps, "k")
+    t = torch.zeros(8)
+    args_ = (t, torch.nn.Parameter(torch.zeros(4)), None, -5, 1.5, 3.25, -(1 << 40))
+    fast = bytes(ctypes.string_at(ctypes.addressof(packer.buffers()[0]), packer.size)) if packer.pack(args_) \
+        else None
+    packer.buffers()[0][:] = bytes(packer.size)
+    packer.pack_slow(args_)
+    slow = bytes(ctypes.string_at(ctypes.addressof(packer.buffers()[0]), packer.size))
+    assert fast == slow and struct.unpack_from("<Q", fast, 0)[0] == t.data_ptr()
+    with pytest.raises(UltraQuantError, match="'c'.*multiple of 16"):
+        packer.pack((t, t, 0x1004, -5, 1.5, 3.25, 0))
