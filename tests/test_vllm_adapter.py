@@ -424,6 +424,10 @@ def test_builder_and_impl_serve_a_vllm_batch(vllm_env, head_major: bool) -> None
     impl = ub.UltraQuantImpl(4, 64, scale, 2, None, None, "ultraquant_4bit", None, "decoder", None)
     with pytest.raises(ValueError, match="kv_cache_dtype"):
         ub.UltraQuantImpl(4, 64, scale, 2, kv_cache_dtype="fp8")
+    with pytest.raises(NotImplementedError, match="KV sharing"):
+        ub.UltraQuantImpl(4, 64, scale, 2, kv_cache_dtype="ultraquant_4bit", kv_sharing_target_layer_name="x")
+    with pytest.raises(NotImplementedError, match="ALiBi"):
+        ub.UltraQuantImpl(4, 64, scale, 2, alibi_slopes=[1.0] * 4, kv_cache_dtype="ultraquant_4bit")
     t = query.shape[0]
     before = logical.clone()
     n = common.num_actual_tokens

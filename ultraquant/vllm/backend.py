@@ -82,6 +82,10 @@ class UltraQuantImpl(AttentionImpl[UltraQuantVllmMetadata]):
             raise NotImplementedError("UltraQuant attention: ALiBi is not supported")
         if attn_type != AttentionType.DECODER:
             raise NotImplementedError(f"UltraQuant attention: only decoder attention, got {attn_type}")
+        if kv_sharing_target_layer_name is not None:
+            # Prefill chunks attend to their raw K/V, which a layer reading another layer's cache
+            # does not have; serving it would need the chunk dequantized from the shared cache.
+            raise NotImplementedError("UltraQuant attention: cross-layer KV sharing is not supported")
         if kv_cache_dtype != KV_CACHE_DTYPE:
             raise ValueError(f"kv_cache_dtype: UltraQuant serves {KV_CACHE_DTYPE!r}, got {kv_cache_dtype!r}")
         self.num_heads = num_heads
