@@ -40,9 +40,17 @@ def test_unsupported_configs_say_why(bad, why):
     assert fb.unsupported({**CONFIG, "block_size": 48, "gqa": 6}) == ""
 
 
+def test_mx_variant_is_its_own_key_with_the_same_launch():
+    tri = decode_spec(**CONFIG)
+    mx = fb.FlyDSLBackend().specialize(fb.OP_MX, CONFIG)
+    assert mx.kernel == fb.KERNEL_MX and mx.signature == tri.signature and mx.constexprs == tri.constexprs
+    assert fb.flydsl_key(tri, fb.KERNEL_MX) == mx.key() != fb.flydsl_key(tri)
+    assert isa.expected_mfma("gfx950", 256, mx=True) == {isa.FP4_CVT: 32, isa.BF16_MFMA: 16, isa.SCALED_MFMA: 2}
+
+
 def test_backend_only_builds_its_op_for_cdna():
     b = fb.FlyDSLBackend()
-    with pytest.raises(UltraQuantError, match="only op"):
+    with pytest.raises(UltraQuantError, match="only ops"):
         b.specialize("decode_attention", CONFIG)
     from ultraquant.codegen.archs import get_arch
 
@@ -103,17 +111,18 @@ def _toolchain_or_skip(arch: str) -> None:
         pytest.skip(str(exc))
 
 
-@pytest.mark.parametrize("arch, cfg", [
-    ("gfx942", {"head_size": 128, "gqa": 8, "block_size": 16}),
+@pytest.mark.parametrize("arch, cfg, mx", [
+    ("gfx942", {"head_size": 128, "gqa": 8, "block_size": 16}, False),
     ("gfx950", {"head_size": 256, "gqa": 16, "block_size": 64, "has_sinks": True, "has_window": True,
-                "has_softcap": True}),
+                "has_softcap": True}, False),
+    ("gfx950", {"head_size": 128, "gqa": 4, "block_size": 32, "has_window": True}, True),
 ])
-def test_offline_compile_in_a_subprocess(arch, cfg, tmp_path: Path):
+def test_offline_compile_in_a_subprocess(arch, cfg, mx, tmp_path: Path):
     _toolchain_or_skip(arch)
     from ultraquant.codegen.elf import read_code_object
     from ultraquant.codegen.flydsl.compile_kernel import run
 
-    data = run({"arch": arch, "name": "uq_decode_flydsl", "config": cfg}, tmp_path / "k.hsaco",
+    data = run({"arch": arch, "name": "uq_decode_flydsl", "config": cfg, "mx": mx}, tmp_path / "k.hsaco",
                python=sys.executable)
     obj = read_code_object(data)
     assert obj.machine == 224 and obj.flags & 0xFF == {"gfx942": 0x4C, "gfx950": 0x4F}[arch]
@@ -124,4 +133,4 @@ def test_offline_compile_in_a_subprocess(arch, cfg, tmp_path: Path):
     d = cfg["head_size"]
     assert isa.waves_per_simd(kernel.resources["vgpr"], kernel.resources["agpr"]) >= isa.DESIGN_WAVES[d]
     found = isa.mfma_counts(isa.disassemble(data, arch))
-    assert found == isa.expected_mfma(arch, d)
+    assert found == isa.expected_mfma(arch, d, mx)

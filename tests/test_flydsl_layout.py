@@ -208,3 +208,68 @@ def test_config_rejects_what_the_kernel_cannot_do():
         lay.DecodeConfig(128, 8, 8)
     with pytest.raises(UltraQuantError, match="head_size"):
         lay.DecodeConfig(64, 8, 16)
+
+
+# ---------------------------------------------------------------- gfx950 mx path
+
+
+def test_scaled_mfma_layout_is_one_scale_block_per_lane():
+    rows, ks = torch.broadcast_tensors(*lay.mfma_scale_index(LANES[:, None], torch.arange(32)[None, :]))
+    pairs = sorted(zip(rows.flatten().tolist(), ks.flatten().tolist(), strict=True))
+    assert pairs == [(r, k) for r in range(16) for k in range(128)]
+    assert torch.all(ks // 32 == (LANES // 16)[:, None])  # lane group g <-> scale block g
+    # the kernel's K chunk-c load of lane group g is exactly that block (for c = 0)
+    assert all(lay.k_code_offset(0, g) == 16 * g for g in range(4))
+
+
+@pytest.mark.parametrize("amax", [0.0, 1e-30, 0.3, 1.0, 1.75, 1.7500001, 447.9, 448.0, 449.0, 3e5, 3e38])
+def test_fp8_group_exponent_keeps_the_group_within_448(amax):
+    x = torch.zeros(32)
+    x[3] = amax
+    x[7] = -amax / 3
+    q8, e = lay.fp8_quantize_group(x)
+    assert torch.isfinite(q8).all() and q8.abs().max() <= lay.FP8_MAX
+    if amax > 1e-30:  # no needless shrinking: one exponent less would overflow
+        assert amax * 2.0 ** -(int(e) - 1) > lay.FP8_MAX or int(e) == -126
+    back = q8 * 2.0 ** int(e)
+    assert torch.allclose(back, x, rtol=2**-4, atol=2.0 ** (int(e) - 9))
+
+
+def _fp8_reference_query(q: torch.Tensor) -> torch.Tensor:
+    """The query the mx path effectively uses, in the original space: rotate, FP8 per 32-group, rotate back."""
+    d = q.shape[-1]
+    h = hadamard(d, dtype=torch.float64)
+    rot = (q.double() @ h).float()
+    q8, e = lay.fp8_quantize_group(rot.reshape(*rot.shape[:-1], d // 32, 32))
+    eff = (q8 * torch.exp2(e.float())[..., None]).reshape(rot.shape)
+    return (eff.double() @ h).float()
+
+
+@pytest.mark.parametrize("case", [CASES[0], CASES[4]], ids=["d128", "d256-all"])
+def test_mx_layout_is_exact_against_the_fp8_query(case):
+    """gfx950 path with float32 P: equals float64 attention of the FP8-quantized query to ~1e-5."""
+    d, gqa, hk, bs, lens, splits, feats = case
+    q, cache, bt, seq = _cache(d, gqa, hk, bs, lens, seed=d + gqa + bs)
+    sinks = torch.randn(hk * gqa) if feats.get("sinks") else None
+    window, softcap = feats.get("window"), feats.get("softcap")
+    cfg = lay.DecodeConfig(d, gqa, bs, has_sinks=sinks is not None, has_window=window is not None,
+                           has_softcap=softcap is not None)
+    got = lay.emulate_decode(cfg, q, cache, bt, seq, d**-0.5, num_splits=splits, sinks=sinks, window=window,
+                             softcap=softcap, exact_operands=True, mx=True)
+    expect = ref.decode_attention(_fp8_reference_query(q), cache, bt, seq, d**-0.5, sinks=sinks,
+                                  sliding_window=window, softcap=softcap).float()
+    torch.testing.assert_close(got, expect, rtol=5e-5, atol=5e-5)
+
+
+def test_mx_path_meets_the_upstream_gfx950_bar_and_never_overflows():
+    d, gqa, hk, bs, lens, splits, _ = CASES[0]
+    q, cache, bt, seq = _cache(d, gqa, hk, bs, lens, seed=5)
+    cfg = lay.DecodeConfig(d, gqa, bs)
+    for mult in (1.0, 5000.0):  # rotated queries far above 448 must not turn into NaN
+        qq = (q.float() * mult).to(torch.bfloat16)
+        got = lay.emulate_decode(cfg, qq, cache, bt, seq, d**-0.5, num_splits=splits, mx=True)
+        expect = ref.decode_attention(qq.float(), cache, bt, seq, d**-0.5).float()
+        assert torch.isfinite(got).all()
+        if mult == 1.0:
+            cos = torch.nn.functional.cosine_similarity(got.flatten().double(), expect.flatten().double(), dim=0)
+            assert cos > 0.999 and (got - expect).abs().mean() < 0.02

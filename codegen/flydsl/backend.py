@@ -30,7 +30,11 @@ from . import isa
 
 KERNEL = "uq_decode_flydsl"
 OP = "decode_attention_flydsl"
+KERNEL_MX = "uq_decode_flydsl_mx"
+OP_MX = "decode_attention_flydsl_mx"
+"""gfx950 only: scaled FP4 x FP8 MFMA for QK, hardware FP4 -> bf16 conversion for V."""
 ARCHS = ("gfx942", "gfx950")
+OPS = {OP: KERNEL, OP_MX: KERNEL_MX}
 HEAD_SIZES = (128, 256)
 MAX_GQA = 16
 DTYPES = ("bf16", "fp16")
@@ -52,7 +56,7 @@ def unsupported(config: dict[str, Any]) -> str:
     return ""
 
 
-def flydsl_spec(**config: Any) -> Specialization:
+def flydsl_spec(*, kernel: str = KERNEL, **config: Any) -> Specialization:
     """The FlyDSL decode Specialization for one matrix config (the Triton spec, renamed)."""
     from ultraquant.kernels.plans import decode_spec
 
@@ -60,13 +64,14 @@ def flydsl_spec(**config: Any) -> Specialization:
     if why:
         raise UltraQuantError(f"config {config}: {why}")
     base = decode_spec(**config)
-    return Specialization(kernel=KERNEL, signature=dict(base.signature), constexprs=dict(base.constexprs),
+    return Specialization(kernel=kernel, signature=dict(base.signature), constexprs=dict(base.constexprs),
                           num_warps=1, num_stages=1)
 
 
-def flydsl_key(triton_spec: Specialization) -> str:
-    """Manifest key of the FlyDSL blob that can replace the Triton decode ``triton_spec``."""
-    return Specialization(kernel=KERNEL, signature={}, constexprs=dict(triton_spec.constexprs)).key()
+def flydsl_key(triton_spec: Specialization, kernel: str = KERNEL) -> str:
+    """Manifest key of the FlyDSL blob (``kernel``: KERNEL or KERNEL_MX) that can replace the Triton
+    decode ``triton_spec`` (same LaunchPlan)."""
+    return Specialization(kernel=kernel, signature={}, constexprs=dict(triton_spec.constexprs)).key()
 
 
 def _dtype(ty: str) -> str:
@@ -102,9 +107,9 @@ class FlyDSLBackend(Backend):
         return files
 
     def specialize(self, op: str, config: dict[str, Any]) -> Specialization:
-        if op != OP:
-            raise UltraQuantError(f"flydsl backend: only op {OP!r} is built, not {op!r}")
-        return flydsl_spec(**config)
+        if op not in OPS:
+            raise UltraQuantError(f"flydsl backend: only ops {', '.join(OPS)} are built, not {op!r}")
+        return flydsl_spec(kernel=OPS[op], **config)
 
     def compile(self, spec: Specialization, arch: Arch) -> tuple[bytes, dict[str, Any]]:
         from .compiler import compile_decode
@@ -117,15 +122,18 @@ class FlyDSLBackend(Backend):
         why = unsupported({**config, "query_dtype": _dtype(spec.signature["q_ptr"])})
         if why:
             raise UltraQuantError(why)
-        binary = compile_decode(arch.name, KERNEL, config, query_dtype=_dtype(spec.signature["q_ptr"]),
-                                out_dtype=_dtype(spec.signature["out_ptr"]))
-        res = resources_of(binary, KERNEL)
-        record = isa.describe(binary, arch.name, config["head_size"], res)
+        mx = spec.kernel == KERNEL_MX
+        if mx and arch.name != "gfx950":
+            raise UltraQuantError(f"{KERNEL_MX} needs gfx950 (scaled FP4 MFMA), not {arch.name}")
+        binary = compile_decode(arch.name, spec.kernel, config, query_dtype=_dtype(spec.signature["q_ptr"]),
+                                out_dtype=_dtype(spec.signature["out_ptr"]), mx=mx)
+        res = resources_of(binary, spec.kernel)
+        record = isa.describe(binary, arch.name, config["head_size"], res, mx=mx)
         problems = isa.check_record(record, record["mfma"], res, arch.max_shared)
         if problems:
             raise UltraQuantError("FlyDSL blob fails its ISA checks: " + "; ".join(problems))
         info = {
-            "symbol": KERNEL, "threads": 64, "num_warps": 1, "num_stages": 1, "num_ctas": 1, "shared": 0,
+            "symbol": spec.kernel, "threads": 64, "num_warps": 1, "num_stages": 1, "num_ctas": 1, "shared": 0,
             "hidden": [],
             "divisibility": {n: 16 for n, ty in spec.signature.items() if ty.startswith("*")},
             "isa": record,

@@ -1,7 +1,7 @@
 """One FlyDSL compile in its own process: ``python -m ultraquant.codegen.flydsl.compile_kernel SPEC OUT``.
 
 ``SPEC`` is JSON: ``{"arch": "gfx942", "name": "...", "config": {DecodeConfig fields},
-"query_dtype": "bf16", "out_dtype": "bf16"}``; the HSACO is written to ``OUT``. An LLVM assertion
+"query_dtype": "bf16", "out_dtype": "bf16", "mx": false}``; the HSACO is written to ``OUT``. An LLVM assertion
 kills only this process; the caller (:func:`run`) also fails on ``error:`` in the output, which
 FlyDSL/LLVM sometimes print while returning normally.
 """
@@ -23,7 +23,8 @@ def main(argv: list[str]) -> int:
     from .compiler import compile_decode
 
     blob = compile_decode(spec["arch"], spec["name"], spec["config"],
-                          query_dtype=spec.get("query_dtype", "bf16"), out_dtype=spec.get("out_dtype", "bf16"))
+                          query_dtype=spec.get("query_dtype", "bf16"), out_dtype=spec.get("out_dtype", "bf16"),
+                          mx=bool(spec.get("mx", False)))
     Path(argv[2]).write_bytes(blob)
     return 0
 

@@ -114,6 +114,31 @@ def _vselect(cond, a, b):
     return fx.Vector(arith.select(cond, a, b))
 
 
+def _fp8_run(vals):
+    """32 float32 query values of one (head, 32-group) -> (vector<8xi32> FP8 e4m3 B operand, scale).
+
+    The shared exponent rule is :func:`ultraquant.kernels.layout_emulation.fp8_group_exponent` on the
+    group's absmax bits: the smallest power of two that brings the absmax to <= 448. The scale operand
+    is its E8M0 byte (``e + 127``) in byte 0 (opsel 0).
+    """
+    amax = fx.Float32(0.0)
+    for v in vals:
+        amax = arith.maxnumf(amax, fx.Float32(_raw_abs(v)))
+    bits = fx.Int32(arith.bitcast(T.i32, _raw(amax)))
+    e = lay.fp8_group_exponent(bits, _select)
+    inv = fx.Float32(arith.bitcast(T.f32, _raw((127 - e) << 23)))
+    words = []
+    for k in range(8):
+        q = [fx.Float32(vals[4 * k + t]) * inv for t in range(4)]
+        lo = rocdl.cvt_pk_fp8_f32(T.i32, _raw(q[0]), _raw(q[1]), _raw(fx.Int32(0)), False)
+        words.append(fx.Int32(rocdl.cvt_pk_fp8_f32(T.i32, _raw(q[2]), _raw(q[3]), lo, True)))
+    return fx.Vector.from_elements(words, dtype=fx.Int32), e + 127
+
+
+def _raw_abs(v):
+    return fx.math.absf(fx.Float32(v))
+
+
 def _mfma(a, b, c):
     return fx.Vector(rocdl.mfma_f32_16x16x16bf16_1k(T.vec(4, T.f32), [a, b, c, 0, 0, 0]))
 
@@ -135,7 +160,7 @@ _DTYPES = {"bf16": (fx.BFloat16, 2), "fp16": (fx.Float16, 2), "fp32": (fx.Float3
 
 
 def build_decode(cfg: DecodeConfig, arch: str, *, name: str, query_dtype: str = "bf16",
-                 out_dtype: str = "bf16"):
+                 out_dtype: str = "bf16", mx: bool = False):
     """Return the ``@flyc.jit`` launcher of the decode kernel for ``cfg`` on ``arch``.
 
     Grid (B, Hk, num_splits), one wave per workgroup. Workspace contract of the Triton decode: split
@@ -143,7 +168,13 @@ def build_decode(cfg: DecodeConfig, arch: str, *, name: str, query_dtype: str = 
     ``pair * num_splits + sp`` of ``part_ptr`` and its (m, l) (log2 units) at ``ml_ptr + slot * 32``;
     the last split to take a ticket from ``counter_ptr[pair]`` merges the slots in order, folds the
     sinks and writes ``out``, then resets the ticket to 0. One split writes ``out`` directly.
+
+    ``mx`` (gfx950 only): QK with ``v_mfma_scale_f32_16x16x128_f8f6f4`` (A = the FP4 K codes and
+    their UE8M0 scales as stored; B = the rotated query in FP8 e4m3 with one power-of-two scale per
+    (head, 32-group) chosen so nothing exceeds 448) and V decoded by ``v_cvt_scalef32_pk_bf16_fp4``.
     """
+    if mx and arch != "gfx950":
+        raise ValueError("the mx decode path needs gfx950 (scaled FP4 MFMA, FP4 conversions)")
     D, G, BS = cfg.head_size, cfg.gqa, cfg.block_size
     CH, NB = cfg.chunks, cfg.pv_mfmas
     VB = D // 32  # V code bytes per lane per token
@@ -217,8 +248,11 @@ def build_decode(cfg: DecodeConfig, arch: str, *, name: str, query_dtype: str = 
                     for e in range_constexpr(32):
                         a0, b0 = x[c][e], x[c + s][e]
                         x[c][e], x[c + s][e] = a0 + b0, a0 - b0
-        q_ops = [[_bf16_pack([x[c][4 * j + i] * inv_sqrt_d for i in range(MFMA_K)]) for j in range(8)]
-                 for c in range(CH)]
+        if const_expr(mx):
+            q_mx = [_fp8_run([x[c][e] * inv_sqrt_d for e in range(32)]) for c in range(CH)]
+        else:
+            q_ops = [[_bf16_pack([x[c][4 * j + i] * inv_sqrt_d for i in range(MFMA_K)]) for j in range(8)]
+                     for c in range(CH)]
 
         # ---- main loop over this split's 16-token tiles
         qk_scale = scale * LOG2E
@@ -245,10 +279,16 @@ def build_decode(cfg: DecodeConfig, arch: str, *, name: str, query_dtype: str = 
                 words = _load(cache_ptr, k_base + fx.Int64(lay.k_code_offset(c, g)), fx.Int32, 4, 8)
                 sbyte = fx.Int32(_load(cache_ptr, k_base + fx.Int64(lay.k_scale_offset(D, c, g)),
                                        fx.Uint8, 1, 1)[0]) & 0xFF
-                for j in range_constexpr(8):
-                    w = fx.Int32(words[j // 2])
-                    nibs = [(w >> (16 * (j % 2) + 4 * i)) & 0xF for i in range(MFMA_K)]
-                    acc = _mfma(_fp4_operand(nibs, sbyte), q_ops[c][j], acc)
+                if const_expr(mx):  # one scaled MFMA: A = 32 FP4 codes (4 dwords) + their scale
+                    a_op = fx.Vector.from_elements([fx.Int32(w) for w in words] + [fx.Int32(0)] * 4,
+                                                   dtype=fx.Int32)
+                    acc = fx.Vector(rocdl.mfma_scale_f32_16x16x128_f8f6f4(
+                        T.vec(4, T.f32), [a_op, q_mx[c][0], acc, 4, 0, 0, sbyte, 0, q_mx[c][1]]))
+                else:
+                    for j in range_constexpr(8):
+                        w = fx.Int32(words[j // 2])
+                        nibs = [(w >> (16 * (j % 2) + 4 * i)) & 0xF for i in range(MFMA_K)]
+                        acc = _mfma(_fp4_operand(nibs, sbyte), q_ops[c][j], acc)
 
             # ---- 3. scores S^T[4g+i][r], mask, online softmax (log2 units)
             sc = []
@@ -288,11 +328,21 @@ def build_decode(cfg: DecodeConfig, arch: str, *, name: str, query_dtype: str = 
                 vscales.append(_select(vis, vs, fx.Int32(0)))
             alpha4 = fx.Vector.from_elements([alpha] * MFMA_K, dtype=fx.Float32)
             new_o = []
+            if const_expr(mx):  # hardware FP4 -> bf16: one cvt per (token, byte) = d pair (nb, nb+1)
+                vsf = [fx.Float32(arith.bitcast(T.f32, _raw(fx.Int32(vs << 23)))) for vs in vscales]
             for nb in range_constexpr(NB):
-                nibs = [(vwords[i][nb // 8] >> (4 * (nb % 8))) & 0xF for i in range(MFMA_K)]
-                a_op = fx.Vector.from_elements(
-                    [_i16(lay.fp4_bf16_bits(nibs[i], vscales[i], _select)) for i in range(MFMA_K)],
-                    dtype=fx.Int16)
+                if const_expr(mx):
+                    if const_expr(nb % 2 == 0):
+                        pairs = [fx.Int32(fx.Vector(rocdl.cvt_scalef32_pk_bf16_fp4(
+                            T.vec(2, T.bf16), _raw(vwords[i][nb // 8]), _raw(vsf[i]), (nb % 8) // 2))
+                            .bitcast(fx.Int32)[0]) for i in range(MFMA_K)]
+                    half = [(pr >> (16 * (nb % 2))) & 0xFFFF for pr in pairs]
+                    a_op = fx.Vector.from_elements([_i16(h) for h in half], dtype=fx.Int16)
+                else:
+                    nibs = [(vwords[i][nb // 8] >> (4 * (nb % 8))) & 0xF for i in range(MFMA_K)]
+                    a_op = fx.Vector.from_elements(
+                        [_i16(lay.fp4_bf16_bits(nibs[i], vscales[i], _select)) for i in range(MFMA_K)],
+                        dtype=fx.Int16)
                 new_o.append(_mfma(a_op, p_ops, o_acc[nb] * alpha4))
             results = yield [m_new, l_new] + new_o
 

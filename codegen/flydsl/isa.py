@@ -23,10 +23,17 @@ OBJDUMP_CANDIDATES = ("llvm-objdump-22", "/usr/lib/llvm-22/bin/llvm-objdump", "l
 
 NEEDS_LLVM22 = ("gfx950",)
 
-MFMA_RE = re.compile(r"^\s*(v_mfma\w*)", re.MULTILINE)
+MFMA_RE = re.compile(r"^\s*(v_mfma\w*|v_cvt_scalef32\w*)", re.MULTILINE)
+"""The instructions counted: every MFMA, and gfx950's scaled FP4 conversions."""
 
 BF16_MFMA = "v_mfma_f32_16x16x16_bf16"
 """The MFMA of the software-decode path (gfx942 and gfx950): 16x16 tile, K = 16 bf16."""
+
+SCALED_MFMA = "v_mfma_scale_f32_16x16x128_f8f6f4"
+"""gfx950 QK of the mx path: FP4 K codes x FP8 query, UE8M0 scales consumed by the instruction."""
+
+FP4_CVT = "v_cvt_scalef32_pk_bf16_fp4"
+"""gfx950 V decode of the mx path: two FP4 codes times an f32 scale to two bf16."""
 
 DESIGN_WAVES = {128: 3, 256: 2, 512: 1}
 """Waves per SIMD the decode design assumes, by head size (enough to overlap the KV stream)."""
@@ -65,8 +72,14 @@ def mfma_counts(text: str) -> dict[str, int]:
     return dict(sorted(Counter(MFMA_RE.findall(text)).items()))
 
 
-def expected_mfma(arch: str, head_size: int) -> dict[str, int]:
-    """MFMA instructions of one unrolled tile of the decode loop (the loop itself is not unrolled)."""
+def expected_mfma(arch: str, head_size: int, mx: bool = False) -> dict[str, int]:
+    """Counted instructions of one tile of the decode loop (the loop itself is not unrolled).
+
+    bf16 path: 8 QK MFMAs per 128 head-dim elements + D/16 PV MFMAs. mx path (gfx950): one scaled
+    QK MFMA per 128 elements, D/16 PV MFMAs, and D/8 FP4 conversions (4 tokens x D/32 bytes).
+    """
+    if mx:
+        return {FP4_CVT: head_size // 8, BF16_MFMA: head_size // 16, SCALED_MFMA: head_size // 128}
     return {BF16_MFMA: 8 * (head_size // 128) + head_size // 16}
 
 
@@ -78,12 +91,13 @@ def waves_per_simd(vgpr: int, agpr: int = 0) -> int:
     return min(MAX_WAVES, UNIFIED_REGS // total)
 
 
-def describe(data: bytes, arch: str, head_size: int, resources: dict[str, Any]) -> dict[str, Any]:
+def describe(data: bytes, arch: str, head_size: int, resources: dict[str, Any],
+             mx: bool = False) -> dict[str, Any]:
     """The ``isa`` record of a freshly built blob (written into its manifest entry)."""
     found = mfma_counts(disassemble(data, arch))
     return {
         "mfma": found,
-        "mfma_per_tile": expected_mfma(arch, head_size),
+        "mfma_per_tile": expected_mfma(arch, head_size, mx),
         "min_waves_per_simd": DESIGN_WAVES.get(head_size, 1),
         "waves_per_simd": waves_per_simd(int(resources.get("vgpr", 0)), int(resources.get("agpr", 0))),
         "objdump": Path(find_objdump(arch)).name,

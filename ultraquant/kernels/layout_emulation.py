@@ -120,6 +120,33 @@ def fp4_bf16_bits_torch(nib: torch.Tensor, scale_byte: torch.Tensor) -> torch.Te
     return fp4_bf16_bits(nib, se, torch.where)
 
 
+FP8_MAX = 448.0
+"""Largest finite FP8 e4m3 (OCP, gfx950) magnitude."""
+
+
+def fp8_group_exponent(amax_bits, where):
+    """Exponent e of the power of two a query group is divided by before the FP8 e4m3 cast.
+
+    ``amax_bits``: float32 bits of the group's absmax (>= 0). The smallest e with
+    ``amax * 2**-e <= 448 = 1.75 * 2**8``: with ``amax = 1.m * 2**E``, ``e = E - 8`` if ``1.m <= 1.75``
+    else ``E - 7``; clamped to [-126, 126] so 2**e and 2**-e are normal floats (an all-zero group
+    gets -126 and stays zero). Integer-only, shared by the kernel and the emulation.
+    """
+    field = (amax_bits >> 23) & 0xFF
+    e = field - 135 + where((amax_bits & 0x7FFFFF) > 0x600000, field * 0 + 1, field * 0)
+    e = where(e < -126, e * 0 - 126, e)
+    return where(e > 126, e * 0 + 126, e)
+
+
+def fp8_quantize_group(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(..., 32) float32 -> (FP8 e4m3 values as float32 (..., 32), exponent e (...,)) with
+    ``x ~= values * 2**e``: what the gfx950 kernel feeds the scaled MFMA (RNE, no overflow)."""
+    amax = x.abs().amax(dim=-1)
+    e = fp8_group_exponent(amax.view(torch.int32), torch.where)
+    q = (x * ((127 - e) << 23).view(torch.float32)[..., None]).to(torch.float8_e4m3fn).float()
+    return q, e
+
+
 def bf16_from_bits(bits: torch.Tensor) -> torch.Tensor:
     """float32 value of int bf16 bit patterns."""
     return ((bits.to(torch.int32) & 0xFFFF) << 16).view(torch.float32)
@@ -211,6 +238,27 @@ def mfma_16x16x16(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> torch.Te
     return (c.double() + D[cr, cn]).float()
 
 
+def mfma_scale_index(lane, v):
+    """(row, k) of A element ``v`` (0..31) held by ``lane`` in the scaled 16x16x128 MFMA (and the
+    (k, col) of B element v): lane (r, g) holds one contiguous 32-run ``k = 32g + v`` of row r, which
+    is exactly one UE8M0 scale block (FlyDSL's MFMA_Scale atom layout ((16,4),32):((1,512),16))."""
+    return lane % 16, 32 * (lane // 16) + v
+
+
+def mfma_scale_16x16x128(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
+    """Emulate ``v_mfma_scale_f32_16x16x128_f8f6f4`` on already-scaled operand values: a, b (64, 32)."""
+    v = torch.arange(32)
+    rows, ks = mfma_scale_index(_LANES[:, None], v[None, :])
+    rows = rows.expand(WAVE, 32)
+    A = torch.zeros(16, 128, dtype=torch.float64)
+    B = torch.zeros(128, 16, dtype=torch.float64)
+    A[rows, ks] = a.double()
+    B[ks, rows] = b.double()
+    D = A @ B
+    cr, cn = mfma_c_index(_LANES[:, None], _I[None, :])
+    return (c.double() + D[cr, cn]).float()
+
+
 def _xor_shuffle(x: torch.Tensor, mask: int) -> torch.Tensor:
     """Value of lane ``l ^ mask`` for every lane (ds_bpermute / DPP), x of shape (64, ...)."""
     return x[_LANES ^ mask]
@@ -253,15 +301,16 @@ def _slot_bytes(kv_cache: torch.Tensor, block_table: torch.Tensor, b: int, kvh: 
 def emulate_split(cfg: DecodeConfig, query: torch.Tensor, kv_cache: torch.Tensor,
                   block_table: torch.Tensor, seq_lens: torch.Tensor, b: int, kvh: int, split: int,
                   num_splits: int, scale: float, *, window: int | None = None,
-                  softcap: float | None = None,
-                  exact_operands: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                  softcap: float | None = None, exact_operands: bool = False,
+                  mx: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """One wave's split: unnormalized ``acc`` (16, D), running max ``m`` (16,) (log2 units) and
     denominator ``l`` (16,), rows = the 16 MFMA columns (query heads ``kvh*G + r``; rows >= G junk).
 
     This is what the kernel writes to the decode workspace (the Triton decode's partial contract).
     Follows the kernel at the level of lane registers. With ``exact_operands`` the query and P stay
     float32 instead of being rounded to bf16 for the MFMA: the result then matches float64 attention
-    to ~1e-6, which makes any layout slip visible.
+    to ~1e-6, which makes any layout slip visible. ``mx``: the gfx950 path (FP8 query groups in a
+    scaled 16x16x128 MFMA; V through the FP4 conversion, which gives the same bf16 values).
     """
     d, g_heads = cfg.head_size, cfg.gqa
     rnd = (lambda x: x) if exact_operands else to_bf16
@@ -274,7 +323,11 @@ def emulate_split(cfg: DecodeConfig, query: torch.Tensor, kv_cache: torch.Tensor
     q_rows = query[b].float()[qh]  # (64, D)
     q_lanes = torch.gather(q_rows[:, None, :].expand(WAVE, cfg.chunks, d), 2, dims)
     q_lanes = torch.where(valid_q[:, None, None], q_lanes, torch.zeros_like(q_lanes))
-    q_ops = rnd(rotate_query_lanes(q_lanes, d)).reshape(WAVE, cfg.chunks, 8, MFMA_K)  # step (c, j)
+    q_rot = rotate_query_lanes(q_lanes, d)
+    q_ops = rnd(q_rot).reshape(WAVE, cfg.chunks, 8, MFMA_K)  # step (c, j)
+    if mx:  # gfx950: per (head, 32-group) FP8 values and their power-of-two exponent
+        q8, q_exp = fp8_quantize_group(q_rot)
+        q_mx = q8 * torch.exp2(q_exp.float())[..., None]  # (64, chunks, 32): B[32g + v][r] values
 
     seq_len = int(seq_lens[b])
     lo, hi, t_begin, t_end = split_tiles(seq_len, num_splits, split, window)
@@ -293,8 +346,11 @@ def emulate_split(cfg: DecodeConfig, query: torch.Tensor, kv_cache: torch.Tensor
             sbyte = torch.gather(k_slots, 1, k_scale_offset(d, c, _G)[:, None])  # (64, 1)
             nibs = torch.stack([codes & 0xF, codes >> 4], dim=2).reshape(WAVE, 32)
             kv = bf16_from_bits(fp4_bf16_bits_torch(nibs, sbyte))  # (64, 32) = elements 4j+i
-            for j in range(8):
-                acc = mfma_16x16x16(kv[:, 4 * j : 4 * j + 4], q_ops[:, c, j], acc)
+            if mx:  # one scaled MFMA 16x16x128: lane (r, g) holds k = 32g + v of A and B
+                acc = mfma_scale_16x16x128(kv, q_mx[:, c], acc)
+            else:
+                for j in range(8):
+                    acc = mfma_16x16x16(kv[:, 4 * j : 4 * j + 4], q_ops[:, c, j], acc)
         # --- 3. scores S^T[token 4g+i][head r] (log2 units), mask, online softmax
         if softcap is not None:  # c * tanh(s / c) through exp2 and a reciprocal, as the kernel
             s = acc * scale
@@ -359,7 +415,8 @@ def finish(acc, m, l_, sinks: torch.Tensor | None) -> torch.Tensor:
 def emulate_decode(cfg: DecodeConfig, query: torch.Tensor, kv_cache: torch.Tensor,
                    block_table: torch.Tensor, seq_lens: torch.Tensor, scale: float, *,
                    num_splits: int = 4, sinks: torch.Tensor | None = None, window: int | None = None,
-                   softcap: float | None = None, exact_operands: bool = False) -> torch.Tensor:
+                   softcap: float | None = None, exact_operands: bool = False,
+                   mx: bool = False) -> torch.Tensor:
     """The whole FlyDSL decode launch: every split of every (request, kv head), then the last
     split's merge (splits in order) and sink fold, as the kernel does. Returns (B, Hq, D) float32."""
     bsz, hq, d = query.shape
@@ -378,7 +435,7 @@ def emulate_decode(cfg: DecodeConfig, query: torch.Tensor, kv_cache: torch.Tenso
             for s in range(num_splits):
                 a2, m2, l2 = emulate_split(cfg, query, kv_cache, block_table, seq_lens, b, kvh, s,
                                            num_splits, scale, window=window, softcap=softcap,
-                                           exact_operands=exact_operands)
+                                           exact_operands=exact_operands, mx=mx)
                 acc, m, l_ = merge_state(acc, m, l_, a2, m2, l2)
             heads = slice(kvh * cfg.gqa, (kvh + 1) * cfg.gqa)
             sk = None if sinks is None else sinks[heads]
