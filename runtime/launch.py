@@ -246,7 +246,7 @@ def warmup(configs: Iterable[Any], device: Any = None) -> dict[str, str]:
 
     ``configs`` holds :class:`~ultraquant.kernels.plan.Specialization` or
     :class:`~ultraquant.kernels.plan.LaunchPlan` objects, or dicts of model parameters that
-    :func:`ultraquant.kernels.plans.specializations` turns into them. Returns config key ->
+    :func:`model_specializations` turns into them. Returns config key ->
     ``"aot"`` or the miss reason. Under ``ULTRAQUANT_REQUIRE_AOT=1`` a miss raises."""
     dev = device_of(device)
     report: dict[str, str] = {}
@@ -266,12 +266,35 @@ def _specs(configs: Iterable[Any]) -> Iterable[Specialization]:
         elif isinstance(c, LaunchPlan):
             yield c.spec
         elif isinstance(c, dict):
-            from ultraquant.kernels import plans
-
-            yield from plans.specializations(**c)
+            yield from model_specializations(c)
         else:
             raise UltraQuantError("configs: expected Specialization, LaunchPlan or dict, got "
                                   f"{type(c).__name__}")
+
+
+def model_specializations(config: dict[str, Any]) -> list[Specialization]:
+    """Every kernel variant a model config needs: ``head_size``, ``block_size``, ``gqa`` (or
+    ``num_q_heads`` and ``num_kv_heads``), optional ``dtype`` (for all tensors) or per-tensor dtypes,
+    ``has_sinks``/``has_window``/``has_softcap``, ``encoder``, and ``ops`` (default: all four)."""
+    from ultraquant.kernels.plans import SPECIALIZERS
+
+    cfg = dict(config)
+    dtype = cfg.pop("dtype", None)
+    if dtype is not None:
+        for name in ("key_dtype", "query_dtype", "out_dtype"):
+            cfg.setdefault(name, dtype)
+    if "gqa" not in cfg and "num_q_heads" in cfg and "num_kv_heads" in cfg:
+        cfg["gqa"] = int(cfg["num_q_heads"]) // int(cfg["num_kv_heads"])
+    ops = cfg.pop("ops", tuple(SPECIALIZERS))
+    out = []
+    for op in ops:
+        if op not in SPECIALIZERS:
+            raise UltraQuantError(f"configs: unknown op {op!r} (ops are {', '.join(SPECIALIZERS)})")
+        try:
+            out.append(SPECIALIZERS[op](**cfg))
+        except TypeError as exc:
+            raise UltraQuantError(f"configs: {op} needs more of the model config ({exc})") from None
+    return out
 
 
 def state() -> dict[tuple[int, str], Kernel | Miss]:

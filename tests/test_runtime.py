@@ -561,3 +561,20 @@ def test_fast_pack_equals_slow_pack_for_tensors_ints_none_and_subclasses():
     assert fast == slow and struct.unpack_from("<Q", fast, 0)[0] == t.data_ptr()
     with pytest.raises(UltraQuantError, match="'c'.*multiple of 16"):
         packer.pack((t, t, 0x1004, -5, 1.5, 3.25, 0))
+
+
+def test_warmup_accepts_a_model_config(rt, tmp_path):
+    from ultraquant.kernels import plans
+
+    cfg = {"head_size": 128, "num_q_heads": 32, "num_kv_heads": 8, "block_size": 16, "dtype": "bf16",
+           "has_sinks": True}
+    specs = launch.model_specializations(cfg)
+    assert [s.kernel for s in specs] == ["uq_store_kv", "uq_dequant_kv", "uq_decode", "uq_prefill"]
+    assert specs[2].key() == plans.decode_spec(head_size=128, gqa=4, block_size=16, has_sinks=True).key()
+    write_manifest(tmp_path / "gen")  # none of these are built: every entry is a reason
+    report = launch.warmup([cfg], 0)
+    assert set(report) == {s.key() for s in specs} and all(v != "aot" for v in report.values())
+    with pytest.raises(UltraQuantError, match="decode_attention needs more"):
+        launch.model_specializations({"head_size": 128, "ops": ["decode_attention"]})
+    with pytest.raises(UltraQuantError, match="unknown op"):
+        launch.model_specializations({"head_size": 128, "ops": ["attn"]})
