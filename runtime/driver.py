@@ -77,12 +77,6 @@ class Driver:
         raise NotImplementedError
 
 
-def _current_torch_device() -> int:
-    import torch
-
-    return torch.cuda.current_device()
-
-
 class CudaDriver(Driver):
     """The CUDA driver API through ``libcuda.so.1``."""
 
@@ -309,7 +303,9 @@ class HipDriver(Driver):
 
     def launch(self, device: int, function: int, grid: tuple[int, int, int], block: int,
                shared: int, stream: int, params: ctypes.Array) -> None:
-        if _current_torch_device() == device:
+        cur = ctypes.c_int()
+        self.lib.hipGetDevice(ctypes.byref(cur))
+        if cur.value == device:
             code = self._launch(function, grid[0], grid[1], grid[2], block, 1, 1, shared, stream,
                                 params, None)
         else:

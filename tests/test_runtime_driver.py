@@ -137,3 +137,66 @@ def test_launch_on_another_device_pushes_its_context(cuda, fake):
     ctypes.c_void_p.in_dll(fake, "current").value = None  # a thread with no context bound yet
     cuda.launch(1, 0x5001, (1, 1, 1), 32, 0, 0, (ctypes.c_void_p * 1)())
     assert _ptr(fake, "launch_ctx") == 0x1001 and _ptr(fake, "current") is None
+
+
+FAKE_LIBHIP = r"""
+#include <stdint.h>
+#include <string.h>
+int dev = 0, load_dev = -1, launch_dev = -1, sets = 0, nparams = 0, psizes[64];
+unsigned last_geom[7]; unsigned char last_params[1024];
+int hipInit(unsigned f) { return 0; }
+int hipDriverGetVersion(int *v) { *v = 60342; return 0; }
+int hipGetDevice(int *d) { *d = dev; return 0; }
+int hipSetDevice(int d) { if (d > 1) return 101; dev = d; sets++; return 0; }
+int hipModuleLoadData(void **m, const void *img) {
+  if (memcmp(img, "\x7f" "ELF", 4)) return 200; load_dev = dev; *m = (void *)(uintptr_t)(0x7000 + dev); return 0; }
+int hipModuleGetFunction(void **f, void *m, const char *name) {
+  if (strcmp(name, "uq_k")) return 500; *f = (char *)m + 1; return 0; }
+int hipModuleLaunchKernel(void *f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by,
+                          unsigned bz, unsigned shared, void *stream, void **params, void **extra) {
+  launch_dev = dev; unsigned g[7] = {gx, gy, gz, bx, by, bz, shared}; memcpy(last_geom, g, sizeof g);
+  int off = 0;
+  for (int i = 0; i < nparams; i++) { memcpy(last_params + off, params[i], psizes[i]); off += psizes[i]; }
+  return 0; }
+const char *hipGetErrorName(int e) { return e == 200 ? "hipErrorInvalidImage" : e == 500 ? "hipErrorNotFound"
+                                            : "hipErrorUnknown"; }
+const char *hipGetErrorString(int e) { return "fake hip description"; }
+"""
+
+
+@pytest.fixture(scope="module")
+def fake_hip(tmp_path_factory):
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if cc is None:
+        pytest.skip("no C compiler to build the fake libamdhip64")
+    d = tmp_path_factory.mktemp("fakehip")
+    (d / "fake.c").write_text(FAKE_LIBHIP)
+    subprocess.run([cc, "-shared", "-fPIC", "-O1", "-o", str(d / "libfakehip.so"), str(d / "fake.c")], check=True)
+    return ctypes.CDLL(str(d / "libfakehip.so"))
+
+
+def test_hip_binding_loads_on_the_device_and_launches(fake_hip):
+    from ultraquant.runtime.driver import HipDriver
+
+    hip = HipDriver(lib=fake_hip)
+    assert hip.driver_version == 60342
+    mod = hip.load_module(1, b"\x7fELF hsaco")
+    assert _int(fake_hip, "load_dev") == 1 and _int(fake_hip, "dev") == 0  # switched, then restored
+    fn = hip.get_function(1, mod, "uq_k")
+    with pytest.raises(DriverError, match="hipModuleLoadData failed: hipErrorInvalidImage"):
+        hip.load_module(0, b"junk")
+    with pytest.raises(DriverError, match=r"hipModuleGetFunction\(nope\).*hipErrorNotFound"):
+        hip.get_function(0, mod, "nope")
+    params = [Param("p", "*u8", 8, 0), Param("n", "i32", 4, 8)]
+    sizes = (ctypes.c_int * 2)(8, 4)
+    ctypes.memmove(ctypes.addressof(ctypes.c_int.in_dll(fake_hip, "psizes")), sizes, ctypes.sizeof(sizes))
+    ctypes.c_int.in_dll(fake_hip, "nparams").value = 2
+    ptrs = ArgPacker(params, "uq_k").pack((0x1234560, 99))
+    hip.launch(1, fn, (3, 2, 1), 256, 65536, 0, ptrs)
+    assert _int(fake_hip, "launch_dev") == 1 and _int(fake_hip, "dev") == 0
+    assert list((ctypes.c_uint * 7).in_dll(fake_hip, "last_geom")) == [3, 2, 1, 256, 1, 1, 65536]
+    assert struct.unpack("<Qi", bytes((ctypes.c_ubyte * 12).in_dll(fake_hip, "last_params"))) == (0x1234560, 99)
+    sets = _int(fake_hip, "sets")
+    ctypes.c_int.in_dll(fake_hip, "dev").value = 1
+    hip.launch(1, fn, (1, 1, 1), 64, 0, 0, ptrs)
+    assert _int(fake_hip, "sets") == sets  # already on device 1: no switching
