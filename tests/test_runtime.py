@@ -578,3 +578,19 @@ def test_warmup_accepts_a_model_config(rt, tmp_path):
         launch.model_specializations({"head_size": 128, "ops": ["decode_attention"]})
     with pytest.raises(UltraQuantError, match="unknown op"):
         launch.model_specializations({"head_size": 128, "ops": ["attn"]})
+
+
+def test_dispatch_consults_the_runtime_first(monkeypatch):
+    """The public ops reach try_launch through ultraquant.dispatch (here: CPU tensors under
+    ULTRAQUANT_BACKEND=aot, which the runtime refuses with its own message)."""
+    import torch
+
+    import ultraquant as uq
+    from ultraquant import dispatch
+
+    assert launch.try_launch in dispatch._launchers
+    monkeypatch.setenv("ULTRAQUANT_BACKEND", "aot")
+    key = torch.randn(3, 2, 64)
+    cache = torch.zeros(2, 16, 2, uq.slot_size(64), dtype=torch.uint8)
+    with pytest.raises(UltraQuantError, match="uq_store_kv was called with tensors that are not on a GPU"):
+        uq.store_kv(key, key, cache, torch.arange(3))
