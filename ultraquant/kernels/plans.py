@@ -35,8 +35,9 @@ DEFAULT_NUM_SMS = 132
 MIN_SPLIT_TOKENS = 256
 """A decode split never gets fewer tokens than this (at the static ``max_seq_len`` bound)."""
 
-DECODE_WAVES = 8.0
-"""Decode aims at this many programs per multiprocessor when choosing the split count."""
+DECODE_BLOCKS_PER_SM = 4
+"""Resident decode programs per multiprocessor (ncu on the H200: 128 registers x 128 threads limit
+the D=128 kernel to 4 blocks per SM, 25% occupancy). One wave = num_sms * this."""
 
 CONTINUATION_THRESHOLD = 128
 """Chunks of at most this many new tokens (with a cached prefix) are small continuations."""
@@ -216,13 +217,16 @@ def _dummy_f32(device: torch.device) -> torch.Tensor:
 def decode_splits(batch: int, num_kv_heads: int, max_tokens: int, device: torch.device) -> int:
     """Fixed split count from static shapes only (so a captured graph replays for any seq_lens).
 
-    Enough programs for about DECODE_WAVES per multiprocessor, but never splits shorter than
-    MIN_SPLIT_TOKENS at the ``max_tokens`` bound. ``ULTRAQUANT_DECODE_SPLITS`` overrides (tuning).
+    As many splits as fit in ONE wave of resident programs (``num_sms * DECODE_BLOCKS_PER_SM``):
+    on the H200, shape A with 17 splits (1088 programs, 2.06 waves) took 729 us and with 8 or 16
+    splits (1.0 / 1.94 waves) 644-646 us: the partial last wave costs more than splitting gains.
+    Never splits shorter than MIN_SPLIT_TOKENS at the ``max_tokens`` bound.
+    ``ULTRAQUANT_DECODE_SPLITS`` overrides (tuning).
     """
     forced = os.environ.get("ULTRAQUANT_DECODE_SPLITS")
     if forced:
         return max(1, int(forced))
-    want = _cdiv(int(DECODE_WAVES * num_sms(device)), max(1, batch * num_kv_heads))
+    want = (num_sms(device) * DECODE_BLOCKS_PER_SM) // max(1, batch * num_kv_heads)
     return max(1, min(want, _cdiv(max_tokens, MIN_SPLIT_TOKENS)))
 
 
