@@ -1,0 +1,97 @@
+"""``ultraquant vllm``: is the vLLM plugin in place, and what will the cache look like?
+
+Prints the vLLM version the adapter targets, the installed one, whether the
+``vllm.general_plugins`` entry point is in the installed metadata, whether registering the backend
+works here, the cache geometry for a model's head configuration, and the serve command line.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import importlib.util
+import json
+
+import click
+
+from ultraquant.errors import UltraQuantError
+from ultraquant.vllm import (
+    BACKEND_CLASS,
+    BACKEND_NAME,
+    KV_CACHE_DTYPE,
+    SUPPORTED_BLOCK_SIZES,
+    SUPPORTED_HEAD_SIZES,
+    VLLM_VERSION,
+    kv_cache_shape,
+)
+
+ENTRY_POINT = "ultraquant.vllm:register"
+
+
+def _entry_point_found() -> bool:
+    """Whether an installed distribution declares our register() as a vLLM general plugin."""
+    return any(ep.value == ENTRY_POINT for ep in importlib.metadata.entry_points(group="vllm.general_plugins"))
+
+
+def _installed_vllm() -> str | None:
+    if importlib.util.find_spec("vllm") is None:
+        return None
+    try:
+        return importlib.metadata.version("vllm")
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown version"
+
+
+def status(head_size: int, num_kv_heads: int, block_size: int, register: bool) -> dict:
+    """The facts the command prints (also its ``--json`` output)."""
+    shape = kv_cache_shape(1, block_size, num_kv_heads, head_size)
+    installed = _installed_vllm()
+    registered: bool | None = None
+    if register and installed is not None:
+        from ultraquant.vllm import register as do_register
+
+        registered = do_register()
+    return {
+        "targets": f"vllm=={VLLM_VERSION}",
+        "installed": installed,
+        "entry_point": _entry_point_found(),
+        "registered": registered,
+        "backend": f"{BACKEND_NAME} -> {BACKEND_CLASS}",
+        "kv_cache_dtype": KV_CACHE_DTYPE,
+        "block_sizes": list(SUPPORTED_BLOCK_SIZES),
+        "head_sizes": list(SUPPORTED_HEAD_SIZES),
+        "block_supported": block_size in SUPPORTED_BLOCK_SIZES,
+        "cache_block_shape": list(shape),
+        "bytes_per_token": num_kv_heads * shape[-1],
+        "serve": (f"vllm serve MODEL --kv-cache-dtype {KV_CACHE_DTYPE} --attention-backend {BACKEND_NAME} "
+                  f"--block-size {block_size}"),
+    }
+
+
+@click.command()
+@click.option("--head-size", default=128, show_default=True, help="The model's head size D.")
+@click.option("--num-kv-heads", default=8, show_default=True, help="KV heads per GPU (after tensor parallel).")
+@click.option("--block-size", default=16, show_default=True, help="vLLM --block-size (tokens per block).")
+@click.option("--no-register", is_flag=True, help="Do not call register() (it imports vLLM).")
+@click.option("--json", "as_json", is_flag=True, help="Print the facts as JSON.")
+def command(head_size: int, num_kv_heads: int, block_size: int, no_register: bool, as_json: bool) -> None:
+    """Check the vLLM plugin and show the cache geometry and serve command."""
+    try:
+        st = status(head_size, num_kv_heads, block_size, register=not no_register)
+    except UltraQuantError as exc:
+        raise click.BadParameter(str(exc)) from exc
+    if as_json:
+        click.echo(json.dumps(st, indent=2))
+        return
+    yes_no = {True: "yes", False: "NO", None: "not tried"}
+    click.echo(f"targets        {st['targets']}")
+    click.echo(f"installed      {st['installed'] or 'vllm not installed'}")
+    click.echo(f"entry point    {yes_no[st['entry_point']]}"
+               + ("" if st["entry_point"] else " (reinstall ultraquant: pip install -e .)"))
+    click.echo(f"registered     {yes_no[st['registered']]}  ({st['backend']})")
+    click.echo(f"cache dtype    {st['kv_cache_dtype']} (uint8)")
+    click.echo(f"block sizes    {', '.join(map(str, st['block_sizes']))}"
+               + ("" if st["block_supported"] else f"  (--block-size {block_size} is NOT one of them)"))
+    click.echo(f"head sizes     {', '.join(map(str, st['head_sizes']))}")
+    click.echo(f"one block      {tuple(st['cache_block_shape'])} uint8, {st['bytes_per_token']} B per token "
+               "per layer")
+    click.echo(f"serve          {st['serve']}")
