@@ -35,7 +35,7 @@ from ultraquant.kernels.plan import LaunchPlan, Specialization
 from . import selftest
 from .driver import DeviceInfo, device_info
 from .loader import BlobError, Kernel, get_kernel
-from .manifest import Entry, ManifestIndex
+from .manifest import ALTERNATES, Entry, ManifestIndex
 from .packing import MisalignedArgument
 
 log = logging.getLogger("ultraquant.runtime")
@@ -156,16 +156,30 @@ def resolve(spec: Specialization, dev: int, *, allow_selftest: bool = True) -> K
         if st is not None:
             return st
         d = info(dev)
-        entry, reason = index().lookup(d.arch, key)
-        if entry is None:
-            st = _note_miss(dev, key, reason, warn=False)
-        elif entry.signature != dict(spec.signature):
-            ours = [f"{n}:{t}" for n, t in spec.signature.items()]
-            theirs = [f"{n}:{t}" for n, t in entry.signature.items()]
-            st = _note_miss(dev, key, f"blob {entry.path.name} takes parameters {theirs}, this call needs "
-                            f"{ours} (other dtypes than were built, or stale blobs)", warn=True)
-        else:
-            st = _load_and_test(entry, spec, d, allow_selftest)
+        reasons: list[str] = []
+        st = None
+        for kernel in (*ALTERNATES.get(spec.kernel, ()), spec.kernel):
+            cand = spec if kernel == spec.kernel else Specialization(
+                kernel=kernel, signature=dict(spec.signature), constexprs=dict(spec.constexprs))
+            entry, reason = index().lookup(d.arch, cand.key())
+            if entry is None:
+                if kernel == spec.kernel:  # an alternate that was not built is no news
+                    reasons.append(reason)
+                continue
+            if entry.signature != dict(spec.signature):
+                ours = [f"{n}:{t}" for n, t in spec.signature.items()]
+                theirs = [f"{n}:{t}" for n, t in entry.signature.items()]
+                reasons.append(_note_miss(dev, entry.key, f"blob {entry.path.name} takes parameters {theirs}, "
+                                          f"this call needs {ours} (other dtypes than were built, or stale "
+                                          "blobs)", warn=True).reason)
+                continue
+            got = _load_and_test(entry, cand, d, allow_selftest)
+            if isinstance(got, Kernel):
+                st = got
+                break
+            reasons.append(got.reason)
+        if st is None:
+            st = _note_miss(dev, key, "; ".join(reasons), warn=False)
         if not selftest.running():  # nested lookups inside a self-test are not final verdicts
             _STATE[skey] = st
             _KEYS[skey] = key

@@ -59,6 +59,13 @@ def find_manifests() -> list[Manifest]:
 
 # --- Entries and the (arch, key) index --------------------------------------------------------------
 
+ALTERNATES: dict[str, tuple[str, ...]] = {
+    "uq_decode": ("uq_decode_flydsl_mx", "uq_decode_flydsl"),
+}
+"""Kernels that launch with the very LaunchPlan of the key kernel (same parameters, constexprs and
+grid; codegen/flydsl) and are preferred, in this order, when the manifest has them: the FlyDSL
+decodes for gfx950 (scaled FP4 MFMA) and gfx942/gfx950."""
+
 SUPPORTED_SCHEMAS = (1,)
 """Manifest ``schema`` versions this runtime reads."""
 

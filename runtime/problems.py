@@ -22,6 +22,7 @@ from ultraquant.kernels import plans
 from ultraquant.kernels.plan import LaunchPlan, Specialization
 
 from .loader import Kernel
+from .manifest import ALTERNATES
 from .selftest import register
 
 _DTYPES = {name: dtype for dtype, name in plans.DTYPE_NAMES.items()}
@@ -52,7 +53,9 @@ def _rel_err(got: torch.Tensor, want: torch.Tensor) -> float:
 
 def _launch(kernel: Kernel, plan: LaunchPlan, dev: Device) -> str | None:
     """Launch ``plan`` through ``kernel`` and wait; the reason it cannot be used, if any."""
-    if plan.spec.key() != kernel.entry.key:
+    same_launch = {plan.spec.key()} | {Specialization(kernel=alt, signature={}, constexprs=plan.spec.constexprs)
+                                       .key() for alt in ALTERNATES.get(plan.spec.kernel, ())}
+    if kernel.entry.key not in same_launch:
         return f"the self-test problem planned {plan.spec.key()}, not this blob's {kernel.entry.key}"
     kernel.launch(plan.args, plan.grid)
     if torch.device(dev).type == "cuda":
@@ -166,6 +169,10 @@ def prefill_problem(kernel: Kernel, spec: Specialization, dev: Device) -> tuple[
                                        scale, sinks=sinks, sliding_window=window, softcap=softcap)
     err = _rel_err(out, want)
     return bool(torch.isfinite(out).all()) and err <= ATTENTION_RTOL, f"rel err {err:.2e}"
+
+
+for _alt in ALTERNATES["uq_decode"]:  # the FlyDSL decodes take the Triton decode's LaunchPlan
+    register(_alt)(decode_problem)
 
 
 @register("uq_dequant_kv")

@@ -14,7 +14,7 @@ import struct
 
 import pytest
 from ultraquant.runtime import driver as drv
-from ultraquant.runtime import launch, loader, selftest
+from ultraquant.runtime import launch, loader, problems, selftest
 from ultraquant.runtime.manifest import ManifestIndex, find_manifests
 from ultraquant.runtime.packing import ArgPacker, Param
 from ultraquant.runtime.verdicts import Verdict, VerdictCache
@@ -22,6 +22,7 @@ from ultraquant.runtime.verdicts import Verdict, VerdictCache
 from ultraquant.errors import UltraQuantError
 from ultraquant.kernels.plan import LaunchPlan, Specialization
 
+assert problems.decode_problem is selftest.PROBLEMS["uq_decode"]  # built-ins registered before tests override
 SIG = {"x_ptr": "*bf16", "out_ptr": "*fp32", "n": "i32", "stride": "i64", "scale": "fp32", "flag": "i1"}
 HIDDEN = [("global_scratch", "*i8"), ("profile_scratch", "*i8")]
 
@@ -594,3 +595,28 @@ def test_dispatch_consults_the_runtime_first(monkeypatch):
     cache = torch.zeros(2, 16, 2, uq.slot_size(64), dtype=torch.uint8)
     with pytest.raises(UltraQuantError, match="uq_store_kv was called with tensors that are not on a GPU"):
         uq.store_kv(key, key, cache, torch.arange(3))
+
+
+def _decode_like(kernel="uq_decode"):
+    return Specialization(kernel=kernel, signature=dict(SIG), constexprs={"BLOCK": 64, "D": 128})
+
+
+def test_flydsl_alternate_is_preferred_and_a_failing_one_falls_back(rt, tmp_path, monkeypatch):
+    for i in (0, 1):
+        launch._DEVICES[i] = drv.DeviceInfo(index=i, arch="gfx942", name="AMD Instinct MI300X",
+                                            uuid=f"GPU-{i}", driver_version=60342)
+    d = write_manifest(tmp_path / "gen", arch="gfx942",
+                       specs=[_decode_like(), _decode_like("uq_decode_flydsl")])
+    m = json.loads((d / "manifest.json").read_text())
+    m["blobs"][1]["threads"] = 64
+    (d / "manifest.json").write_text(json.dumps(m))
+    tested = []
+    monkeypatch.setitem(selftest.PROBLEMS, "uq_decode_flydsl", lambda kernel, s, dev: (
+        tested.append((kernel.entry.kernel, dev)) or dev == 0, "flydsl check"))
+    monkeypatch.setitem(selftest.PROBLEMS, "uq_decode", lambda kernel, s, dev: (
+        tested.append((kernel.entry.kernel, dev)) or True, ""))
+    assert launch.try_launch(plan(_decode_like()), 0) is True
+    assert rt.launches[-1]["block"] == 64  # the FlyDSL blob, with its own block size
+    assert launch.try_launch(plan(_decode_like()), 1) is True
+    assert rt.launches[-1]["block"] == 128  # its self-test failed on device 1: the Triton blob
+    assert tested == [("uq_decode_flydsl", 0), ("uq_decode_flydsl", 1), ("uq_decode", 1)]
