@@ -101,9 +101,11 @@ PREFILL_CASES = [
 ]
 
 
+@pytest.mark.parametrize("splits", ["1", "3"])
 @pytest.mark.parametrize("case", PREFILL_CASES, ids=[f"prefill{i}" for i in range(len(PREFILL_CASES))])
-def test_prefill_matches_reference(case):
+def test_prefill_matches_reference(monkeypatch, case, splits):
     lens, q_lens, hq, hk, d, bs, sinks, window, softcap = case
+    monkeypatch.setenv("ULTRAQUANT_PREFILL_SPLITS", splits)
     prefix = [n - q for n, q in zip(lens, q_lens, strict=True)]
     prob = make_paged(prefix, hk, d, bs, seed=d, dtype=torch.bfloat16)
     need = max(-(-n // bs) for n in lens)

@@ -179,10 +179,18 @@ def uq_decode(q_ptr, cache_ptr, bt_ptr, seqlen_ptr, sinks_ptr, out_ptr, part_ptr
                                   kvh.to(tl.int64) * stride_ch, t_lo, t_hi, window, softcap,
                                   stride_cb, stride_ct, D, BLOCK_SIZE, TILE, HAS_WINDOW, HAS_SOFTCAP)
     out_rows = out_ptr + b.to(tl.int64) * stride_ob + heads * stride_oh
+    _store_partial_or_finish(acc, m_i, l_i, rows, cols, heads, rmask, out_rows, sinks_ptr, part_ptr, ml_ptr,
+                             counter_ptr, b * num_kv + kvh, sp, num_splits, ROWS, D, HAS_SINKS)
+
+
+@triton.jit
+def _store_partial_or_finish(acc, m_i, l_i, rows, cols, heads, rmask, out_rows, sinks_ptr, part_ptr, ml_ptr,
+                             counter_ptr, pair, sp, num_splits, ROWS: tl.constexpr, D: tl.constexpr,
+                             HAS_SINKS: tl.constexpr):
+    """Finish directly (one split) or publish this split's state; the last split merges all."""
     if num_splits == 1:
         _finish(acc, m_i, l_i, sinks_ptr, heads, rmask, out_rows, D, HAS_SINKS)
     else:
-        pair = b * num_kv + kvh
         slot = (pair * num_splits + sp).to(tl.int64)
         tl.store(part_ptr + slot * (ROWS * D) + rows[:, None] * D + cols[None, :], acc)
         tl.store(ml_ptr + slot * (2 * ROWS) + rows, m_i)
@@ -206,21 +214,24 @@ def uq_decode(q_ptr, cache_ptr, bt_ptr, seqlen_ptr, sinks_ptr, out_ptr, part_ptr
 
 @triton.jit
 def uq_prefill(q_ptr, k_ptr, v_ptr, cache_ptr, bt_ptr, seqlen_ptr, qsl_ptr, sinks_ptr, out_ptr,
-               scale, softcap, window, num_reqs,
+               part_ptr, ml_ptr, counter_ptr,
+               scale, softcap, window, num_reqs, num_splits,
                stride_qn, stride_qh, stride_kn, stride_kh, stride_vn, stride_vh, stride_on, stride_oh,
                stride_cb, stride_ct, stride_ch, stride_btb,
                D: tl.constexpr, LOG2D: tl.constexpr, GQA: tl.constexpr, GQA_PAD: tl.constexpr,
                ROWS: tl.constexpr, BLOCK_SIZE: tl.constexpr, TILE: tl.constexpr,
                HAS_SINKS: tl.constexpr, HAS_WINDOW: tl.constexpr, HAS_SOFTCAP: tl.constexpr):
-    """Varlen chunked prefill; grid (cdiv(N, QT) + B, Hk) with QT = ROWS // GQA_PAD query tokens.
+    """Varlen chunked prefill; grid (cdiv(N, QT) + B, Hk, num_splits), QT = ROWS // GQA_PAD tokens.
 
     Program t finds its (request, tile) by scanning query_start_loc (no host-side tile table); the
     rows are (query token, query head of this kv head) pairs. Keys: the cached prefix (rotated query
-    vs the cache), then the chunk's raw K/V causally.
+    vs the cache), split over ``num_splits`` programs for short chunks over long prefixes, then the
+    chunk's raw K/V causally (last split). Split states merge like decode's (atomic ticket).
     """
     QT: tl.constexpr = ROWS // GQA_PAD
     t = tl.program_id(0)
     kvh = tl.program_id(1)
+    sp = tl.program_id(2)
     req = -1
     tile = 0
     cum = 0
@@ -255,17 +266,22 @@ def uq_prefill(q_ptr, k_ptr, v_ptr, cache_ptr, bt_ptr, seqlen_ptr, qsl_ptr, sink
         lo = 0
         if HAS_WINDOW:
             lo = tl.maximum(pos_first - window + 1, 0)
-        if lo < ctx:
+        per = tl.cdiv(tl.cdiv(tl.maximum(ctx - lo, 0), num_splits), TILE) * TILE
+        c_lo = lo + sp * per
+        c_hi = tl.minimum(c_lo + per, ctx)
+        if c_lo < c_hi:
             q_rot, q_rot_lo = _scale_query(q, scale, ROWS, D, LOG2D, True, HAS_SOFTCAP)
             acc, m_i, l_i = _attend_paged(acc, m_i, l_i, q_rot, q_rot_lo, qpos, cache_ptr,
                                           bt_ptr + req.to(tl.int64) * stride_btb, kvh.to(tl.int64) * stride_ch,
-                                          lo, ctx, window, softcap, stride_cb, stride_ct, D, BLOCK_SIZE, TILE,
-                                          HAS_WINDOW, HAS_SOFTCAP)
-        q_raw, q_raw_lo = _scale_query(q, scale, ROWS, D, LOG2D, False, HAS_SOFTCAP)
-        k_base = k_ptr + q_start.to(tl.int64) * stride_kn + kvh * stride_kh
-        v_base = v_ptr + q_start.to(tl.int64) * stride_vn + kvh * stride_vh
-        acc, m_i, l_i = _attend_raw(acc, m_i, l_i, q_raw, q_raw_lo, qpos, k_base, v_base, stride_kn, stride_vn, ctx,
-                                    tl.maximum(lo, ctx), pos_last + 1, window, softcap, D, TILE,
-                                    HAS_WINDOW, HAS_SOFTCAP)
+                                          c_lo, c_hi, window, softcap, stride_cb, stride_ct, D, BLOCK_SIZE,
+                                          TILE, HAS_WINDOW, HAS_SOFTCAP)
+        if sp == num_splits - 1:
+            q_raw, q_raw_lo = _scale_query(q, scale, ROWS, D, LOG2D, False, HAS_SOFTCAP)
+            k_base = k_ptr + q_start.to(tl.int64) * stride_kn + kvh * stride_kh
+            v_base = v_ptr + q_start.to(tl.int64) * stride_vn + kvh * stride_vh
+            acc, m_i, l_i = _attend_raw(acc, m_i, l_i, q_raw, q_raw_lo, qpos, k_base, v_base, stride_kn,
+                                        stride_vn, ctx, tl.maximum(lo, ctx), pos_last + 1, window, softcap, D,
+                                        TILE, HAS_WINDOW, HAS_SOFTCAP)
         out_rows = out_ptr + tokrow * stride_on + heads * stride_oh
-        _finish(acc, m_i, l_i, sinks_ptr, heads, rmask, out_rows, D, HAS_SINKS)
+        _store_partial_or_finish(acc, m_i, l_i, rows, cols, heads, rmask, out_rows, sinks_ptr, part_ptr, ml_ptr,
+                                 counter_ptr, t * tl.num_programs(1) + kvh, sp, num_splits, ROWS, D, HAS_SINKS)

@@ -65,8 +65,8 @@ DECODE_PARAMS: tuple[tuple[str, str], ...] = (
 PREFILL_PARAMS: tuple[tuple[str, str], ...] = (
     ("q_ptr", "*{query}"), ("k_ptr", "*{key}"), ("v_ptr", "*{key}"), ("cache_ptr", "*u8"),
     ("bt_ptr", "*i32"), ("seqlen_ptr", "*i32"), ("qsl_ptr", "*i32"), ("sinks_ptr", "*fp32"),
-    ("out_ptr", "*{out}"),
-    ("scale", "fp32"), ("softcap", "fp32"), ("window", "i32"), ("num_reqs", "i32"),
+    ("out_ptr", "*{out}"), ("part_ptr", "*fp32"), ("ml_ptr", "*fp32"), ("counter_ptr", "*i32"),
+    ("scale", "fp32"), ("softcap", "fp32"), ("window", "i32"), ("num_reqs", "i32"), ("num_splits", "i32"),
     ("stride_qn", "i32"), ("stride_qh", "i32"), ("stride_kn", "i32"), ("stride_kh", "i32"),
     ("stride_vn", "i32"), ("stride_vh", "i32"), ("stride_on", "i32"), ("stride_oh", "i32"),
     ("stride_cb", "i32"), ("stride_ct", "i32"), ("stride_ch", "i32"), ("stride_btb", "i32"),
@@ -187,7 +187,8 @@ def num_sms(device: torch.device) -> int:
 
 def decode_workspace(device: torch.device, part_elems: int, ml_elems: int,
                      counters: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """fp32 partials, fp32 (m, l) rows and zeroed int32 tickets for split-KV decode, cached per device.
+    """fp32 partials, fp32 (m, l) rows and zeroed int32 tickets for split-KV decode and prefill,
+    cached per device (the two ops run one after the other on a stream, never concurrently).
 
     Grows (reallocates) only when a call needs more than any earlier one: warm up with the largest
     batch before capturing a CUDA graph. The kernel resets each ticket to 0 after use, so the counters
@@ -211,6 +212,25 @@ def _dummy_f32(device: torch.device) -> torch.Tensor:
     key = str(device)
     if key not in _dummies:
         _dummies[key] = torch.zeros(1, dtype=torch.float32, device=device)
+    return _dummies[key]
+
+
+def prefill_splits(programs: int, max_tokens: int, device: torch.device) -> int:
+    """Split count of the cached prefix for prefill, from static shapes (``programs`` = tile bound
+    x Hk): a few short chunks over a long prefix fill one wave of programs; large chunks get 1.
+    ``ULTRAQUANT_PREFILL_SPLITS`` overrides (tests, tuning)."""
+    forced = os.environ.get("ULTRAQUANT_PREFILL_SPLITS")
+    if forced:
+        return max(1, int(forced))
+    want = (num_sms(device) * DECODE_BLOCKS_PER_SM) // max(1, programs)
+    return max(1, min(want, _cdiv(max_tokens, MIN_SPLIT_TOKENS)))
+
+
+def _dummy_i32(device: torch.device) -> torch.Tensor:
+    """A 1-element int32 tensor standing in for an unused ticket buffer (never touched)."""
+    key = f"i32:{device}"
+    if key not in _dummies:
+        _dummies[key] = torch.zeros(1, dtype=torch.int32, device=device)
     return _dummies[key]
 
 
@@ -292,18 +312,28 @@ def plan_prefill(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, kv
     spec = prefill_spec(head_size=d, gqa=hq // hk, block_size=bs, query_dtype=query.dtype,
                         key_dtype=key.dtype, out_dtype=out.dtype, has_sinks=sinks is not None,
                         has_window=sliding_window is not None, has_softcap=softcap is not None)
-    qt = spec.constexprs["ROWS"] // spec.constexprs["GQA_PAD"]
+    rows = spec.constexprs["ROWS"]
+    qt = rows // spec.constexprs["GQA_PAD"]
     nreq = seq_lens.shape[0]
+    tiles = max(1, _cdiv(n, qt) + nreq)
+    splits = prefill_splits(tiles * hk, block_table.shape[1] * bs, query.device)
+    if splits > 1:
+        part, ml, counter = decode_workspace(query.device, tiles * hk * splits * rows * d,
+                                             tiles * hk * splits * 2 * rows, tiles * hk)
+    else:
+        part = ml = _dummy_f32(query.device)
+        counter = _dummy_i32(query.device)
     args = (query, key, value, kv_cache, block_table, seq_lens, query_start_loc,
-            sinks if sinks is not None else _dummy_f32(query.device), out,
-            float(scale), float(softcap or 0.0), int(sliding_window or 0), nreq,
+            sinks if sinks is not None else _dummy_f32(query.device), out, part, ml, counter,
+            float(scale), float(softcap or 0.0), int(sliding_window or 0), nreq, splits,
             query.stride(0), query.stride(1), key.stride(0), key.stride(1), value.stride(0), value.stride(1),
             out.stride(0), out.stride(1), kv_cache.stride(0), kv_cache.stride(1), kv_cache.stride(2),
             block_table.stride(0))
-    return LaunchPlan(spec, args, (max(1, _cdiv(n, qt) + nreq), hk, 1))
+    return LaunchPlan(spec, args, (tiles, hk, splits), notes={"num_splits": splits})
 
 
 __all__ = [
     "CONTINUATION_THRESHOLD", "SPECIALIZERS", "decode_spec", "dequant_spec", "prefill_spec", "store_spec",
     "plan_store", "plan_dequant", "plan_decode", "plan_prefill", "decode_splits", "decode_workspace",
+    "prefill_splits",
 ]
