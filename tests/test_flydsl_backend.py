@@ -28,7 +28,7 @@ def test_spec_is_the_triton_decode_renamed():
 
 
 @pytest.mark.parametrize("bad, why", [
-    ({"head_size": 64}, "head sizes"), ({"head_size": 512}, "head sizes"), ({"gqa": 17}, "query heads"),
+    ({"head_size": 64}, "head sizes"), ({"head_size": 1024}, "head sizes"), ({"gqa": 17}, "query heads"),
     ({"block_size": 8}, "multiple of 16"), ({"block_size": 24}, "multiple of 16"),
     ({"query_dtype": "fp32"}, "bf16/fp16"),
 ])
@@ -60,7 +60,7 @@ def test_backend_only_builds_its_op_for_cdna():
 
 
 @pytest.mark.parametrize("vgpr, agpr, waves", [(64, 0, 8), (127, 0, 4), (128, 0, 4), (129, 0, 3),
-                                              (200, 0, 2), (256, 0, 2), (257, 0, 1), (120, 16, 3)])
+                                              (200, 0, 2), (256, 0, 2), (257, 0, 1), (368, 112, 1), (8, 64, 8)])
 def test_waves_per_simd(vgpr, agpr, waves):
     assert isa.waves_per_simd(vgpr, agpr) == waves
 

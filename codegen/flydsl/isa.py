@@ -84,10 +84,11 @@ def expected_mfma(arch: str, head_size: int, mx: bool = False) -> dict[str, int]
 
 
 def waves_per_simd(vgpr: int, agpr: int = 0) -> int:
-    """Occupancy limit from registers: AGPRs start at a 4-aligned offset, the total allocates in
-    granules of 8, 512 registers per SIMD lane, at most 8 waves."""
-    total = -(-vgpr // 4) * 4 + agpr
-    total = max(8, -(-total // 8) * 8)
+    """Occupancy limit from registers on CDNA3/CDNA4. The code object's ``.vgpr_count`` is already
+    the unified total (arch VGPRs aligned to 4, plus AGPRs); it allocates in granules of 8 out of
+    512 per SIMD lane, at most 8 waves. ``agpr`` only guards a total smaller than the AGPRs."""
+    total = max(8, vgpr, agpr)
+    total = -(-total // 8) * 8
     return min(MAX_WAVES, UNIFIED_REGS // total)
 
 
