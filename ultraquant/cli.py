@@ -13,6 +13,7 @@ COMMANDS: tuple[str, ...] = (
     "build",
     "verify",
     "bench",
+    "accuracy",
     "vllm",
 )
 
