@@ -25,5 +25,34 @@ lint: env
 test: env lint
 	$(PY) -m pytest -q tests
 
+# --- AOT kernels (docs/codegen.md) -------------------------------------------------------------
+#   make kernels ARCH=gfx942[,gfx950,sm_90] [HEAD_SIZES=64,128 GQA=4,8 BLOCK_SIZES=16 DTYPES=bf16 OPS=... JOBS=2]
+#   make wheel   ARCH=gfx942,gfx950,sm_90  (same knobs) -> $(DIST)/ultraquant-*.whl with the blobs inside
+ARCH       ?= gfx942,gfx950,sm_90
+GENERATED  ?= generated
+DIST       ?= dist
+BUILD_VENV ?= .build/venv
+BUILD_PY   := $(BUILD_VENV)/bin/python
+comma      := ,
+KERNEL_ARGS = --arch $(ARCH) --out $(GENERATED) $(if $(HEAD_SIZES),--head-sizes $(HEAD_SIZES)) \
+	$(if $(GQA),--gqa $(GQA)) $(if $(BLOCK_SIZES),--block-sizes $(BLOCK_SIZES)) \
+	$(if $(DTYPES),--dtypes $(DTYPES)) $(if $(OPS),--ops $(OPS)) $(if $(JOBS),-j $(JOBS))
+
+.PHONY: kernels wheel
+
+$(BUILD_VENV)/.installed: codegen/requirements.txt pyproject.toml
+	$(PYTHON) -m venv $(BUILD_VENV)
+	$(BUILD_PY) -m pip install -q --upgrade pip
+	$(BUILD_PY) -m pip install -q "$(TORCH_SPEC)" -r codegen/requirements.txt
+	$(BUILD_PY) -m pip install -q --no-deps --no-build-isolation -e .
+	touch $@
+
+kernels: $(BUILD_VENV)/.installed
+	$(BUILD_VENV)/bin/ultraquant build --install-deps $(KERNEL_ARGS)
+	$(BUILD_VENV)/bin/ultraquant verify $(addprefix $(GENERATED)/,$(subst $(comma), ,$(ARCH)))
+
+wheel: kernels
+	$(BUILD_PY) -m ultraquant.codegen.wheel --arch $(ARCH) --generated $(GENERATED) --dist $(DIST)
+
 clean:
 	rm -rf $(VENV) build dist *.egg-info

@@ -29,7 +29,7 @@ BACKENDS: dict[str, str] = {
 }
 """Backend name -> ``"module:Class"``. The class is built with the job's ``backend_options``."""
 
-VERIFY_HOOKS: dict[str, str] = {}
+VERIFY_HOOKS: dict[str, str] = {"flydsl": "ultraquant.codegen.flydsl.isa:check_blob"}
 """Backend name -> ``"module:function"`` run by ``ultraquant verify`` on each blob of that backend
 (extra ISA checks, e.g. MFMA present): ``function(entry: dict, data: bytes, arch: Arch) -> list[str]``
 returning problems. Must not need the backend's compiler (verify runs in plain installs)."""

@@ -47,6 +47,8 @@ ERROR_RE = re.compile(r"error:", re.IGNORECASE)
 SCALAR_SIZES = {"i1": 1, "i8": 1, "i16": 2, "i32": 4, "i64": 8, "u1": 1, "u8": 1, "u16": 2, "u32": 4,
                 "u64": 8, "fp16": 2, "bf16": 2, "fp32": 4, "f32": 4, "fp64": 8}
 POINTER_SIZE = 8
+_INFO_KEYS = {"symbol", "threads", "num_warps", "num_stages", "num_ctas", "shared", "hidden", "divisibility",
+              "isa"}
 
 
 class BuildError(UltraQuantError):
@@ -70,6 +72,8 @@ class BuildOptions:
     timeout_s: float = 1800.0
     """Per compile; a worker past it is killed and the config fails."""
     extra_env: dict[str, str] = field(default_factory=dict)
+    timings: Path | None = None
+    """If set, one JSON line per compile (arch, op, key, seconds, ok) is appended to this file."""
     progress: Callable[[int, str], Any] | None = None
     """Called with (total, label) once, then returns an update(n) callable; None = silent."""
 
@@ -97,6 +101,7 @@ class _Job:
     info: dict[str, Any] | None = None
     binary: bytes | None = None
     error: str = ""
+    seconds: float = 0.0
 
 
 def type_size(ty: str) -> int:
@@ -248,9 +253,14 @@ def make_entry(job: _Job, file_name: str) -> dict[str, Any]:
         "params": params,
         "kernarg_size": int(kernarg),
         "resources": resources,
-        "allow_spills": job.point.allows_spills(),
+        "allow_spills": job.point.allows_spills()[0],
+        "spill_budget": job.point.allows_spills()[1],
         "build_hash": job.build_hash,
+        **({"isa": info["isa"]} if "isa" in info else {}),  # backend ISA record (FlyDSL: MFMA, waves)
     }
+    extra = {k: v for k, v in info.items() if k not in _INFO_KEYS}
+    if extra:
+        entry["compiler"] = extra  # backend-specific records (e.g. FlyDSL's ISA summary)
     if arch.is_amd:
         entry["code_object_version"] = obj.abi_version + 2
         entry["target"] = obj.target
@@ -306,11 +316,14 @@ def _load_cached(opts: BuildOptions, job: _Job) -> bool:
     if paths is None or not (paths[0].is_file() and paths[1].is_file()):
         return False
     try:
-        job.info = json.loads(paths[1].read_text())
-        job.binary = paths[0].read_bytes()
+        info = json.loads(paths[1].read_text())
+        binary = paths[0].read_bytes()
     except (OSError, json.JSONDecodeError):
         return False
-    return hashlib.sha256(job.binary).hexdigest() == job.info.get("_sha256")
+    if hashlib.sha256(binary).hexdigest() != info.pop("_sha256", None):
+        return False  # a torn or tampered cache entry: recompile
+    job.info, job.binary = info, binary
+    return True
 
 
 def _store_cached(opts: BuildOptions, job: _Job) -> None:
@@ -353,6 +366,7 @@ def _compile_all(opts: BuildOptions, jobs: list[_Job], tmp: Path) -> None:
                            "log": str(log)}
                 res, why = worker.run(payload, opts.timeout_s)
                 text = _tail(log, 4000) if log.exists() else ""
+                job.seconds = float((res or {}).get("seconds", 0.0))
                 if res is None:
                     job.error = f"{why}\n{text}".strip()
                 elif not res.get("ok"):
@@ -371,10 +385,20 @@ def _compile_all(opts: BuildOptions, jobs: list[_Job], tmp: Path) -> None:
     for t in threads:
         t.start()
     update = opts.progress(len(jobs), "compiling") if opts.progress else None
-    for _ in range(len(jobs)):
-        done.get()
-        if update:
-            update(1)
+    timings = open(opts.timings, "a") if opts.timings is not None else None  # noqa: SIM115
+    try:
+        for _ in range(len(jobs)):
+            j = jobs[done.get()]
+            if timings:
+                timings.write(json.dumps({"arch": j.arch.name, "op": j.point.row.op, "key": j.spec.key(),
+                                          "seconds": j.seconds, "ok": not j.error,
+                                          "bytes": len(j.binary or b"")}) + "\n")
+                timings.flush()
+            if update:
+                update(1)
+    finally:
+        if timings:
+            timings.close()
     for t in threads:
         t.join()
 

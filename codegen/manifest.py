@@ -17,7 +17,7 @@ the matrix table excludes, with the reason). One blob entry:
   ``sgpr_spill``, ``lds_static``, ``scratch``...; cubin: ``registers``, ``local``, ``min_stack``,
   ``max_stack``, ``shared_static``...) plus ``global_scratch_size``/``profile_scratch_size``;
 - ``code_object_version`` (HSACO) or ``elf_abi_version`` (cubin), ``allow_spills`` (reason or
-  ``""``), ``build_hash`` (inputs of the compile; the incremental cache key).
+  ``""``) and ``spill_budget`` (bytes), ``build_hash`` (inputs of the compile; the incremental cache key).
 
 Writing is deterministic: sorted keys, fixed indentation, no timestamps and no absolute paths.
 """

@@ -64,20 +64,23 @@ class OpRow:
 
 @dataclass(frozen=True)
 class Skip:
-    """A config that is not built: ``when(config, arch)`` is true -> skipped with ``reason``."""
+    """A config that is not built: ``when(config, arch)`` is true -> skipped with ``reason`` (or with
+    the string ``when`` returned, for rules whose reason depends on the config)."""
 
     ops: tuple[str, ...]
-    when: Callable[[Config, str], bool]
+    when: Callable[[Config, str], bool | str]
     reason: str
 
 
 @dataclass(frozen=True)
 class SpillAllowance:
-    """Configs allowed to use scratch / spill registers (every other blob must use none)."""
+    """Configs allowed to use scratch / spills / local memory up to ``max_bytes`` per thread (HSACO:
+    scratch + VGPR spills; cubin: local frame + stack); every other blob must use none."""
 
     ops: tuple[str, ...]
     when: Callable[[Config, str], bool]
     reason: str
+    max_bytes: int
 
 
 OPS: tuple[OpRow, ...] = (
@@ -96,6 +99,17 @@ OPS: tuple[OpRow, ...] = (
     OpRow("prefill_attention", ("head_size", "gqa", "block_size", "dtype"), rename={"dtype": "query_dtype"},
           features=ATTENTION_FEATURES, flag_defaults=ATTENTION_FLAGS,
           grid="(cdiv(num_tokens, ROWS // GQA_PAD) + num_seqs, num_kv_heads, 1)"),
+    # FlyDSL decode (codegen/flydsl): launched exactly like decode_attention (same LaunchPlan args,
+    # grid and workspace), one 64-lane wave per block; key = the Triton key with uq_decode_flydsl.
+    OpRow("decode_attention_flydsl", ("head_size", "gqa", "block_size", "dtype"),
+          rename={"dtype": "query_dtype"}, features=ATTENTION_FEATURES, flag_defaults=ATTENTION_FLAGS,
+          backend="flydsl", archs=("gfx942", "gfx950"),
+          grid="(num_seqs, num_kv_heads, num_splits) as decode_attention; 64 threads"),
+    # gfx950 variant: QK by the scaled FP4 x FP8 MFMA, V by the FP4 -> bf16 conversion instruction.
+    OpRow("decode_attention_flydsl_mx", ("head_size", "gqa", "block_size", "dtype"),
+          rename={"dtype": "query_dtype"}, features=ATTENTION_FEATURES, flag_defaults=ATTENTION_FLAGS,
+          backend="flydsl", archs=("gfx950",),
+          grid="(num_seqs, num_kv_heads, num_splits) as decode_attention; 64 threads"),
 )
 """The op rows. A row's ``axes`` must be exactly the non-feature keywords its specializer takes."""
 
@@ -106,6 +120,12 @@ ALL_OPS = ("store_kv", "dequant_kv", *ATTENTION_OPS)
 
 def _pow2(n: int) -> bool:
     return n >= 1 and n & (n - 1) == 0
+
+
+def _flydsl_unsupported(c: Config) -> str:
+    from .flydsl.backend import unsupported  # no flydsl import: the reason text only
+
+    return unsupported(c)
 
 
 def _bad_head_size(c: Config, arch: str) -> bool:
@@ -120,6 +140,9 @@ SKIPS: tuple[Skip, ...] = (
          "GQA ratio must be at least 1"),
     Skip(("dequant_kv", *ATTENTION_OPS), lambda c, a: not _pow2(c.get("block_size", 1)),
          "block size must be a power of two (Triton tiles are powers of two)"),
+    Skip(("decode_attention_flydsl", "decode_attention_flydsl_mx"), lambda c, a: _flydsl_unsupported(c),
+         "FlyDSL decode: head size 128/256, GQA 1..16, block size a multiple of 16, bf16/fp16 query "
+         "(see codegen/flydsl/backend.py unsupported())"),
 )
 """Every config that is deliberately not built, with why. Nothing else may drop a config."""
 
@@ -135,12 +158,12 @@ class MatrixPoint:
     config: Config
     arch: str
 
-    def allows_spills(self) -> str:
-        """The reason this point may spill, or ``""`` when it must not."""
+    def allows_spills(self) -> tuple[str, int]:
+        """(reason, byte budget) when this point may spill, ``("", 0)`` when it must not."""
         for a in SPILLS_ALLOWED:
             if self.row.op in a.ops and a.when(self.config, self.arch):
-                return a.reason
-        return ""
+                return a.reason, a.max_bytes
+        return "", 0
 
 
 @dataclass(frozen=True)
@@ -187,6 +210,16 @@ def parse_str_list(text: str | None, name: str, default: tuple[str, ...] | None)
     return tuple(dict.fromkeys(s.strip() for s in text.split(",") if s.strip()))
 
 
+def _skip_reason(skips: Sequence[Skip], op: str, config: Config, arch: str) -> str:
+    """The first matching skip's reason (a ``when`` returning a non-empty str gives its own reason)."""
+    for s in skips:
+        if op in s.ops:
+            hit = s.when(config, arch)
+            if hit:
+                return hit if isinstance(hit, str) else s.reason
+    return ""
+
+
 def expand(rows: Sequence[OpRow], selection: Selection, arch: str, backends_for_arch: Iterable[str],
            skips: Sequence[Skip] = SKIPS) -> tuple[list[MatrixPoint], list[dict[str, Any]]]:
     """Every config of ``rows`` for ``arch`` under ``selection``: (to build, skipped with reasons).
@@ -211,7 +244,7 @@ def expand(rows: Sequence[OpRow], selection: Selection, arch: str, backends_for_
             for feats in row.features:
                 axes = {row.rename.get(a, a): v for a, v in zip(row.axes, values, strict=True)}
                 config = {**axes, **row.flag_defaults, **feats}
-                reason = next((s.reason for s in skips if row.op in s.ops and s.when(config, arch)), "")
+                reason = _skip_reason(skips, row.op, config, arch)
                 if reason:
                     skipped.append({"op": row.op, "backend": row.backend, "config": config,
                                     "reason": reason})

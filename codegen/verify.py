@@ -108,6 +108,9 @@ def _check_resources(kernel, arch: Arch, entry: dict[str, Any]) -> list[str]:
     if spills and not entry.get("allow_spills"):
         out.append(f"uses scratch/spills/local memory {spills} and the manifest does not allow it "
                    "(fix the kernel, or add a SpillAllowance with the reason in codegen/matrix.py)")
+    elif spills and sum(spills.values()) > int(entry.get("spill_budget", 0)):
+        out.append(f"uses scratch/spills/local memory {spills}, over the allowed "
+                   f"{entry.get('spill_budget', 0)} bytes ({entry.get('allow_spills')})")
     launch = entry.get("launch", {})
     threads = int(launch.get("threads", 0))
     shared = int(launch.get("shared", 0))

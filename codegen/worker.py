@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import time
 import traceback
 from typing import Any
 
@@ -53,6 +54,7 @@ def main() -> int:
             sys.stderr.flush()
             os.dup2(log.fileno(), 1)
             os.dup2(log.fileno(), 2)
+            start = time.monotonic()
             try:
                 res = _run_job(job, backends)
             except BaseException as exc:  # report every failure; the build decides what it means
@@ -63,6 +65,7 @@ def main() -> int:
                 sys.stderr.flush()
                 os.dup2(saved_out, 1)
                 os.dup2(saved_err, 2)
+        res["seconds"] = round(time.monotonic() - start, 3)  # reported, never written to the manifest
         results.write(json.dumps(res, sort_keys=True) + "\n")
     return 0
 

@@ -136,8 +136,14 @@ def test_undeclared_spills_and_limits(copy):
     assert any("exceeds 65536 on gfx942" in p for p in problems)
     assert any("threads per block 2048" in p for p in problems)
 
-    def allow(m):
+    def allow_too_little(m):
         m["blobs"][0]["allow_spills"] = "accepted for the test"
+        m["blobs"][0]["spill_budget"] = 32
+    _edit(d, allow_too_little)
+    assert any("over the allowed 32 bytes" in p for p in verify_dir(d).problems)
+
+    def allow(m):
+        m["blobs"][0]["spill_budget"] = 64
         m["blobs"][1]["launch"]["shared"] = 0
         m["blobs"][2]["launch"]["threads"] = 128
     _edit(d, allow)

@@ -28,11 +28,12 @@ def _progress(total: int, label: str):
     return update
 
 
-def _install_deps(archs, rows) -> None:
-    """Install the pip requirements and Debian packages of the backends the matrix uses."""
+def _install_deps(archs, rows, ops) -> None:
+    """Install the pip requirements and Debian packages of the backends the selected rows use."""
     from ultraquant.codegen.backends import load_backend
 
-    names = sorted({r.backend for r in rows if any(r.archs is None or a.name in r.archs for a in archs)})
+    names = sorted({r.backend for r in rows if (ops is None or r.op in ops)
+                    and any(r.archs is None or a.name in r.archs for a in archs)})
     for name in names:
         backend = load_backend(name)
         if backend.requirements():
@@ -58,8 +59,11 @@ def _install_deps(archs, rows) -> None:
 @click.option("--no-cache", is_flag=True, help="Compile everything (and do not fill the cache).")
 @click.option("-j", "--jobs", default=0, type=int, help="Parallel compiles (default: CPU count).")
 @click.option("--install-deps", is_flag=True, help="First install what the used backends need.")
+@click.option("--timings", type=click.Path(path_type=Path), default=None,
+              help="Append one JSON line per compile (arch, op, key, seconds) to this file.")
 def command(arch_list: str, head_sizes: str, gqa: str, block_sizes: str, dtypes: str, ops: str,
-            out_dir: Path, cache_dir: Path, no_cache: bool, jobs: int, install_deps: bool) -> None:
+            out_dir: Path, cache_dir: Path, no_cache: bool, jobs: int, install_deps: bool,
+            timings: Path | None) -> None:
     """Compile every specialization of the matrix for each arch into OUT/<arch>/ + manifest.json."""
     from ultraquant.codegen import matrix
     from ultraquant.codegen.archs import parse_arch_list
@@ -75,10 +79,10 @@ def command(arch_list: str, head_sizes: str, gqa: str, block_sizes: str, dtypes:
             ops=matrix.parse_str_list(ops, "OPS", None),
         )
         if install_deps:
-            _install_deps(archs, matrix.OPS)
+            _install_deps(archs, matrix.OPS, selection.ops)
         start = time.monotonic()
         results = build(BuildOptions(archs=archs, selection=selection, out_dir=out_dir,
-                                     cache_dir=None if no_cache else cache_dir, jobs=jobs,
+                                     cache_dir=None if no_cache else cache_dir, jobs=jobs, timings=timings,
                                      progress=_progress))
     except UltraQuantError as exc:
         raise click.ClickException(str(exc)) from None

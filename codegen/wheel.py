@@ -1,0 +1,110 @@
+"""``make wheel``: a wheel of the ultraquant package with the generated blobs inside it.
+
+How the blobs enter the package namespace: the source tree is copied to a staging folder
+(``.build/wheel-src``: tracked and untracked-but-not-ignored files), each built ``generated/<arch>/``
+(manifest + blobs, after ``verify``) is copied to ``ultraquant/_generated/<arch>/`` there, and a
+staging-only ``MANIFEST.in`` marks those files as package data (setuptools' ``include_package_data``,
+on by default for pyproject projects). ``pip wheel`` then builds the staged tree. The source tree is
+never modified. At run time ``ultraquant.runtime.manifest`` searches ``ultraquant/_generated`` first.
+
+The staged ``pyproject.toml`` also gets every sub-package that exists on disk but is missing from its
+``packages`` list (with a warning naming them), so an installed wheel can import what the checkout
+imports. The wheel is ``py3-none-any``: the blobs are loaded by the GPU driver, not by Python.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import click
+
+from .archs import parse_arch_list
+from .verify import verify_dir
+
+GENERATED_PACKAGE_DIR = "ultraquant/_generated"
+PACKAGE_DIRS = {"ultraquant": "ultraquant", "ultraquant.runtime": "runtime", "ultraquant.codegen": "codegen"}
+
+
+def _source_files(root: Path) -> list[str]:
+    try:
+        out = subprocess.run(["git", "ls-files", "-co", "--exclude-standard", "-z"], cwd=root,
+                             capture_output=True, check=True).stdout
+        return [f for f in out.decode().split("\0") if f and (root / f).is_file()]
+    except (OSError, subprocess.CalledProcessError):  # not a git checkout: everything but build dirs
+        skip = {".git", ".venv", ".build", "build", "dist", "generated"}
+        return [p.relative_to(root).as_posix() for p in root.rglob("*")
+                if p.is_file() and not skip.intersection(p.relative_to(root).parts)]
+
+
+def _packages_on_disk(stage: Path) -> list[str]:
+    found = []
+    for name, folder in PACKAGE_DIRS.items():
+        for init in sorted((stage / folder).rglob("__init__.py")):
+            rel = init.parent.relative_to(stage / folder).parts
+            found.append(".".join((name, *rel)))
+    return found
+
+
+def _complete_packages(pyproject: Path, stage: Path) -> list[str]:
+    """Add sub-packages missing from ``packages = [...]``; returns the ones added."""
+    text = pyproject.read_text()
+    m = re.search(r"^packages\s*=\s*\[(.*?)\]", text, re.M | re.S)
+    if m is None:
+        return []
+    listed = re.findall(r'"([^"]+)"', m.group(1))
+    missing = [p for p in _packages_on_disk(stage) if p not in listed]
+    if missing:
+        items = ", ".join(f'"{p}"' for p in [*listed, *missing])
+        pyproject.write_text(text[:m.start()] + f"packages = [{items}]" + text[m.end():])
+    return missing
+
+
+def stage_tree(root: Path, generated: Path, archs: list[str], stage: Path) -> list[str]:
+    """Copy the source tree + blobs to ``stage``; returns the sub-packages added to the package list."""
+    if stage.exists():
+        shutil.rmtree(stage)
+    for rel in _source_files(root):
+        if rel.startswith(("generated/", f"{GENERATED_PACKAGE_DIR}/")):
+            continue
+        dst = stage / rel
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(root / rel, dst)
+    for arch in archs:
+        shutil.copytree(generated / arch, stage / GENERATED_PACKAGE_DIR / arch,
+                        ignore=shutil.ignore_patterns("*.tmp"))
+    (stage / "MANIFEST.in").write_text(f"recursive-include {GENERATED_PACKAGE_DIR} *\n")
+    return _complete_packages(stage / "pyproject.toml", stage)
+
+
+@click.command()
+@click.option("--arch", "arch_list", required=True, help="Comma list of arches whose blobs to ship.")
+@click.option("--generated", default="generated", type=click.Path(path_type=Path))
+@click.option("--dist", default="dist", type=click.Path(path_type=Path))
+@click.option("--stage", default=".build/wheel-src", type=click.Path(path_type=Path))
+def main(arch_list: str, generated: Path, dist: Path, stage: Path) -> None:
+    """Verify the built blobs, stage the tree with them and build the wheel into DIST."""
+    archs = [a.name for a in parse_arch_list(arch_list)]
+    for arch in archs:
+        report = verify_dir(generated / arch)
+        if not report.ok:
+            raise click.ClickException(f"{generated / arch} fails verify:\n  " + "\n  ".join(report.problems))
+    root = Path.cwd()
+    added = stage_tree(root, generated.resolve(), archs, stage.resolve())
+    if added:
+        click.echo(f"warning: pyproject.toml's packages list lacks {', '.join(added)}; the wheel includes "
+                   "them anyway (add them to pyproject.toml)", err=True)
+    dist.mkdir(parents=True, exist_ok=True)
+    res = subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
+                          "-w", str(dist.resolve()), str(stage.resolve())], capture_output=True, text=True)
+    if res.returncode:  # setuptools' data-folder warnings are noise on success; show all on failure
+        raise click.ClickException(f"pip wheel failed:\n{res.stdout}\n{res.stderr}")
+    for w in sorted(dist.glob("ultraquant-*.whl")):
+        click.echo(f"{w} ({w.stat().st_size / 1e6:.2f} MB)")
+
+
+if __name__ == "__main__":
+    main()
