@@ -25,6 +25,12 @@ CONTINUATION_THRESHOLD = plans.CONTINUATION_THRESHOLD
 """Small/large continuation-chunk boundary (new tokens) the attention layer reads."""
 
 
+def _validating() -> bool:
+    """Validate on eager calls; skip while torch.compile traces (CPU value checks would read data and
+    break the graph; the eager warm-up call that precedes capture/compile validated the same shapes)."""
+    return not torch.compiler.is_compiling()
+
+
 def _last_dim_contiguous(t: torch.Tensor) -> torch.Tensor:
     """The kernels index the head dimension with stride 1; copy only when that is not so."""
     return t if t.stride(-1) == 1 else t.contiguous()
@@ -55,7 +61,8 @@ def store_kv(key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor, slo
 
     See :func:`ultraquant.reference.store_kv`; the kernel writes the same bytes.
     """
-    validate.check_store(key, value, kv_cache, slot_mapping, encoder)
+    if _validating():
+        validate.check_store(key, value, kv_cache, slot_mapping, encoder)
     if key.shape[0] == 0:
         return
     torch.ops.ultraquant.store_kv(key, value, kv_cache, slot_mapping, encoder)
@@ -92,7 +99,9 @@ def decode_attention(query: torch.Tensor, kv_cache: torch.Tensor, block_table: t
     On a GPU this is one kernel launch with a grid fixed by static shapes (graph-capturable);
     ``out`` must have a unit stride on its last dimension.
     """
-    validate.check_decode(query, kv_cache, block_table, seq_lens, scale, sinks, sliding_window, softcap, out)
+    if _validating():
+        validate.check_decode(query, kv_cache, block_table, seq_lens, scale, sinks, sliding_window, softcap,
+                              out)
     if out is None:
         out = torch.empty_like(query)
     elif out.stride(-1) != 1:
@@ -137,8 +146,9 @@ def prefill_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tenso
     One kernel launch whose grid is bounded from N and B (no host sync), so it also serves small
     continuation chunks (decode-shaped, many queries per kv head).
     """
-    validate.check_prefill(query, key, value, kv_cache, block_table, seq_lens, query_start_loc, scale, sinks,
-                           sliding_window, softcap, out)
+    if _validating():
+        validate.check_prefill(query, key, value, kv_cache, block_table, seq_lens, query_start_loc, scale,
+                               sinks, sliding_window, softcap, out)
     if out is None:
         out = torch.empty_like(query)
     elif out.stride(-1) != 1:
