@@ -374,9 +374,9 @@ def build_decode(cfg: DecodeConfig, arch: str, *, name: str, query_dtype: str = 
                             syncscope="agent", ordering=fx.AtomicOrdering.AcqRel)
         ticket = fx.Int32(rocdl.readfirstlane(T.i32, old))
         if ticket == num_splits - 1:
+            # several splits: merge every slot (this one's included) from an empty state; one split:
+            # no slot to read, the state is this wave's own
             n_read = _select(multi, num_splits, fx.Int32(0))
-            st0 = [m_fin, l_tot] + mine
-            zero_mine = [zero4] * (QUARTER // 4)
             st0 = [_select(multi, fx.Float32(F32_NEG_INF), m_fin), _select(multi, fx.Float32(0.0), l_tot)]
             st0 += [_vselect(multi, zero4, v) for v in mine]
             for sp, ms in range(0, n_read, 1, init=st0):
@@ -390,7 +390,6 @@ def build_decode(cfg: DecodeConfig, arch: str, *, name: str, query_dtype: str = 
                 accm, mm, lm = merge([fx.Vector(v) for v in ms[2:]], fx.Float32(ms[0]), fx.Float32(ms[1]),
                                      acc2, m2, l2)
                 merged = yield [mm, lm] + accm
-            del zero_mine
             m_all, l_all = fx.Float32(merged[0]), fx.Float32(merged[1])
             acc_all = [fx.Vector(v) for v in merged[2:]]
             if const_expr(has_sinks):
