@@ -36,7 +36,7 @@ import torch
 from . import ops
 from .errors import UltraQuantError
 from .format import check_head_size
-from .validate import check_attention_options, check_heads, check_scale, check_tensor
+from .validate import check_attention_options, check_encoder, check_heads, check_scale, check_tensor
 
 __all__ = [
     "DEFAULT_CONTINUATION_THRESHOLD",
@@ -231,8 +231,7 @@ class UltraQuantAttention:
             if sinks.shape[0] != num_heads:
                 raise UltraQuantError(f"sinks: expected shape ({num_heads},), got {tuple(sinks.shape)}")
         check_attention_options(num_heads, torch.device("cpu"), None, sliding_window, softcap)
-        if encoder not in ("rne", "upstream", "mse"):
-            raise UltraQuantError(f"encoder: expected 'rne', 'upstream' or 'mse', got {encoder!r}")
+        check_encoder(encoder)
         if continuation_threshold is not None and (isinstance(continuation_threshold, bool)
                                                    or not isinstance(continuation_threshold, int)
                                                    or continuation_threshold < 1):
