@@ -11,13 +11,14 @@ Why no Triton here: the AOT runtime must plan launches on machines where Triton 
 
 from __future__ import annotations
 
+import math
 import os
 import threading
 from typing import Any
 
 import torch
 
-from ..format import check_head_size
+from ..format import check_head_size, slot_size
 from .plan import LaunchPlan, Specialization
 
 DTYPE_NAMES: dict[torch.dtype, str] = {
@@ -87,6 +88,16 @@ def _tname(dtype: torch.dtype | str) -> str:
     return DTYPE_NAMES[dtype]
 
 
+def slot_alignment(head_size: int, strides: tuple[int, ...] | None = None) -> int:
+    """Bytes every slot start is a multiple of: gcd(16, cache strides); without strides, the dense
+    layout's gcd(16, slot_size(D)) (D=64: 4, D=128: 8, D>=256: 16). A constexpr of the attention
+    kernels (the compiler vectorizes slot loads with it)."""
+    g = 16
+    for s in strides if strides is not None else (slot_size(head_size),):
+        g = math.gcd(g, int(s))
+    return max(1, g)
+
+
 def _signature(params: tuple[tuple[str, str], ...], **types: str) -> dict[str, str]:
     return {name: ty.format(**types) for name, ty in params}
 
@@ -122,7 +133,8 @@ def dequant_spec(*, head_size: int, block_size: int, out_dtype: torch.dtype | st
 
 def decode_spec(*, head_size: int, gqa: int, block_size: int, query_dtype: torch.dtype | str = "bf16",
                 out_dtype: torch.dtype | str | None = None, has_sinks: bool = False,
-                has_window: bool = False, has_softcap: bool = False, **_: Any) -> Specialization:
+                has_window: bool = False, has_softcap: bool = False, align: int | None = None,
+                **_: Any) -> Specialization:
     """The split-KV decode kernel for one head size, GQA group, block size and feature set."""
     d = check_head_size(head_size)
     tile = int(os.environ.get("ULTRAQUANT_DECODE_TILE", 32))  # tuning knobs (bench --sweep), not API
@@ -134,14 +146,14 @@ def decode_spec(*, head_size: int, gqa: int, block_size: int, query_dtype: torch
         constexprs={"D": d, "LOG2D": d.bit_length() - 1, "GQA": int(gqa),
                     "ROWS": max(16, _pow2_at_least(int(gqa))), "BLOCK_SIZE": int(block_size),
                     "TILE": tile, "HAS_SINKS": bool(has_sinks), "HAS_WINDOW": bool(has_window),
-                    "HAS_SOFTCAP": bool(has_softcap)},
+                    "HAS_SOFTCAP": bool(has_softcap), "ALIGN": int(align or slot_alignment(d))},
         num_warps=warps, num_stages=stages)
 
 
 def prefill_spec(*, head_size: int, gqa: int, block_size: int, query_dtype: torch.dtype | str = "bf16",
                  key_dtype: torch.dtype | str | None = None, out_dtype: torch.dtype | str | None = None,
                  has_sinks: bool = False, has_window: bool = False, has_softcap: bool = False,
-                 **_: Any) -> Specialization:
+                 align: int | None = None, **_: Any) -> Specialization:
     """The chunked-prefill kernel (cached prefix + causal chunk) for one config."""
     d = check_head_size(head_size)
     gpad = _pow2_at_least(int(gqa))
@@ -152,7 +164,8 @@ def prefill_spec(*, head_size: int, gqa: int, block_size: int, query_dtype: torc
                              out=_tname(out_dtype or query_dtype)),
         constexprs={"D": d, "LOG2D": d.bit_length() - 1, "GQA": int(gqa), "GQA_PAD": gpad, "ROWS": rows,
                     "BLOCK_SIZE": int(block_size), "TILE": 32, "HAS_SINKS": bool(has_sinks),
-                    "HAS_WINDOW": bool(has_window), "HAS_SOFTCAP": bool(has_softcap)},
+                    "HAS_WINDOW": bool(has_window), "HAS_SOFTCAP": bool(has_softcap),
+                    "ALIGN": int(align or slot_alignment(d))},
         num_warps=4 if d <= 128 else 8, num_stages=2)
 
 
@@ -289,7 +302,8 @@ def plan_decode(query: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.
     hk, bs = kv_cache.shape[2], kv_cache.shape[1]
     spec = decode_spec(head_size=d, gqa=hq // hk, block_size=bs, query_dtype=query.dtype,
                        out_dtype=out.dtype, has_sinks=sinks is not None,
-                       has_window=sliding_window is not None, has_softcap=softcap is not None)
+                       has_window=sliding_window is not None, has_softcap=softcap is not None,
+                       align=slot_alignment(d, tuple(kv_cache.stride()[:3])))
     rows = spec.constexprs["ROWS"]
     splits = decode_splits(b, hk, block_table.shape[1] * bs, query.device)
     part, ml, counter = decode_workspace(query.device, b * hk * splits * rows * d, b * hk * splits * 2 * rows,
@@ -311,7 +325,8 @@ def plan_prefill(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, kv
     hk, bs = kv_cache.shape[2], kv_cache.shape[1]
     spec = prefill_spec(head_size=d, gqa=hq // hk, block_size=bs, query_dtype=query.dtype,
                         key_dtype=key.dtype, out_dtype=out.dtype, has_sinks=sinks is not None,
-                        has_window=sliding_window is not None, has_softcap=softcap is not None)
+                        has_window=sliding_window is not None, has_softcap=softcap is not None,
+                        align=slot_alignment(d, tuple(kv_cache.stride()[:3])))
     rows = spec.constexprs["ROWS"]
     qt = rows // spec.constexprs["GQA_PAD"]
     nreq = seq_lens.shape[0]
@@ -335,5 +350,5 @@ def plan_prefill(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, kv
 __all__ = [
     "CONTINUATION_THRESHOLD", "SPECIALIZERS", "decode_spec", "dequant_spec", "prefill_spec", "store_spec",
     "plan_store", "plan_dequant", "plan_decode", "plan_prefill", "decode_splits", "decode_workspace",
-    "prefill_splits",
+    "prefill_splits", "slot_alignment",
 ]
