@@ -352,9 +352,11 @@ def test_backend_capabilities(vllm_env) -> None:
               use_per_head_quant_scales=False, device_capability=None, attn_type="decoder",
               has_sliding_window=True)
     assert be.validate_configuration(**ok) == []
+    assert be.validate_configuration(**(ok | dict(device_capability=SimpleNamespace(major=9, minor=0)))) == []
     for change, reason in [(dict(head_size=96), "head_size"), (dict(kv_cache_dtype="fp8"), "kv_cache_dtype"),
                            (dict(block_size=8), "block_size"), (dict(dtype=torch.float32), "dtype"),
-                           (dict(use_mla=True), "MLA"), (dict(attn_type="encoder"), "attention type")]:
+                           (dict(use_mla=True), "MLA"), (dict(attn_type="encoder"), "attention type"),
+                           (dict(device_capability=SimpleNamespace(major=7, minor=5)), "compute capability")]:
         reasons = be.validate_configuration(**(ok | change))
         assert any(reason in r for r in reasons), (change, reasons)
     assert be.get_name() == "ULTRAQUANT"

@@ -187,6 +187,11 @@ class UltraQuantBackend(AttentionBackend):
         return attn_type == AttentionType.DECODER
 
     @classmethod
+    def supports_compute_capability(cls, capability: Any) -> bool:
+        """The Triton kernels use bf16/fp16 tensor-core dots: sm_80 and newer (AMD CDNA reports 9.x)."""
+        return capability is None or getattr(capability, "major", 0) >= 8
+
+    @classmethod
     def supported_kv_cache_layouts(cls) -> tuple[KVCacheLayout, ...]:
         """Head-major pages first (one kv head's slots of a block are contiguous: the kernels'
         bandwidth prefers it, see shared docs/anchors.md), token-major (upstream's order) second."""
