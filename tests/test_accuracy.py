@@ -22,7 +22,9 @@ from ultraquant.accuracy.model import (  # noqa: E402
     LlamaConfig,
     LlamaWeights,
     _attend,
+    _attend_at,
     _rope,
+    cosine_positions,
     forward,
     load_gguf,
     unpermute_rope,
@@ -264,3 +266,51 @@ def test_cli_writes_json_png_and_table(tiny_gguf, tmp_path):
     assert doc["meta"]["context"] == 24 and doc["meta"]["tokens"] == doc["meta"]["text_tokens"]
     assert (out / "accuracy.png").stat().st_size > 1000
     assert "UltraQuant, encoder=mse" in res.output
+
+
+def test_cosine_probe_positions_and_partial_attention():
+    assert cosine_positions(17).tolist() == [0, 8, 16]
+    assert cosine_positions(18).tolist() == [0, 8, 16, 17]
+    g = torch.Generator().manual_seed(6)
+    q = torch.randn(18, 4, 32, generator=g)
+    k, v = torch.randn(18, 2, 32, generator=g), torch.randn(18, 2, 32, generator=g)
+    pos = cosine_positions(18)
+    torch.testing.assert_close(_attend_at(q, k, v, pos), _attend(q, k, v)[pos], rtol=1e-5, atol=1e-5)
+
+
+def test_windows_scored_apart_merge_to_the_whole(tiny_model):
+    weights, _ = tiny_model
+    tokens = torch.randint(0, CFG.vocab, (50,), generator=torch.Generator().manual_seed(7)).tolist()
+    variants = formats.select_variants(["uq-upstream"])
+    whole = ev.report(ev.evaluate(weights, tokens, variants, context=20), {})
+    parts = [ev.report(ev.evaluate(weights, tokens, variants, context=20, only_windows=w), {})
+             for w in ([0], [1, 2])]
+    merged = ev.report(ev.merge_reports(parts), {})
+    for a, b in zip(whole["variants"], merged["variants"], strict=True):
+        assert a["tokens"] == b["tokens"] == 19 + 19 + 9
+        for key in ("ppl", "mean_kl", "top1_agreement", "attn_cosine_mean"):
+            assert math.isclose(a[key], b[key], rel_tol=1e-9), key
+    assert parts[0]["variants"][1]["tokens"] == 19
+    with pytest.raises(UltraQuantError, match="only_windows"):
+        ev.evaluate(weights, tokens, variants, context=20, only_windows=[3])
+
+
+def test_cli_windows_then_merge(tiny_gguf, tmp_path):
+    from ultraquant.cli import main
+
+    text = tmp_path / "t.txt"
+    text.write_text("hello world, hello 2007 " * 6)
+    args = ["accuracy", "--model", tiny_gguf[0], "--text", str(text), "--context", "16",
+            "--variants", "uq-rne", "--quiet"]
+    outs = []
+    for i, w in enumerate(("0", "1,2")):
+        outs.append(tmp_path / f"o{i}")
+        res = CliRunner().invoke(main, [*args, "--windows", w, "--out", str(outs[-1])])
+        assert res.exit_code == 0, res.output
+    res = CliRunner().invoke(main, ["accuracy", "--merge", str(outs[0] / "accuracy.json"), "--merge",
+                                    str(outs[1] / "accuracy.json"), "--out", str(tmp_path / "m"), "--quiet"])
+    assert res.exit_code == 0, res.output
+    doc = json.loads((tmp_path / "m" / "accuracy.json").read_text())
+    parts = [json.loads((o / "accuracy.json").read_text()) for o in outs]
+    assert doc["meta"]["tokens"] == sum(p["meta"]["tokens"] for p in parts)
+    assert doc["variants"][1]["tokens"] == sum(p["variants"][1]["tokens"] for p in parts)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 
 import torch
 
@@ -61,6 +61,30 @@ class VariantScore:
     def layer_cosine(self) -> list[float]:
         return [c / max(self.layer_weight, 1) for c in self.layer_cos_sum]
 
+    def add(self, other: VariantScore) -> None:
+        """Accumulate another run of the same variant (e.g. other windows scored by another process)."""
+        if other.name != self.name:
+            raise UltraQuantError(f"scores: cannot merge {other.name!r} into {self.name!r}")
+        self.nll_sum += other.nll_sum
+        self.kl_sum += other.kl_sum
+        self.top1_agree += other.top1_agree
+        self.tokens += other.tokens
+        self.kl_max = max(self.kl_max, other.kl_max)
+        self.layer_cos_sum = _add_lists(self.layer_cos_sum, other.layer_cos_sum)
+        self.layer_weight += other.layer_weight
+        self.kl_by_position = _add_lists(self.kl_by_position, other.kl_by_position)
+        self.count_by_position = _add_lists(self.count_by_position, other.count_by_position)
+        self.seconds += other.seconds
+
+    def totals(self) -> dict:
+        """The raw accumulators (what :func:`merge_reports` adds up)."""
+        return asdict(self)
+
+    @classmethod
+    def from_totals(cls, totals: dict) -> VariantScore:
+        names = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in totals.items() if k in names})
+
     def kl_position_curve(self, step: int = POSITION_BIN) -> list[float]:
         """Mean KL per bin of ``step`` positions inside a window (bins no window reaches are left out)."""
         out = []
@@ -88,7 +112,13 @@ class VariantScore:
             "kl_position_bin": POSITION_BIN,
             "kl_by_position": self.kl_position_curve(),
             "seconds": self.seconds,
+            "totals": self.totals(),
         }
+
+
+def _add_lists(a: list, b: list) -> list:
+    n = max(len(a), len(b))
+    return [(a[i] if i < len(a) else 0) + (b[i] if i < len(b) else 0) for i in range(n)]
 
 
 def windows(tokens: Sequence[int], context: int, max_tokens: int | None = None) -> list[torch.Tensor]:
@@ -118,9 +148,13 @@ def _token_stats(ref_logits: torch.Tensor, logits: torch.Tensor, targets: torch.
 
 
 def evaluate(weights: LlamaWeights, tokens: Sequence[int], variants: Sequence[Variant], *,
-             context: int = 2048, max_tokens: int | None = None,
+             context: int = 2048, max_tokens: int | None = None, only_windows: Sequence[int] | None = None,
              log: Callable[[str], None] | None = None) -> list[VariantScore]:
-    """Score ``variants`` (the first must be the bf16 baseline) on ``tokens``; see the module doc."""
+    """Score ``variants`` (the first must be the bf16 baseline) on ``tokens``; see the module doc.
+
+    ``only_windows`` scores only those window indices (to split a long run over processes and add
+    the results with :func:`merge_reports`).
+    """
     if not variants or variants[0].name != "bf16":
         raise UltraQuantError("variants: the first variant must be the bf16 baseline")
     scores = [VariantScore(v.name, v.description) for v in variants]
@@ -130,7 +164,13 @@ def evaluate(weights: LlamaWeights, tokens: Sequence[int], variants: Sequence[Va
         s.kl_by_position = [0.0] * context
         s.count_by_position = [0] * context
     wins = windows(tokens, context, max_tokens)
+    if only_windows is not None:
+        bad = [i for i in only_windows if not 0 <= i < len(wins)]
+        if bad:
+            raise UltraQuantError(f"only_windows: {bad} out of range 0..{len(wins) - 1}")
     for wi, win in enumerate(wins):
+        if only_windows is not None and wi not in only_windows:
+            continue
         targets = win[1:]
         ref_logits = None
         for variant, score in zip(variants, scores, strict=True):
@@ -172,6 +212,20 @@ def report(scores: Sequence[VariantScore], meta: dict) -> dict:
             if r["name"].startswith("uq-"):
                 r["kl_change_vs_upstream"] = r["mean_kl"] / up["mean_kl"] - 1.0
     return {"meta": meta, "variants": rows}
+
+
+def merge_reports(docs: Sequence[dict]) -> list[VariantScore]:
+    """Add up the raw totals of several reports of the same variants (e.g. disjoint windows)."""
+    if not docs:
+        raise UltraQuantError("docs: nothing to merge")
+    merged = [VariantScore.from_totals(r["totals"]) for r in docs[0]["variants"]]
+    for doc in docs[1:]:
+        rows = doc["variants"]
+        if [r["name"] for r in rows] != [s.name for s in merged]:
+            raise UltraQuantError("docs: the reports compare different variants")
+        for s, r in zip(merged, rows, strict=True):
+            s.add(VariantScore.from_totals(r["totals"]))
+    return merged
 
 
 def table(doc: dict) -> str:

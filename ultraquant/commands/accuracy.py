@@ -32,10 +32,16 @@ def default_text() -> Path | None:
 @click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path),
               default=Path("accuracy-out"), show_default=True,
               help="Directory for accuracy.json and accuracy.png.")
+@click.option("--windows", "only_windows", default=None,
+              help="Score only these window indices (comma-separated), to split a run over processes.")
+@click.option("--merge", "merge_files", multiple=True,
+              type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              help="Do not run: add up these accuracy.json files (disjoint windows) into one report.")
 @click.option("--threads", type=click.IntRange(min=1), default=None, help="torch CPU threads.")
 @click.option("--quiet", is_flag=True, help="Print only the table.")
 def command(text_path: Path | None, model_path: Path | None, context: int, max_tokens: int | None,
-            variants: str | None, out_dir: Path, threads: int | None, quiet: bool) -> None:
+            variants: str | None, out_dir: Path, only_windows: str | None, merge_files: tuple[Path, ...],
+            threads: int | None, quiet: bool) -> None:
     """Score KV-cache formats by perplexity, KL vs bf16, top-1 agreement and attention cosine.
 
     Runs SmolLM2-135M (float32, CPU) with its K/V going through each format's cache and prints a
@@ -43,39 +49,57 @@ def command(text_path: Path | None, model_path: Path | None, context: int, max_t
     """
     import torch
 
-    from ultraquant.accuracy.evaluate import evaluate, report, table
+    from ultraquant.accuracy.evaluate import evaluate, merge_reports, report
     from ultraquant.accuracy.formats import select_variants
     from ultraquant.accuracy.model import find_gguf, load_gguf
-    from ultraquant.accuracy.plot import save_plot
 
     if threads:
         torch.set_num_threads(threads)
+    if merge_files:
+        docs = [json.loads(p.read_text()) for p in merge_files]
+        meta = dict(docs[0]["meta"])
+        meta["tokens"] = sum(d["meta"]["tokens"] for d in docs)
+        meta["seconds"] = round(sum(d["meta"]["seconds"] for d in docs), 1)
+        meta["merged_from"] = [d["meta"].get("windows") for d in docs]
+        meta.pop("windows", None)
+        _write(report(merge_reports(docs), meta), out_dir, quiet)
+        return
     text_path = text_path or default_text()
     if text_path is None:
         raise click.UsageError("no default text found; pass --text")
     chosen = select_variants([v.strip() for v in variants.split(",") if v.strip()] if variants else None)
+    picked = [int(w) for w in only_windows.split(",")] if only_windows else None
     log = None if quiet else (lambda msg: click.echo(msg, err=True))
     t0 = time.perf_counter()
     model_file = model_path or find_gguf()
     weights, tokenizer = load_gguf(model_file)
     tokens = tokenizer.encode(text_path.read_text(encoding="utf-8"))
-    scores = evaluate(weights, tokens, chosen, context=context, max_tokens=max_tokens, log=log)
-    scored = min(len(tokens), max_tokens or len(tokens))
+    scores = evaluate(weights, tokens, chosen, context=context, max_tokens=max_tokens,
+                      only_windows=picked, log=log)
     meta = {
         "model": Path(model_file).name,
         "text": text_path.name,
         "text_tokens": len(tokens),
-        "tokens": scored,
+        "tokens": scores[0].layer_weight,  # text tokens in the scored windows
         "context": context,
+        "windows": picked,
         "compute": "float32 CPU; K/V rounded to bf16 before the cache",
         "seconds": round(time.perf_counter() - t0, 1),
         "torch": torch.__version__,
     }
-    doc = report(scores, meta)
+    _write(report(scores, meta), out_dir, quiet)
+
+
+def _write(doc: dict, out_dir: Path, quiet: bool) -> None:
+    """Write accuracy.json and accuracy.png to ``out_dir`` and print the table."""
+    from ultraquant.accuracy.evaluate import table
+    from ultraquant.accuracy.plot import save_plot
+
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "accuracy.json").write_text(json.dumps(doc, indent=1) + "\n")
     save_plot(doc, out_dir / "accuracy.png")
     click.echo(table(doc))
     if not quiet:
         click.echo(f"wrote {out_dir / 'accuracy.json'} and {out_dir / 'accuracy.png'} "
-                   f"({meta['seconds']} s)", err=True)
+                   f"({doc['meta'].get('seconds')} s)", err=True)
+
