@@ -21,6 +21,10 @@ import triton.language as tl
 
 from .common import DEQUANT_GATHER, fwht, load_dequant, load_dequant_gather
 
+SHIFT14 = tl.constexpr(not DEQUANT_GATHER)
+"""Cached K/V are decoded as value * 2**-14 (see common.load_dequant); the rotated query carries
+2**14 and the output 2**14, exactly (powers of two). Raw chunk values get 2**-14 to match."""
+
 QK_SPLIT = tl.constexpr(os.environ.get("ULTRAQUANT_QK_SPLIT", "1") == "1")
 """Tuning knob (set before import): the query as bf16 hi + lo (two QK MMAs, ~0.2% output error) or
 one bf16 operand (``ULTRAQUANT_QK_SPLIT=0``: one MMA, ~0.5%)."""
@@ -80,8 +84,9 @@ def _attend_paged(acc, m_i, l_i, q, q_lo, qpos, cache_ptr, bt_row_ptr, head_off,
             v = load_dequant_gather(base + (D // 2 + D // 32), base + (D + D // 32), tmask, TILE, D,
                                     False).to(tl.bfloat16)
         else:
-            kt = tl.trans(load_dequant(base, base + D // 2, tmask, TILE, D).to(tl.bfloat16))
-            v = load_dequant(base + (D // 2 + D // 32), base + (D + D // 32), tmask, TILE, D).to(tl.bfloat16)
+            kt = tl.trans(load_dequant(base, base + D // 2, tmask, TILE, D, SHIFT14).to(tl.bfloat16))
+            v = load_dequant(base + (D // 2 + D // 32), base + (D + D // 32), tmask, TILE, D,
+                             SHIFT14).to(tl.bfloat16)
         acc, m_i, l_i = _softmax_step(acc, m_i, l_i, q, q_lo, kt, v, toks, tmask, qpos, window, softcap,
                                       HAS_WINDOW, HAS_SOFTCAP)
     return acc, m_i, l_i
@@ -99,6 +104,8 @@ def _attend_raw(acc, m_i, l_i, q, q_lo, qpos, k_base, v_base, stride_kn, stride_
         rel = (toks - pos0).to(tl.int64)
         k = tl.load(k_base + rel[:, None] * stride_kn + cols[None, :], mask=tmask[:, None], other=0.0)
         v = tl.load(v_base + rel[:, None] * stride_vn + cols[None, :], mask=tmask[:, None], other=0.0)
+        if SHIFT14:
+            v = v.to(tl.float32) * 6.103515625e-05
         acc, m_i, l_i = _softmax_step(acc, m_i, l_i, q, q_lo, tl.trans(k.to(tl.bfloat16)), v.to(tl.bfloat16),
                                       toks, tmask,
                                       qpos, window, softcap, HAS_WINDOW, HAS_SOFTCAP)
@@ -123,7 +130,10 @@ def _finish(acc, m_i, l_i, sinks_ptr, heads, rmask, out_rows_ptr, D: tl.constexp
         m_new = tl.maximum(m_i, sink)
         l_i = l_i * tl.exp2(m_i - m_new) + tl.exp2(sink - m_new)
         acc = acc * tl.exp2(m_i - m_new)[:, None]
-    denom = tl.where(l_i > 0.0, l_i, 1.0)
+    if SHIFT14:
+        denom = tl.where(l_i > 0.0, l_i, 1.0) * 6.103515625e-05
+    else:
+        denom = tl.where(l_i > 0.0, l_i, 1.0)
     o = tl.where((l_i > 0.0)[:, None], acc / denom[:, None], 0.0)
     cols = tl.arange(0, D)
     tl.store(out_rows_ptr[:, None] + cols[None, :], o.to(out_rows_ptr.dtype.element_ty), mask=rmask[:, None])
@@ -139,6 +149,8 @@ def _scale_query(q, scale, R: tl.constexpr, D: tl.constexpr, LOG2D: tl.constexpr
     """
     if ROTATE:
         q = fwht(q, R, D, LOG2D)
+        if SHIFT14:
+            q = q * 16384.0
     if HAS_SOFTCAP:
         q = q * scale
     else:

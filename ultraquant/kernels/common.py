@@ -203,11 +203,14 @@ def _load_words_as_nibbles(ptr32, row_mask, R: tl.constexpr, NW: tl.constexpr):
 
 
 @triton.jit
-def load_dequant(codes_ptr, scales_ptr, row_mask, R: tl.constexpr, D: tl.constexpr):
+def load_dequant(codes_ptr, scales_ptr, row_mask, R: tl.constexpr, D: tl.constexpr,
+                 SHIFT14: tl.constexpr = False):
     """Load ``[R]`` rows of D/2 code bytes + D/32 scale bytes and return exact float32 ``[R, D]``.
 
-    Masked-off rows read as zero (code 0, byte 0). Byte loads by default; with WORD_LOADS and
-    D >= 128 (every part of a slot 4-byte aligned) codes and scales are read as int32 words.
+    With SHIFT14 the values come back multiplied by 2**-14 (still exact above 2**-126): the fp16
+    subnormal pattern needs no rescale, one multiply per element instead of two; the attention
+    kernels fold 2**14 into the query and the output. Masked-off rows read as zero (code 0, byte 0).
+    Byte loads by default; with WORD_LOADS and D >= 128 codes and scales are read as int32 words.
     """
     G: tl.constexpr = D // 32
     if D >= 128 and WORD_LOADS:
@@ -222,7 +225,10 @@ def load_dequant(codes_ptr, scales_ptr, row_mask, R: tl.constexpr, D: tl.constex
         codes = tl.reshape(tl.join(packed & 0xF, packed >> 4), [R, G, 32])
         gcols = tl.arange(0, G)
         sb = tl.load(scales_ptr[:, None] + gcols[None, :], mask=row_mask[:, None], other=0).to(tl.int32)
-    if FOLD_SCALE14:
+    if SHIFT14:
+        h = ((codes & 7) << 9) | ((codes & 8) << 12)
+        vals = h.to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32) * scale_f32(sb)[:, :, None]
+    elif FOLD_SCALE14:
         h = ((codes & 7) << 9) | ((codes & 8) << 12)
         sub = h.to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
         vals = sub * (scale_f32(sb) * 16384.0)[:, :, None]
