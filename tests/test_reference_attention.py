@@ -121,3 +121,22 @@ def test_decode_equals_last_row_of_prefill_over_cache() -> None:
     pre = R.prefill_attention(q, k_last, v_last, p.kv_cache, p.block_table, p.seq_lens,
                               torch.tensor([0, 1, 2], dtype=torch.int32), 0.2)
     assert rel_err(pre, dec) < 1e-6
+
+
+def test_blocks_before_the_window_are_never_read() -> None:
+    """vLLM may point blocks that lie wholly before the window at a null block with arbitrary bytes."""
+    bs, window = 4, 5
+    p = make_paged([21], 1, 32, bs, seed=5)
+    q = torch.randn(1, 2, 32)
+    clean = R.decode_attention(q, p.kv_cache, p.block_table, p.seq_lens, 0.2, sliding_window=window)
+    dirty = p.kv_cache.clone()
+    dirty[p.block_table[0, :3].long()] = 0xFF  # positions 0..11; the window starts at 16
+    got = R.decode_attention(q, dirty, p.block_table, p.seq_lens, 0.2, sliding_window=window)
+    assert torch.isfinite(got).all() and torch.equal(got, clean)
+    key, value = torch.randn(2, 1, 32), torch.randn(2, 1, 32)
+    qsl = torch.tensor([0, 2], dtype=torch.int32)
+    pre_clean = R.prefill_attention(q.repeat(2, 1, 1), key, value, p.kv_cache, p.block_table, p.seq_lens,
+                                    qsl, 0.2, sliding_window=window)
+    pre_dirty = R.prefill_attention(q.repeat(2, 1, 1), key, value, dirty, p.block_table, p.seq_lens,
+                                    qsl, 0.2, sliding_window=window)
+    assert torch.isfinite(pre_dirty).all() and torch.equal(pre_dirty, pre_clean)

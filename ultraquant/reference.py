@@ -206,12 +206,18 @@ def store_kv(key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor, slo
     kv_cache[idx // geo.block_size, idx % geo.block_size, :, : slots.shape[-1]] = slots
 
 
-def _request_slots(kv_cache: torch.Tensor, block_table: torch.Tensor, row: int, length: int) -> torch.Tensor:
-    """(length, Hk, slot_bytes) slots of one request's first ``length`` tokens."""
+def _request_slots(kv_cache: torch.Tensor, block_table: torch.Tensor, row: int, start: int, stop: int) -> torch.Tensor:
+    """(stop - start, Hk, slot_bytes) slots of one request's tokens at positions start..stop-1."""
     bs = kv_cache.shape[1]
-    pos = torch.arange(length, device=kv_cache.device)
+    pos = torch.arange(start, stop, device=kv_cache.device)
     blocks = block_table[row, pos // bs].long()
     return kv_cache[blocks, pos % bs]
+
+
+def _window_start(first_query_pos: int, sliding_window: int | None) -> int:
+    """First key position any query at or after ``first_query_pos`` can see. Blocks wholly before it
+    are never read: vLLM may point them at a shared null block with arbitrary bytes."""
+    return 0 if sliding_window is None else max(0, first_query_pos - sliding_window + 1)
 
 
 def dequant_kv(kv_cache: torch.Tensor, block_table: torch.Tensor, seq_lens: torch.Tensor, *,
@@ -223,7 +229,7 @@ def dequant_kv(kv_cache: torch.Tensor, block_table: torch.Tensor, seq_lens: torc
     geo = validate.check_dequant(kv_cache, block_table, seq_lens, head_size)
     keys, values = [], []
     for i, length in enumerate(seq_lens.tolist()):
-        k, v = decode_slots(_request_slots(kv_cache, block_table, i, length), geo.head_size)
+        k, v = decode_slots(_request_slots(kv_cache, block_table, i, 0, length), geo.head_size)
         keys.append(k.float())
         values.append(v.float())
     return keys, values
@@ -232,9 +238,9 @@ def dequant_kv(kv_cache: torch.Tensor, block_table: torch.Tensor, seq_lens: torc
 # ---------------------------------------------------------------- attention
 
 
-def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_pos: torch.Tensor, scale: float,
+def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_pos: torch.Tensor, k_start: int, scale: float,
             sinks: torch.Tensor | None, sliding_window: int | None, softcap: float | None) -> torch.Tensor:
-    """float64 attention of queries (M, Hq, D) at positions ``q_pos`` over keys at 0..L-1.
+    """float64 attention of queries (M, Hq, D) at positions ``q_pos`` over keys at k_start, k_start+1...
 
     Causal (key position <= query position), optional window, soft cap and sinks; GQA by
     repeating kv heads. A query that sees no key (and no sink) gets zeros.
@@ -245,7 +251,7 @@ def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_pos: torch.Tens
     s = torch.einsum("mhd,lhd->hml", q, k) * scale
     if softcap is not None:
         s = softcap * torch.tanh(s / softcap)
-    k_pos = torch.arange(k.shape[0], device=q.device)
+    k_pos = torch.arange(k_start, k_start + k.shape[0], device=q.device)
     visible = k_pos[None, :] <= q_pos[:, None]
     if sliding_window is not None:
         visible &= k_pos[None, :] > q_pos[:, None] - sliding_window
@@ -283,9 +289,10 @@ def decode_attention(query: torch.Tensor, kv_cache: torch.Tensor, block_table: t
     for i, length in enumerate(seq_lens.tolist()):
         if length == 0:
             continue
-        k, v = decode_slots(_request_slots(kv_cache, block_table, i, length), geo.head_size)
+        start = _window_start(length - 1, sliding_window)
+        k, v = decode_slots(_request_slots(kv_cache, block_table, i, start, length), geo.head_size)
         q_pos = torch.tensor([length - 1], device=query.device)
-        result[i] = _attend(query[i : i + 1].double(), k, v, q_pos, scale, sinks, sliding_window, softcap)[0]
+        result[i] = _attend(query[i : i + 1].double(), k, v, q_pos, start, scale, sinks, sliding_window, softcap)[0]
     return _write(result, query, out)
 
 
@@ -306,9 +313,10 @@ def prefill_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tenso
         if a == b:
             continue
         prefix = length - (b - a)
-        k_old, v_old = decode_slots(_request_slots(kv_cache, block_table, i, prefix), geo.head_size)
+        start = min(prefix, _window_start(prefix, sliding_window))
+        k_old, v_old = decode_slots(_request_slots(kv_cache, block_table, i, start, prefix), geo.head_size)
         k = torch.cat([k_old, key[a:b].double()])
         v = torch.cat([v_old, value[a:b].double()])
         q_pos = torch.arange(prefix, length, device=query.device)
-        result[a:b] = _attend(query[a:b].double(), k, v, q_pos, scale, sinks, sliding_window, softcap)
+        result[a:b] = _attend(query[a:b].double(), k, v, q_pos, start, scale, sinks, sliding_window, softcap)
     return _write(result, query, out)
