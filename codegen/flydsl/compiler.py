@@ -66,9 +66,8 @@ def _placeholders(kind: str) -> list[Any]:
     def null(t):
         return flyc.from_c_void_p(t, None)
 
-    if kind == "decode":
-        ptrs = [fx.Uint8, fx.Uint8, fx.Int32, fx.Int32, fx.Float32, fx.Uint8, fx.Float32, fx.Float32, fx.Int32]
-        return [null(t) for t in ptrs] + [1.0, 1.0, 0, 1] + [0] * 8
+    if kind == "decode":  # byte pointers: the kernel addresses everything in bytes
+        return [null(fx.Uint8) for _ in range(9)] + [1.0, 1.0, 0, 1] + [0] * 8
     raise ValueError(f"unknown kernel kind {kind!r} (known: {', '.join(KERNEL_KINDS)})")
 
 

@@ -76,10 +76,14 @@ def _select(cond, a, b):
 
 
 def _global_ptr(base, byte_offset, elem, align: int):
-    """Typed global pointer ``base + byte_offset`` (base is a u8 pointer) with a stated alignment."""
-    p = base + byte_offset
+    """Typed global pointer ``base + byte_offset`` with a stated alignment.
+
+    The base is first recast to a byte pointer: ``Pointer + n`` advances by n *elements* of the
+    pointer's element type (which comes from the compile placeholders), and every offset here is
+    in bytes."""
+    u8 = fx.recast_iter(fx.PointerType.get(fx.Uint8.ir_type, fx.AddressSpace.Global, 1), base)
     ty = fx.PointerType.get(elem.ir_type, fx.AddressSpace.Global, align)
-    return fx.recast_iter(ty, p)
+    return fx.recast_iter(ty, u8 + byte_offset)
 
 
 def _load(base, byte_offset, elem, count: int, align: int):
