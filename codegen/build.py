@@ -438,12 +438,39 @@ def _assemble(opts: BuildOptions, arch: Arch, jobs: list[_Job], skipped: list[di
     return ArchResult(arch.name, out, len(entries), 0, 0, len(skipped), total)
 
 
-def build(opts: BuildOptions) -> list[ArchResult]:
-    """Build every arch of ``opts``; raises :class:`BuildError` listing all failures."""
+def _load_backends(opts: BuildOptions) -> dict[str, Backend]:
     backends: dict[str, Backend] = {}
     for r in opts.rows:
         if r.backend not in backends and any(r.archs is None or a.name in r.archs for a in opts.archs):
             backends[r.backend] = load_backend(r.backend, opts.backend_options.get(r.backend, {}))
+    return backends
+
+
+def dry_run(opts: BuildOptions) -> list[dict[str, Any]]:
+    """What :func:`build` would do, without compiling: per arch the configs per op, how many the
+    cache already holds, and the skipped configs grouped by reason."""
+    backends = _load_backends(opts)
+    errors: list[str] = []
+    out = []
+    for arch in opts.archs:
+        jobs, skipped, _header = _plan_arch(opts, arch, backends, errors)
+        per_op: dict[str, int] = {}
+        for j in jobs:
+            per_op[j.point.row.op] = per_op.get(j.point.row.op, 0) + 1
+        reasons: dict[str, int] = {}
+        for s in skipped:
+            reasons[s["reason"]] = reasons.get(s["reason"], 0) + 1
+        cached = sum(1 for j in jobs if _load_cached(opts, j))
+        out.append({"arch": arch.name, "blobs": len(jobs), "per_op": per_op, "cached": cached,
+                    "skipped": reasons})
+    if errors:
+        raise BuildError("matrix errors:\n  " + "\n  ".join(errors))
+    return out
+
+
+def build(opts: BuildOptions) -> list[ArchResult]:
+    """Build every arch of ``opts``; raises :class:`BuildError` listing all failures."""
+    backends = _load_backends(opts)
     errors: list[str] = []
     plans = [(arch, *_plan_arch(opts, arch, backends, errors)) for arch in opts.archs]
     if errors:

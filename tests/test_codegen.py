@@ -192,3 +192,26 @@ def test_selection_parsing_errors():
         parse_arch_list("gfx90a")
     assert [a.name for a in parse_arch_list("sm_90, gfx942,sm_90")] == ["sm_90", "gfx942"]
     assert get_arch("sm_90").ext == "cubin"
+
+
+def test_build_cli_errors_are_clear(tmp_path):
+    from click.testing import CliRunner
+
+    from ultraquant.cli import main
+
+    res = CliRunner().invoke(main, ["build", "--arch", "gfx90a", "--out", str(tmp_path)])
+    assert res.exit_code != 0 and "unknown 'gfx90a'" in res.output
+    res = CliRunner().invoke(main, ["build", "--arch", "sm_90", "--head-sizes", "64,x", "--out", str(tmp_path)])
+    assert res.exit_code != 0 and "HEAD_SIZES" in res.output
+    res = CliRunner().invoke(main, ["build", "--arch", "sm_90", "--ops", "nope", "--out", str(tmp_path)])
+    assert res.exit_code != 0 and "OPS: unknown op" in res.output
+    assert not any(tmp_path.iterdir())
+
+
+def test_spill_budget_from_the_table(monkeypatch):
+    point = matrix.MatrixPoint(matrix.OPS[2], {"head_size": 512, "gqa": 8}, "gfx942")
+    monkeypatch.setattr(matrix, "SPILLS_ALLOWED", (matrix.SpillAllowance(
+        ("decode_attention",), lambda c, a: c["head_size"] == 512, "test", 256),))
+    assert point.allows_spills() == ("test", 256)
+    monkeypatch.setattr(matrix, "SPILLS_ALLOWED", ())
+    assert point.allows_spills() == ("", 0)

@@ -59,11 +59,12 @@ def _install_deps(archs, rows, ops) -> None:
 @click.option("--no-cache", is_flag=True, help="Compile everything (and do not fill the cache).")
 @click.option("-j", "--jobs", default=0, type=int, help="Parallel compiles (default: CPU count).")
 @click.option("--install-deps", is_flag=True, help="First install what the used backends need.")
+@click.option("--dry-run", is_flag=True, help="Only print what would be built (counts, cache hits, skips).")
 @click.option("--timings", type=click.Path(path_type=Path), default=None,
               help="Append one JSON line per compile (arch, op, key, seconds) to this file.")
 def command(arch_list: str, head_sizes: str, gqa: str, block_sizes: str, dtypes: str, ops: str,
             out_dir: Path, cache_dir: Path, no_cache: bool, jobs: int, install_deps: bool,
-            timings: Path | None) -> None:
+            dry_run: bool, timings: Path | None) -> None:
     """Compile every specialization of the matrix for each arch into OUT/<arch>/ + manifest.json."""
     from ultraquant.codegen import matrix
     from ultraquant.codegen.archs import parse_arch_list
@@ -78,6 +79,17 @@ def command(arch_list: str, head_sizes: str, gqa: str, block_sizes: str, dtypes:
             dtypes=matrix.parse_str_list(dtypes, "DTYPES", matrix.DEFAULT_DTYPES),
             ops=matrix.parse_str_list(ops, "OPS", None),
         )
+        if dry_run:
+            from ultraquant.codegen.build import dry_run as plan
+
+            opts = BuildOptions(archs=archs, selection=selection, out_dir=out_dir,
+                                cache_dir=None if no_cache else cache_dir)
+            for r in plan(opts):
+                ops = ", ".join(f"{k} {v}" for k, v in r["per_op"].items())
+                click.echo(f"{r['arch']}: {r['blobs']} blobs ({ops}); {r['cached']} in the cache")
+                for reason, n in r["skipped"].items():
+                    click.echo(f"  skipped {n}: {reason}")
+            return
         if install_deps:
             _install_deps(archs, matrix.OPS, selection.ops)
         start = time.monotonic()
