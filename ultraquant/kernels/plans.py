@@ -141,7 +141,9 @@ def decode_spec(*, head_size: int, gqa: int, block_size: int, query_dtype: torch
     """The split-KV decode kernel for one head size, GQA group, block size and feature set."""
     d = check_head_size(head_size)
     tile = int(os.environ.get("ULTRAQUANT_DECODE_TILE", 32))  # tuning knobs (bench --sweep), not API
-    warps = int(os.environ.get("ULTRAQUANT_DECODE_WARPS", 4 if d <= 128 else 8))
+    # 4 warps up to D=256: offline sm_90 SASS, D=256 issues 183 warp instructions per token-head on
+    # 4 warps against 290 on 8 (168 vs 128 registers); D=512 stays on 8 (4 warps need 255 registers).
+    warps = int(os.environ.get("ULTRAQUANT_DECODE_WARPS", 4 if d <= 256 else 8))
     stages = int(os.environ.get("ULTRAQUANT_DECODE_STAGES", 2))
     return Specialization(
         kernel="uq_decode",
