@@ -25,6 +25,12 @@ lint: env
 test: env lint
 	$(PY) -m pytest -q tests
 
+# Decode/store timings on a CUDA GPU vs the read ceiling and bf16 SDPA (docs/kernels.md).
+#   make bench [BENCH_ARGS="--shapes A,B,C,D --plot decode_latency.png"]
+.PHONY: bench
+bench:
+	$(PYTHON) -c "from ultraquant.cli import main; main()" bench $(BENCH_ARGS)
+
 # --- AOT kernels (docs/codegen.md) -------------------------------------------------------------
 #   make kernels ARCH=gfx942[,gfx950,sm_90] [HEAD_SIZES=64,128 GQA=4,8 BLOCK_SIZES=16 DTYPES=bf16 OPS=... JOBS=2]
 #   make wheel   ARCH=gfx942,gfx950,sm_90  (same knobs) -> $(DIST)/ultraquant-*.whl with the blobs inside
