@@ -1,0 +1,86 @@
+"""Run the FlyDSL decode kernels' own lowered IR on the CPU (codegen/flydsl/simt.py) and compare
+with the reference and with the lane-layout emulation.
+
+Needs flydsl and lld >= 19 (the build venv of ``make kernels``); skipped elsewhere. Each case
+compiles one kernel (about 10 s here) and interprets every workgroup of the launch.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import random
+
+import pytest
+import torch
+
+from tests.test_flydsl_layout import _cache
+from ultraquant import reference as ref
+from ultraquant.kernels import layout_emulation as lay
+
+if importlib.util.find_spec("flydsl") is None:
+    pytest.skip("flydsl is not installed (make kernels installs it in the build venv)", allow_module_level=True)
+
+from ultraquant.codegen.flydsl import simt  # noqa: E402
+from ultraquant.codegen.flydsl.compiler import find_lld  # noqa: E402
+
+try:
+    find_lld()
+except RuntimeError as exc:  # pragma: no cover - depends on the machine
+    pytest.skip(str(exc), allow_module_level=True)
+
+
+def _check(got: torch.Tensor, expect: torch.Tensor, emu: torch.Tensor) -> None:
+    assert torch.isfinite(got).all(), "unwritten (NaN-poisoned) or non-finite output"
+    got, expect, emu = got.float(), expect.float(), emu.float()
+    cos = torch.nn.functional.cosine_similarity(got.flatten().double(), expect.flatten().double(), dim=0)
+    assert cos > 0.9999
+    assert (got - expect).abs().max() <= 1e-2 * max(1.0, expect.abs().max().item())
+    # the kernel and the emulation agree up to the output's bf16 rounding
+    torch.testing.assert_close(got, emu.to(torch.bfloat16).float(), rtol=2**-7, atol=1e-3)
+
+
+def test_gfx942_kernel_runs_like_the_reference():
+    d, g, hk, bs, lens, splits = 128, 8, 2, 16, [37, 0, 100], 3
+    q, cache, bt, seq = _cache(d, g, hk, bs, lens, seed=1)
+    got = simt.run_decode({"head_size": d, "gqa": g, "block_size": bs}, "gfx942", q, cache, bt, seq,
+                          d**-0.5, num_splits=splits)
+    expect = ref.decode_attention(q.float(), cache, bt, seq, d**-0.5)
+    emu = lay.emulate_decode(lay.DecodeConfig(d, g, bs), q, cache, bt, seq, d**-0.5, num_splits=splits)
+    _check(got, expect, emu)
+
+
+def test_gfx942_features_head_major_cache_any_workgroup_order():
+    """Sinks + window + soft cap, a permuted (head-major) cache view, workgroups in random order (the
+    last-arriving split merges), one kernel run with one split (direct write) and one with four."""
+    d, g, hk, bs, lens = 128, 6, 1, 32, [90, 5]
+    q, cache, bt, seq = _cache(d, g, hk, bs, lens, head_major=True, seed=7)
+    sinks, window, softcap = torch.randn(hk * g), 40, 7.0
+    cfg = {"head_size": d, "gqa": g, "block_size": bs, "has_sinks": True, "has_window": True,
+           "has_softcap": True}
+    from ultraquant.codegen.flydsl.compiler import compile_decode
+
+    kernel = simt.Kernel(simt.lowered_ir(lambda: compile_decode("gfx942", "k", cfg)))
+    expect = ref.decode_attention(q.float(), cache, bt, seq, d**-0.5, sinks=sinks, sliding_window=window,
+                                  softcap=softcap)
+    for splits in (1, 4):
+        order = [(x, y, z) for z in range(splits) for y in range(hk) for x in range(len(lens))]
+        random.Random(splits).shuffle(order)
+        got = simt.run_decode(cfg, "gfx942", q, cache, bt, seq, d**-0.5, num_splits=splits, sinks=sinks,
+                              window=window, softcap=softcap, order=order, kernel=kernel)
+        emu = lay.emulate_decode(lay.DecodeConfig(d, g, bs, has_sinks=True, has_window=True, has_softcap=True),
+                                 q, cache, bt, seq, d**-0.5, num_splits=splits, sinks=sinks, window=window,
+                                 softcap=softcap)
+        _check(got, expect, emu)
+
+
+def test_gfx950_mx_kernel_matches_its_emulation():
+    d, g, hk, bs, lens, splits = 128, 4, 1, 16, [70], 2
+    q, cache, bt, seq = _cache(d, g, hk, bs, lens, seed=3)
+    got = simt.run_decode({"head_size": d, "gqa": g, "block_size": bs}, "gfx950", q, cache, bt, seq,
+                          d**-0.5, num_splits=splits, mx=True).float()
+    emu = lay.emulate_decode(lay.DecodeConfig(d, g, bs), q, cache, bt, seq, d**-0.5, num_splits=splits, mx=True)
+    expect = ref.decode_attention(q.float(), cache, bt, seq, d**-0.5).float()
+    assert torch.isfinite(got).all()
+    torch.testing.assert_close(got, emu.to(torch.bfloat16).float(), rtol=2**-7, atol=1e-3)
+    cos = torch.nn.functional.cosine_similarity(got.flatten().double(), expect.flatten().double(), dim=0)
+    assert cos > 0.999
