@@ -9,6 +9,11 @@ mkdir -p "$OUT"
 export ULTRAQUANT_GENERATED=${ULTRAQUANT_GENERATED:-$PWD/.rtblobs}
 export ULTRAQUANT_CACHE_DIR=$(mktemp -d)
 [ -n "${UQ_NO_INSTALL:-}" ] || pip install -q --no-deps --no-build-isolation -e . >/dev/null 2>&1 || echo "pip install -e . failed"
+# ultraquant.runtime/.codegen come from package-dir mappings that the editable finder did not resolve
+# on the device image: link them inside the package so plain imports work.
+[ -e ultraquant/runtime ] || ln -s ../runtime ultraquant/runtime
+[ -e ultraquant/codegen ] || ln -s ../codegen ultraquant/codegen
+export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 t0=$(date +%s)
 step() { echo "== $1 at +$(( $(date +%s) - t0 ))s"; }
 nvidia-smi -L | tee "$OUT/smi.txt"
