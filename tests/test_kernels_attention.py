@@ -149,3 +149,13 @@ def test_decode_grid_is_static(monkeypatch):
     grids = {plans.plan_decode(query, cache, bt, torch.full((8,), n, dtype=torch.int32), 0.1, None, None, None,
                                query).grid for n in (1, 1000, 32768)}
     assert len(grids) == 1
+
+
+def test_workspace_growth_keeps_old_buffers_alive():
+    """A larger call replaces the workspace but never frees the old one (captured graphs use it)."""
+    dev = torch.device("cpu")
+    small = plans.decode_workspace(dev, 10, 10, 2)
+    big = plans.decode_workspace(dev, 10**6, 10, 2)
+    assert big[0].numel() >= 10**6 and big[0].data_ptr() != small[0].data_ptr()
+    assert any(ws[0] is small[0] for ws in plans._retired)
+    assert int(big[2].sum()) == 0

@@ -189,6 +189,9 @@ SPECIALIZERS = {
 _lock = threading.Lock()
 _num_sms: dict[str, int] = {}
 _workspaces: dict[str, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
+_retired: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []
+"""Workspaces replaced by larger ones: kept alive forever, because a CUDA graph captured earlier
+still holds their addresses (freeing them would let a replay write into reused memory)."""
 _dummies: dict[str, torch.Tensor] = {}
 
 
@@ -208,15 +211,18 @@ def decode_workspace(device: torch.device, part_elems: int, ml_elems: int,
     """fp32 partials, fp32 (m, l) rows and zeroed int32 tickets for split-KV decode and prefill,
     cached per device (the two ops run one after the other on a stream, never concurrently).
 
-    Grows (reallocates) only when a call needs more than any earlier one: warm up with the largest
-    batch before capturing a CUDA graph. The kernel resets each ticket to 0 after use, so the counters
-    stay valid across calls and graph replays. One workspace per device: concurrent decode launches on
-    different streams of one device would race on it.
+    Grows (reallocates) only when a call needs more than any earlier one; the smaller buffers stay
+    allocated (graphs captured with them keep working). Warm up with the largest batch before
+    capturing a CUDA graph, so that no allocation happens during capture. The kernel resets each
+    ticket to 0 after use, so the counters stay valid across calls and graph replays. One workspace
+    per device: concurrent launches on different streams of one device would race on it.
     """
     key = str(device)
     with _lock:
         ws = _workspaces.get(key)
         if ws is None or ws[0].numel() < part_elems or ws[1].numel() < ml_elems or ws[2].numel() < counters:
+            if ws is not None:
+                _retired.append(ws)
             old = ws or (torch.empty(0), torch.empty(0), torch.empty(0))
             ws = (torch.empty(max(part_elems, old[0].numel(), 1), dtype=torch.float32, device=device),
                   torch.empty(max(ml_elems, old[1].numel(), 1), dtype=torch.float32, device=device),
