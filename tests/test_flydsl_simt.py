@@ -1,7 +1,7 @@
 """Run the FlyDSL decode kernels' own lowered IR on the CPU (codegen/flydsl/simt.py) and compare
 with the reference and with the lane-layout emulation.
 
-Needs flydsl and lld >= 19 (the build venv of ``make kernels``); skipped elsewhere. Each case
+Needs flydsl (the build venv of ``make kernels``; no linker); skipped where it is not installed. Each case
 compiles one kernel (about 10 s here) and interprets every workgroup of the launch.
 """
 
@@ -21,12 +21,8 @@ if importlib.util.find_spec("flydsl") is None:
     pytest.skip("flydsl is not installed (make kernels installs it in the build venv)", allow_module_level=True)
 
 from ultraquant.codegen.flydsl import simt  # noqa: E402
-from ultraquant.codegen.flydsl.compiler import find_lld  # noqa: E402
 
-try:
-    find_lld()
-except RuntimeError as exc:  # pragma: no cover - depends on the machine
-    pytest.skip(str(exc), allow_module_level=True)
+# No linker needed: the interpreter takes the IR FlyDSL dumps before the final link.
 
 
 def _check(got: torch.Tensor, expect: torch.Tensor, emu: torch.Tensor) -> None:
@@ -59,7 +55,7 @@ def test_gfx942_features_head_major_cache_any_workgroup_order():
            "has_softcap": True}
     from ultraquant.codegen.flydsl.compiler import compile_decode
 
-    kernel = simt.Kernel(simt.lowered_ir(lambda: compile_decode("gfx942", "k", cfg)))
+    kernel = simt.Kernel(simt.lowered_ir(lambda: compile_decode("gfx942", "k", cfg, need_linker=False)))
     expect = ref.decode_attention(q.float(), cache, bt, seq, d**-0.5, sinks=sinks, sliding_window=window,
                                   softcap=softcap)
     for splits in (1, 4):

@@ -493,9 +493,12 @@ def lowered_ir(compile_fn) -> str:
         old = {k: os.environ.get(k) for k in ("FLYDSL_DUMP_IR", "FLYDSL_DUMP_DIR")}
         os.environ["FLYDSL_DUMP_IR"] = "1"
         os.environ["FLYDSL_DUMP_DIR"] = tmp
+        failure: Exception | None = None
         try:
             with open(os.devnull, "w") as sink, contextlib.redirect_stdout(sink):
                 compile_fn()
+        except Exception as exc:  # noqa: BLE001 - a missing linker only breaks the final stage
+            failure = exc
         finally:
             for k, v in old.items():
                 if v is None:
@@ -509,8 +512,8 @@ def lowered_ir(compile_fn) -> str:
             if "scf_to_cf" in base:
                 break
             keep = path
-        if keep is None:
-            raise RuntimeError("no FlyDSL IR stage before scf -> cf was dumped")
+        if keep is None or (failure is not None and not any("scf_to_cf" in p for p in stages)):
+            raise RuntimeError(f"no FlyDSL IR stage before scf -> cf was dumped ({failure})") from failure
         with open(keep) as f:
             return f.read()
 
@@ -570,7 +573,7 @@ def run_decode(config: dict[str, Any], arch: str, query: torch.Tensor, kv_cache:
     qdt = {torch.bfloat16: "bf16", torch.float16: "fp16"}[query.dtype]
     if kernel is None:
         kernel = Kernel(lowered_ir(lambda: compile_decode(arch, "uq_decode_sim", config, query_dtype=qdt,
-                                                            out_dtype=qdt, mx=mx)))
+                                                            out_dtype=qdt, mx=mx, need_linker=False)))
     b, hq, d = query.shape
     hk = kv_cache.shape[2]
     out = torch.full_like(query, float("nan"))  # poisoned: every row must be written
