@@ -155,7 +155,8 @@ def test_workspace_growth_keeps_old_buffers_alive():
     """A larger call replaces the workspace but never frees the old one (captured graphs use it)."""
     dev = torch.device("cpu")
     small = plans.decode_workspace(dev, 10, 10, 2)
-    big = plans.decode_workspace(dev, 10**6, 10, 2)
-    assert big[0].numel() >= 10**6 and big[0].data_ptr() != small[0].data_ptr()
+    want = small[0].numel() + 1000
+    big = plans.decode_workspace(dev, want, 10, 2)
+    assert big[0].numel() >= want and big[0].data_ptr() != small[0].data_ptr()
     assert any(ws[0] is small[0] for ws in plans._retired)
     assert int(big[2].sum()) == 0
