@@ -143,7 +143,9 @@ class _Worker:
         self.starts += 1
         read_fd, write_fd = os.pipe()
         cache = self.tmp / f"triton-cache-{self.index}-{self.starts}"
-        env = {**os.environ, **self.env, RESULT_FD_ENV: str(write_fd), "TRITON_CACHE_DIR": str(cache),
+        # Blobs are compiled for real even when the caller runs kernels in Triton's interpreter.
+        inherited = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+        env = {**inherited, **self.env, RESULT_FD_ENV: str(write_fd), "TRITON_CACHE_DIR": str(cache),
                "PYTHONUNBUFFERED": "1"}
         self.log_path = self.tmp / f"worker-{self.index}-{self.starts}.log"
         with open(self.log_path, "wb") as log:
