@@ -2,7 +2,8 @@
 
 The public API: the format helpers (:func:`slot_size`, :func:`hadamard`), the ops
 (:func:`store_kv`, :func:`decode_attention`, :func:`dequant_kv`, :func:`prefill_attention`, which
-pick an AOT blob, the Triton JIT kernel or the PyTorch reference per call), and
+pick an AOT blob, the Triton JIT kernel or the PyTorch reference per call), :func:`warmup` (load and
+self-test a model's blobs before CUDA graph capture), and
 :mod:`ultraquant.reference`, the plain-PyTorch definition every kernel is tested against.
 """
 
@@ -10,6 +11,7 @@ from . import reference
 from .errors import UltraQuantError
 from .format import hadamard, slot_size
 from .ops import decode_attention, dequant_kv, prefill_attention, store_kv
+from .runtime import warmup
 
 __version__ = "0.1.0"
 
@@ -22,4 +24,5 @@ __all__ = [
     "reference",
     "slot_size",
     "store_kv",
+    "warmup",
 ]
