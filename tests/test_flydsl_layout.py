@@ -182,6 +182,17 @@ def test_emulated_kernel_with_bf16_operands_is_close(case):
     assert (got - expect).abs().max() <= 1e-2 * max(1.0, expect.abs().max().item())
 
 
+@pytest.mark.parametrize("waves", [2, 4])
+def test_waves_sharing_a_split_give_the_same_result(waves):
+    """Tiles dealt round robin to the workgroup's waves, states folded through LDS: exact again."""
+    d, gqa, hk, bs, lens, splits, _ = CASES[0]
+    q, cache, bt, seq = _cache(d, gqa, hk, bs, lens, seed=11)
+    cfg = lay.DecodeConfig(d, gqa, bs)
+    got = lay.emulate_decode(cfg, q, cache, bt, seq, 0.1, num_splits=splits, exact_operands=True, waves=waves)
+    expect = ref.decode_attention(q.float(), cache, bt, seq, 0.1).float()
+    torch.testing.assert_close(got, expect, rtol=2e-5, atol=2e-5)
+
+
 def test_emulation_reads_a_head_major_cache_view():
     got, expect = _run(CASES[0], exact=True, head_major=True)
     torch.testing.assert_close(got, expect, rtol=2e-5, atol=2e-5)

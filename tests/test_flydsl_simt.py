@@ -24,6 +24,8 @@ from ultraquant.codegen.flydsl import simt  # noqa: E402
 
 # No linker needed: the interpreter takes the IR FlyDSL dumps before the final link.
 
+W = 4  # waves per workgroup, as the backend builds the blobs
+
 
 def _check(got: torch.Tensor, expect: torch.Tensor, emu: torch.Tensor) -> None:
     assert torch.isfinite(got).all(), "unwritten (NaN-poisoned) or non-finite output"
@@ -43,9 +45,10 @@ def test_gfx942_kernel_runs_like_the_reference():
     bt[0, 3:] = -1
     bt[1, :] = 2**30
     got = simt.run_decode({"head_size": d, "gqa": g, "block_size": bs}, "gfx942", q, cache, bt, seq,
-                          d**-0.5, num_splits=splits)
+                          d**-0.5, num_splits=splits, waves=W)
     expect = ref.decode_attention(q.float(), cache, bt, seq, d**-0.5)
-    emu = lay.emulate_decode(lay.DecodeConfig(d, g, bs), q, cache, bt, seq, d**-0.5, num_splits=splits)
+    emu = lay.emulate_decode(lay.DecodeConfig(d, g, bs), q, cache, bt, seq, d**-0.5, num_splits=splits,
+                             waves=W)
     _check(got, expect, emu)
 
 
@@ -59,7 +62,8 @@ def test_gfx942_features_head_major_cache_any_workgroup_order():
            "has_softcap": True}
     from ultraquant.codegen.flydsl.compiler import compile_decode
 
-    kernel = simt.Kernel(simt.lowered_ir(lambda: compile_decode("gfx942", "k", cfg, need_linker=False)))
+    kernel = simt.Kernel(simt.lowered_ir(lambda: compile_decode("gfx942", "k", cfg, need_linker=False, waves=W)),
+                         lanes=64 * W)
     expect = ref.decode_attention(q.float(), cache, bt, seq, d**-0.5, sinks=sinks, sliding_window=window,
                                   softcap=softcap)
     for splits in (1, 4):
@@ -69,7 +73,7 @@ def test_gfx942_features_head_major_cache_any_workgroup_order():
                               window=window, softcap=softcap, order=order, kernel=kernel)
         emu = lay.emulate_decode(lay.DecodeConfig(d, g, bs, has_sinks=True, has_window=True, has_softcap=True),
                                  q, cache, bt, seq, d**-0.5, num_splits=splits, sinks=sinks, window=window,
-                                 softcap=softcap)
+                                 softcap=softcap, waves=W)
         _check(got, expect, emu)
 
 
@@ -77,8 +81,9 @@ def test_gfx950_mx_kernel_matches_its_emulation():
     d, g, hk, bs, lens, splits = 128, 4, 1, 16, [70], 2
     q, cache, bt, seq = _cache(d, g, hk, bs, lens, seed=3)
     got = simt.run_decode({"head_size": d, "gqa": g, "block_size": bs}, "gfx950", q, cache, bt, seq,
-                          d**-0.5, num_splits=splits, mx=True).float()
-    emu = lay.emulate_decode(lay.DecodeConfig(d, g, bs), q, cache, bt, seq, d**-0.5, num_splits=splits, mx=True)
+                          d**-0.5, num_splits=splits, mx=True, waves=W).float()
+    emu = lay.emulate_decode(lay.DecodeConfig(d, g, bs), q, cache, bt, seq, d**-0.5, num_splits=splits, mx=True,
+                             waves=W)
     expect = ref.decode_attention(q.float(), cache, bt, seq, d**-0.5).float()
     assert torch.isfinite(got).all()
     torch.testing.assert_close(got, emu.to(torch.bfloat16).float(), rtol=2**-7, atol=1e-3)

@@ -6,7 +6,8 @@ Contract with the rest of the system (why it looks like this):
   (``ultraquant.kernels.plans.decode_spec``) and renames the kernel ``uq_decode_flydsl``: same
   parameter list (``DECODE_PARAMS``: pointers, then fp32/i32 scalars, no hidden parameters), same
   constexprs, same grid ``(B, Hk, num_splits)`` and the same workspace/ticket protocol, so the runtime
-  launches it with the very LaunchPlan it builds for ``uq_decode`` (64 threads per block). The key
+  launches it with the very LaunchPlan it builds for ``uq_decode`` (256 threads per block: 4 waves
+  share each split and fold their states through 8-33 KB of static LDS). The key
   differs only in the kernel name, so both blobs live in one manifest.
 - Alignment the kernel assumes (vector loads): pointers 16-byte aligned; query and output strides
   multiples of 8 elements; cache strides multiples of 8 bytes (slot sizes 136/272/544 are).
@@ -39,6 +40,9 @@ HEAD_SIZES = (128, 256, 512)
 MAX_GQA = 16
 DTYPES = ("bf16", "fp16")
 FLYDSL_REQUIREMENT = "flydsl==0.5.0"
+WAVES_PER_BLOCK = 4
+"""Waves per workgroup: they share a split's tiles round robin and fold their states through LDS,
+so the Triton plan's grid (programs of 4 warps) yields as many waves with either blob."""
 
 
 def unsupported(config: dict[str, Any]) -> str:
@@ -66,7 +70,7 @@ def flydsl_spec(*, kernel: str = KERNEL, **config: Any) -> Specialization:
         raise UltraQuantError(f"config {config}: {why}")
     base = decode_spec(**config)
     return Specialization(kernel=kernel, signature=dict(base.signature), constexprs=dict(base.constexprs),
-                          num_warps=1, num_stages=1)
+                          num_warps=WAVES_PER_BLOCK, num_stages=1)
 
 
 def flydsl_key(triton_spec: Specialization, kernel: str = KERNEL) -> str:
@@ -127,14 +131,15 @@ class FlyDSLBackend(Backend):
         if mx and arch.name != "gfx950":
             raise UltraQuantError(f"{KERNEL_MX} needs gfx950 (scaled FP4 MFMA), not {arch.name}")
         binary = compile_decode(arch.name, spec.kernel, config, query_dtype=_dtype(spec.signature["q_ptr"]),
-                                out_dtype=_dtype(spec.signature["out_ptr"]), mx=mx)
+                                out_dtype=_dtype(spec.signature["out_ptr"]), mx=mx, waves=WAVES_PER_BLOCK)
         res = resources_of(binary, spec.kernel)
         record = isa.describe(binary, arch.name, config["head_size"], res, mx=mx)
         problems = isa.check_record(record, record["mfma"], res, arch.max_shared)
         if problems:
             raise UltraQuantError("FlyDSL blob fails its ISA checks: " + "; ".join(problems))
         info = {
-            "symbol": spec.kernel, "threads": 64, "num_warps": 1, "num_stages": 1, "num_ctas": 1, "shared": 0,
+            "symbol": spec.kernel, "threads": 64 * WAVES_PER_BLOCK, "num_warps": WAVES_PER_BLOCK,
+            "num_stages": 1, "num_ctas": 1, "shared": 0,
             "hidden": [],
             "divisibility": {n: 16 for n, ty in spec.signature.items() if ty.startswith("*")},
             "isa": record,

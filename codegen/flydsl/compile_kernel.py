@@ -24,7 +24,7 @@ def main(argv: list[str]) -> int:
 
     blob = compile_decode(spec["arch"], spec["name"], spec["config"],
                           query_dtype=spec.get("query_dtype", "bf16"), out_dtype=spec.get("out_dtype", "bf16"),
-                          mx=bool(spec.get("mx", False)))
+                          mx=bool(spec.get("mx", False)), waves=int(spec.get("waves", 1)))
     Path(argv[2]).write_bytes(blob)
     return 0
 

@@ -71,6 +71,17 @@ def rcp(x):
     return fx.Float32(rocdl.rcp(T.f32, _raw(fx.Float32(x))))
 
 
+def _lds_base(storage):
+    """Byte pointer (LDS) of a SharedAllocator allocation."""
+    ptr = object.__getattribute__(storage, "_ptr")
+    return fx.recast_iter(fx.PointerType.get(fx.Uint8.ir_type, fx.AddressSpace.Shared, 1), ptr)
+
+
+def _lds_ptr(base, byte_offset, elem, align: int):
+    ty = fx.PointerType.get(elem.ir_type, fx.AddressSpace.Shared, align)
+    return fx.recast_iter(ty, base + byte_offset)
+
+
 def _select(cond, a, b):
     return arith.select(cond, a, b)
 
@@ -164,10 +175,12 @@ _DTYPES = {"bf16": (fx.BFloat16, 2), "fp16": (fx.Float16, 2), "fp32": (fx.Float3
 
 
 def build_decode(cfg: DecodeConfig, arch: str, *, name: str, query_dtype: str = "bf16",
-                 out_dtype: str = "bf16", mx: bool = False):
+                 out_dtype: str = "bf16", mx: bool = False, waves: int = 1):
     """Return the ``@flyc.jit`` launcher of the decode kernel for ``cfg`` on ``arch``.
 
-    Grid (B, Hk, num_splits), one wave per workgroup. Workspace contract of the Triton decode: split
+    Grid (B, Hk, num_splits), ``waves`` waves per workgroup: they take the split's 16-token tiles round
+    robin and fold their (acc, m, l) into wave 0 through one LDS slot (16 x D f32 + 32 f32), in the
+    order W-1 .. 1. Workspace contract of the Triton decode: split
     ``sp`` of pair ``b * Hk + kvh`` writes its unnormalized ``acc`` (16 x D f32) at slot
     ``pair * num_splits + sp`` of ``part_ptr`` and its (m, l) (log2 units) at ``ml_ptr + slot * 32``;
     the last split to take a ticket from ``counter_ptr[pair]`` merges the slots in order, folds the
@@ -179,6 +192,9 @@ def build_decode(cfg: DecodeConfig, arch: str, *, name: str, query_dtype: str = 
     """
     if mx and arch != "gfx950":
         raise ValueError("the mx decode path needs gfx950 (scaled FP4 MFMA, FP4 conversions)")
+    W = int(waves)
+    if W < 1:
+        raise ValueError(f"waves must be >= 1, got {waves}")
     D, G, BS = cfg.head_size, cfg.gqa, cfg.block_size
     CH, NB = cfg.chunks, cfg.pv_mfmas
     VB = D // 32  # V code bytes per lane per token
@@ -196,7 +212,9 @@ def build_decode(cfg: DecodeConfig, arch: str, *, name: str, query_dtype: str = 
         a2v = fx.Vector.from_elements([a2] * MFMA_K, dtype=fx.Float32)
         return [acc[k] * a1v + acc2[k] * a2v for k in range(len(acc))], m_new, l_ * a1 + l2 * a2
 
-    @flyc.kernel(name=name, known_block_size=(WAVE, 1, 1))
+    SLOT_BYTES = ROWS * D * 4 + 2 * ROWS * 4  # one wave's (acc, m, l) in LDS
+
+    @flyc.kernel(name=name, known_block_size=(WAVE * W, 1, 1))
     def decode_kernel(
         q_ptr: fx.Pointer, cache_ptr: fx.Pointer, bt_ptr: fx.Pointer, seqlen_ptr: fx.Pointer,
         sinks_ptr: fx.Pointer, out_ptr: fx.Pointer, part_ptr: fx.Pointer, ml_ptr: fx.Pointer,
@@ -205,7 +223,10 @@ def build_decode(cfg: DecodeConfig, arch: str, *, name: str, query_dtype: str = 
         stride_qb: fx.Int32, stride_qh: fx.Int32, stride_ob: fx.Int32, stride_oh: fx.Int32,
         stride_cb: fx.Int32, stride_ct: fx.Int32, stride_ch: fx.Int32, stride_btb: fx.Int32,
     ):
-        lane = fx.Int32(gpu.thread_id("x")) % WAVE
+        slot_bytes = SLOT_BYTES  # (referenced here so the AST rewriter keeps it in the closure)
+        tid = fx.Int32(gpu.thread_id("x"))
+        lane = tid % WAVE
+        wave = tid // WAVE
         b = fx.Int32(gpu.block_id("x"))
         kvh = fx.Int32(gpu.block_id("y"))
         split = fx.Int32(gpu.block_id("z"))
@@ -265,8 +286,13 @@ def build_decode(cfg: DecodeConfig, arch: str, *, name: str, query_dtype: str = 
         bt_row = fx.Int64(b) * fx.Int64(stride_btb)
         zero4 = fx.Vector.filled(MFMA_K, 0.0, fx.Float32)
         init = [fx.Float32(F32_NEG_INF), fx.Float32(0.0)] + [zero4] * NB
-        for tile, st in range(t_begin, t_end, 1, init=init):
-            tile = fx.Int32(tile)
+        # the W waves of the workgroup take the split's tiles round robin (uniform trip count; a
+        # wave's surplus last step is fully masked and re-reads the split's first tile)
+        n_iter = (t_end - t_begin + (W - 1)) // W
+        for step, st in range(0, n_iter, 1, init=init):
+            tile_w = t_begin + fx.Int32(step) * W + wave
+            tile_ok = tile_w < t_end
+            tile = _select(tile_ok, tile_w, t_begin)
             m_run, l_run = fx.Float32(st[0]), fx.Float32(st[1])
             o_acc = [fx.Vector(st[2 + nb]) for nb in range_constexpr(NB)]
             t0 = tile * TILE
@@ -306,7 +332,7 @@ def build_decode(cfg: DecodeConfig, arch: str, *, name: str, query_dtype: str = 
                 else:
                     si = si * qk_scale
                 tok = t0 + 4 * g + i
-                sc.append(_select((tok >= lo) & (tok < hi), si, fx.Float32(F32_NEG_INF)))
+                sc.append(_select((tok >= lo) & (tok < hi) & tile_ok, si, fx.Float32(F32_NEG_INF)))
             mt = arith.maxnumf(arith.maxnumf(sc[0], sc[1]), arith.maxnumf(sc[2], sc[3]))
             mt = arith.maxnumf(mt, _xor(mt, 16))
             mt = arith.maxnumf(mt, _xor(mt, 32))
@@ -322,7 +348,7 @@ def build_decode(cfg: DecodeConfig, arch: str, *, name: str, query_dtype: str = 
             vscales = []
             for i in range_constexpr(MFMA_K):
                 tok = t0 + 4 * g + i
-                vis = (tok >= lo) & (tok < hi)
+                vis = (tok >= lo) & (tok < hi) & tile_ok
                 row = _select(within + 4 * g + i < last_row, within + 4 * g + i, last_row)
                 v_base = page_base + fx.Int64(row) * fx.Int64(stride_ct)
                 vw = _load(cache_ptr, v_base + fx.Int64(lay.v_code_offset(D, r)), fx.Int32, VB // 4, 4)
@@ -359,66 +385,91 @@ def build_decode(cfg: DecodeConfig, arch: str, *, name: str, query_dtype: str = 
         mine = [fx.Vector.from_elements([fx.Float32(o_fin[(4 * k + t) % NB][(4 * k + t) // NB])
                                          for t in range(MFMA_K)], dtype=fx.Float32)
                 for k in range(QUARTER // 4)]
+        if const_expr(W > 1):
+            # fold waves W-1 .. 1 into wave 0 through one LDS slot (every wave merges; only wave 0's
+            # result is used); a barrier before each read and before the slot is reused
+            lds = _lds_base(fx.SharedAllocator().allocate(slot_bytes, 16))
+            srow = (r * D + QUARTER * g) * 4
+            # only wave 0's state changes (select), so a wave's state is still its own when it publishes
+            is0 = wave == 0
+            for src in range_constexpr(W - 1, 0, -1):
+                if wave == src:
+                    for k in range_constexpr(QUARTER // 4):
+                        fx.generic_store(_lds_ptr(lds, srow + 16 * k, fx.Float32, 16), mine[k])
+                    if g == 0:
+                        fx.generic_store(_lds_ptr(lds, ROWS * D * 4 + r * 4, fx.Float32, 4), m_fin)
+                        fx.generic_store(_lds_ptr(lds, ROWS * D * 4 + (ROWS + r) * 4, fx.Float32, 4), l_tot)
+                gpu.barrier()
+                acc2 = [fx.Vector(fx.generic_load(_lds_ptr(lds, srow + 16 * k, fx.Float32, 16), dtype=fx.Float32,
+                                                  count=4)) for k in range_constexpr(QUARTER // 4)]
+                m2 = fx.Float32(fx.generic_load(_lds_ptr(lds, ROWS * D * 4 + r * 4, fx.Float32, 4), dtype=fx.Float32))
+                l2 = fx.Float32(fx.generic_load(_lds_ptr(lds, ROWS * D * 4 + (ROWS + r) * 4, fx.Float32, 4),
+                                                dtype=fx.Float32))
+                mm, mm_m, mm_l = merge(mine, m_fin, l_tot, acc2, m2, l2)
+                mine = [_vselect(is0, x, y) for x, y in zip(mm, mine, strict=True)]
+                m_fin, l_tot = _select(is0, mm_m, m_fin), _select(is0, mm_l, l_tot)
+                gpu.barrier()
         pair = b * num_kv + kvh
         multi = num_splits > 1
-        if multi:
-            slot = fx.Int64(pair * num_splits + split)
-            prow = (slot * ROWS + fx.Int64(r)) * D + fx.Int64(QUARTER * g)
-            for k in range_constexpr(QUARTER // 4):
-                fx.generic_store(_global_ptr(part_ptr, (prow + 4 * k) * 4, fx.Float32, 16), mine[k])
-            if g == 0:
-                fx.generic_store(_global_ptr(ml_ptr, (slot * (2 * ROWS) + fx.Int64(r)) * 4, fx.Float32, 4),
-                                 m_fin)
-                fx.generic_store(_global_ptr(ml_ptr, (slot * (2 * ROWS) + ROWS + fx.Int64(r)) * 4,
-                                             fx.Float32, 4), l_tot)
-        # ticket: lane 0 adds 1 (0 with one split, which leaves the counter at 0); acq_rel at agent
-        # scope publishes this wave's partial stores and makes the other splits' visible
-        inc = _select((lane == 0) & multi, fx.Int32(1), fx.Int32(0))
-        old = fx.atomic_add(_global_ptr(counter_ptr, fx.Int64(pair) * 4, fx.Int32, 4), inc,
-                            syncscope="agent", ordering=fx.AtomicOrdering.AcqRel)
-        ticket = fx.Int32(rocdl.readfirstlane(T.i32, old))
-        if ticket == num_splits - 1:
-            # several splits: merge every slot (this one's included) from an empty state; one split:
-            # no slot to read, the state is this wave's own
-            n_read = _select(multi, num_splits, fx.Int32(0))
-            st0 = [_select(multi, fx.Float32(F32_NEG_INF), m_fin), _select(multi, fx.Float32(0.0), l_tot)]
-            st0 += [_vselect(multi, zero4, v) for v in mine]
-            for sp, ms in range(0, n_read, 1, init=st0):
-                src = fx.Int64(pair * num_splits + fx.Int32(sp))
-                prow = (src * ROWS + fx.Int64(r)) * D + fx.Int64(QUARTER * g)
-                acc2 = [fx.Vector(fx.generic_load(_global_ptr(part_ptr, (prow + 4 * k) * 4, fx.Float32, 16),
-                                                  dtype=fx.Float32, count=4))
-                        for k in range_constexpr(QUARTER // 4)]
-                m2 = _load(ml_ptr, (src * (2 * ROWS) + fx.Int64(r)) * 4, fx.Float32, 1, 4)[0]
-                l2 = _load(ml_ptr, (src * (2 * ROWS) + ROWS + fx.Int64(r)) * 4, fx.Float32, 1, 4)[0]
-                accm, mm, lm = merge([fx.Vector(v) for v in ms[2:]], fx.Float32(ms[0]), fx.Float32(ms[1]),
-                                     acc2, m2, l2)
-                merged = yield [mm, lm] + accm
-            m_all, l_all = fx.Float32(merged[0]), fx.Float32(merged[1])
-            acc_all = [fx.Vector(v) for v in merged[2:]]
-            if const_expr(has_sinks):
-                sink = _load(sinks_ptr, (kvh * G + _select(head_ok, r, fx.Int32(0))) * 4, fx.Float32, 1, 4)[0]
-                s2 = sink * LOG2E
-                m_s = arith.maxnumf(m_all, s2)
-                l_all = l_all * exp2(m_all - m_s) + exp2(s2 - m_s)
-                f = exp2(m_all - m_s)
-                fv = fx.Vector.from_elements([f] * MFMA_K, dtype=fx.Float32)
-                acc_all = [v * fv for v in acc_all]
-            pos = l_all > 0.0
-            inv = _select(pos, fx.Float32(rocdl.rcp(T.f32, _raw(_select(pos, l_all, fx.Float32(1.0))))),
-                          fx.Float32(0.0))
-            invv = fx.Vector.from_elements([inv] * MFMA_K, dtype=fx.Float32)
-            if head_ok:
-                orow = (fx.Int64(b) * fx.Int64(stride_ob) + fx.Int64(kvh * G + r) * fx.Int64(stride_oh)
-                        + QUARTER * g) * o_bytes
+        if wave == 0:  # the rest is one wave's job: partial, ticket, merge, output
+            if multi:
+                slot = fx.Int64(pair * num_splits + split)
+                prow = (slot * ROWS + fx.Int64(r)) * D + fx.Int64(QUARTER * g)
                 for k in range_constexpr(QUARTER // 4):
-                    val = (acc_all[k] * invv)
-                    if const_expr(out_dtype != "fp32"):
-                        val = val.to(OT)
-                    fx.generic_store(_global_ptr(out_ptr, orow + 4 * k * o_bytes, OT, 4 * o_bytes), val)
-            if multi & (lane == 0):
-                fx.atomic_xchg(_global_ptr(counter_ptr, fx.Int64(pair) * 4, fx.Int32, 4), fx.Int32(0),
-                               syncscope="agent", ordering=fx.AtomicOrdering.Monotonic)
+                    fx.generic_store(_global_ptr(part_ptr, (prow + 4 * k) * 4, fx.Float32, 16), mine[k])
+                if g == 0:
+                    fx.generic_store(_global_ptr(ml_ptr, (slot * (2 * ROWS) + fx.Int64(r)) * 4, fx.Float32, 4),
+                                     m_fin)
+                    fx.generic_store(_global_ptr(ml_ptr, (slot * (2 * ROWS) + ROWS + fx.Int64(r)) * 4,
+                                                 fx.Float32, 4), l_tot)
+            # ticket: lane 0 adds 1 (0 with one split, which leaves the counter at 0); acq_rel at agent
+            # scope publishes this wave's partial stores and makes the other splits' visible
+            inc = _select((lane == 0) & multi, fx.Int32(1), fx.Int32(0))
+            old = fx.atomic_add(_global_ptr(counter_ptr, fx.Int64(pair) * 4, fx.Int32, 4), inc,
+                                syncscope="agent", ordering=fx.AtomicOrdering.AcqRel)
+            ticket = fx.Int32(rocdl.readfirstlane(T.i32, old))
+            if ticket == num_splits - 1:
+                # several splits: merge every slot (this one's included) from an empty state; one split:
+                # no slot to read, the state is this wave's own
+                n_read = _select(multi, num_splits, fx.Int32(0))
+                st0 = [_select(multi, fx.Float32(F32_NEG_INF), m_fin), _select(multi, fx.Float32(0.0), l_tot)]
+                st0 += [_vselect(multi, zero4, v) for v in mine]
+                for sp, ms in range(0, n_read, 1, init=st0):
+                    src = fx.Int64(pair * num_splits + fx.Int32(sp))
+                    prow = (src * ROWS + fx.Int64(r)) * D + fx.Int64(QUARTER * g)
+                    acc2 = [fx.Vector(fx.generic_load(_global_ptr(part_ptr, (prow + 4 * k) * 4, fx.Float32, 16),
+                                                      dtype=fx.Float32, count=4))
+                            for k in range_constexpr(QUARTER // 4)]
+                    m2 = _load(ml_ptr, (src * (2 * ROWS) + fx.Int64(r)) * 4, fx.Float32, 1, 4)[0]
+                    l2 = _load(ml_ptr, (src * (2 * ROWS) + ROWS + fx.Int64(r)) * 4, fx.Float32, 1, 4)[0]
+                    accm, mm, lm = merge([fx.Vector(v) for v in ms[2:]], fx.Float32(ms[0]), fx.Float32(ms[1]),
+                                         acc2, m2, l2)
+                    merged = yield [mm, lm] + accm
+                m_all, l_all = fx.Float32(merged[0]), fx.Float32(merged[1])
+                acc_all = [fx.Vector(v) for v in merged[2:]]
+                if const_expr(has_sinks):
+                    sink = _load(sinks_ptr, (kvh * G + _select(head_ok, r, fx.Int32(0))) * 4, fx.Float32, 1, 4)[0]
+                    s2 = sink * LOG2E
+                    m_s = arith.maxnumf(m_all, s2)
+                    l_all = l_all * exp2(m_all - m_s) + exp2(s2 - m_s)
+                    f = exp2(m_all - m_s)
+                    fv = fx.Vector.from_elements([f] * MFMA_K, dtype=fx.Float32)
+                    acc_all = [v * fv for v in acc_all]
+                pos = l_all > 0.0
+                inv = _select(pos, fx.Float32(rocdl.rcp(T.f32, _raw(_select(pos, l_all, fx.Float32(1.0))))),
+                              fx.Float32(0.0))
+                invv = fx.Vector.from_elements([inv] * MFMA_K, dtype=fx.Float32)
+                if head_ok:
+                    orow = (fx.Int64(b) * fx.Int64(stride_ob) + fx.Int64(kvh * G + r) * fx.Int64(stride_oh)
+                            + QUARTER * g) * o_bytes
+                    for k in range_constexpr(QUARTER // 4):
+                        val = (acc_all[k] * invv)
+                        if const_expr(out_dtype != "fp32"):
+                            val = val.to(OT)
+                        fx.generic_store(_global_ptr(out_ptr, orow + 4 * k * o_bytes, OT, 4 * o_bytes), val)
+                if multi & (lane == 0):
+                    fx.atomic_xchg(_global_ptr(counter_ptr, fx.Int64(pair) * 4, fx.Int32, 4), fx.Int32(0),
+                                   syncscope="agent", ordering=fx.AtomicOrdering.Monotonic)
 
     @flyc.jit
     def launch(
@@ -433,6 +484,6 @@ def build_decode(cfg: DecodeConfig, arch: str, *, name: str, query_dtype: str = 
         decode_kernel(q_ptr, cache_ptr, bt_ptr, seqlen_ptr, sinks_ptr, out_ptr, part_ptr, ml_ptr,
                       counter_ptr, scale, softcap, window, num_splits, stride_qb, stride_qh, stride_ob,
                       stride_oh, stride_cb, stride_ct, stride_ch, stride_btb).launch(
-            grid=(1, 1, 1), block=(WAVE, 1, 1), stream=stream)
+            grid=(1, 1, 1), block=(WAVE * W, 1, 1), stream=stream)
 
     return launch

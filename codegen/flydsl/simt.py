@@ -29,6 +29,7 @@ import torch
 from ultraquant.kernels import layout_emulation as lay
 
 LANES = 64
+LDS_BYTES = 160 * 1024  # per workgroup and allocation (gfx950's limit; bounds-checked like memory)
 _PTR_SHIFT = 40
 _DISPATCH_BUF = 1  # buffer id of the HSA dispatch packet
 
@@ -127,7 +128,7 @@ class Memory:
     buffers: dict[int, np.ndarray] = field(default_factory=dict)
 
     def add(self, data: np.ndarray) -> int:
-        bid = len(self.buffers) + 2
+        bid = max(max(self.buffers, default=1), _DISPATCH_BUF) + 1
         self.buffers[bid] = data
         return bid << _PTR_SHIFT
 
@@ -160,13 +161,14 @@ class Memory:
 def _to_bytes(value: np.ndarray, ty: Ty) -> np.ndarray:
     """(lanes, [n]) values -> (lanes, nbytes) uint8, little endian."""
     n = max(1, ty.n)
-    v = value.reshape(LANES, n)
+    lanes = value.shape[0]
+    v = value.reshape(lanes, n)
     if ty.kind == "float":
         bits = _bits_of(v, Ty(ty.kind, ty.elem, ty.width))
     else:
         bits = v.astype(np.int64)
     nb = ty.width // 8
-    out = np.zeros((LANES, n * nb), dtype=np.uint8)
+    out = np.zeros((lanes, n * nb), dtype=np.uint8)
     for k in range(nb):
         out[:, k::nb] = (bits >> (8 * k)) & 0xFF
     return out
@@ -175,7 +177,7 @@ def _to_bytes(value: np.ndarray, ty: Ty) -> np.ndarray:
 def _from_bytes(raw: np.ndarray, ty: Ty) -> np.ndarray:
     n = max(1, ty.n)
     nb = ty.width // 8
-    bits = np.zeros((LANES, n), dtype=np.int64)
+    bits = np.zeros((raw.shape[0], n), dtype=np.int64)
     for k in range(nb):
         bits |= raw[:, k::nb].astype(np.int64) << (8 * k)
     if ty.kind == "float":
@@ -203,8 +205,9 @@ def _attr_int(text: str) -> int:
 
 
 class _Translator:
-    def __init__(self):
+    def __init__(self, lanes: int):
         self.ids: dict[Any, int] = {}
+        self.lanes = lanes
 
     def vid(self, v) -> int:
         if v not in self.ids:
@@ -222,7 +225,9 @@ class _Translator:
         out_tys = [parse_type(str(r.type)) for r in o.results]
         parsed: dict[str, Any] = {}
         if name == "arith.constant":
-            parsed["value"] = _constant(attrs["value"], out_tys[0])
+            parsed["value"] = _constant(attrs["value"], out_tys[0], self.lanes)
+        if name == "llvm.mlir.addressof":
+            parsed["sym"] = attrs["global_name"].lstrip("@")
         for key in ("predicate", "bin_op", "srcSelIndex", "src_sel_index"):
             if key in attrs:
                 parsed[key] = _attr_int(attrs[key])
@@ -249,7 +254,7 @@ class _Translator:
         return Instr(name, ins, [self.vid(r) for r in o.results], out_tys, in_tys, parsed, regions)
 
 
-def _constant(text: str, ty: Ty) -> np.ndarray:
+def _constant(text: str, ty: Ty, lanes: int = LANES) -> np.ndarray:
     body = text.rsplit(" : ", 1)[0].strip()
     if body.startswith("dense<"):
         body = body[len("dense<"):-1]
@@ -265,7 +270,7 @@ def _constant(text: str, ty: Ty) -> np.ndarray:
     else:
         val = int(body)
     dtype = np.float32 if ty.kind == "float" else np.int64
-    return np.full((LANES, ty.n) if ty.n else (LANES,), val, dtype=dtype)
+    return np.full((lanes, ty.n) if ty.n else (lanes,), val, dtype=dtype)
 
 
 def _norm(value: np.ndarray, ty: Ty) -> np.ndarray:
@@ -304,10 +309,18 @@ _PASS = {"arith.extsi", "arith.index_cast", "arith.trunci", "arith.extf", "arith
 class Wave:
     """Executes one workgroup (one wave) of a translated kernel."""
 
-    def __init__(self, mem: Memory, block_id: tuple[int, int, int]):
+    def __init__(self, mem: Memory, block_id: tuple[int, int, int], lanes: int = LANES,
+                 shared: dict[str, int] | None = None):
         self.mem = mem
         self.block_id = block_id
+        self.n = lanes
+        self.shared = shared or {}
         self.env: dict[int, np.ndarray] = {}
+
+    def _per_wave(self, fn, *arrays):
+        """Apply a 64-lane operation to each wave of the workgroup and stack the results."""
+        outs = [fn(*(x[w * LANES : (w + 1) * LANES] for x in arrays)) for w in range(self.n // LANES)]
+        return np.concatenate(outs, axis=0)
 
     def run(self, body: list[Instr], active: np.ndarray) -> list[np.ndarray] | None:
         env = self.env
@@ -368,21 +381,30 @@ class Wave:
         elif name in ("vector.broadcast", "vector.splat"):
             env[out] = np.repeat(a[0][:, None], ty0.n, axis=1)
         elif name == "gpu.thread_id":
-            env[out] = np.arange(LANES, dtype=np.int64)
+            env[out] = np.arange(self.n, dtype=np.int64)
         elif name == "gpu.block_id":
-            env[out] = np.full(LANES, self.block_id[at["dim"]], dtype=np.int64)
+            env[out] = np.full(self.n, self.block_id[at["dim"]], dtype=np.int64)
         elif name == "gpu.shuffle":
-            env[out] = a[0][np.arange(LANES) ^ a[1]]
-            env[ins.outs[1]] = np.ones(LANES, dtype=np.int64)
+            if np.any(a[1] >= LANES):
+                raise NotImplementedError("shuffle across waves")
+            env[out] = a[0][np.arange(self.n) ^ a[1]]
+            env[ins.outs[1]] = np.ones(self.n, dtype=np.int64)
+        elif name == "gpu.barrier":
+            pass  # the workgroup's lanes run in lockstep: every barrier is already satisfied
+        elif name == "llvm.mlir.addressof":
+            env[out] = np.full(self.n, self.shared[at["sym"]], dtype=np.int64)
         elif name == "rocdl.readfirstlane":
-            env[out] = np.full(LANES, a[0][int(np.nonzero(active)[0][0])])
+            def first(x, act):
+                idx = np.nonzero(act)[0]
+                return np.full(LANES, x[idx[0]] if len(idx) else 0)
+            env[out] = self._per_wave(first, a[0], active)
         elif name == "rocdl.rcp":
             with np.errstate(all="ignore"):
                 env[out] = np.float32(1.0) / a[0].astype(np.float32)
         elif name == "llvm.call_intrinsic":
             env[out] = self._intrinsic(at["intrin"], a)
         elif name == "llvm.getelementptr":
-            off = np.zeros(LANES, dtype=np.int64)
+            off = np.zeros(self.n, dtype=np.int64)
             dyn = iter(a[1:])
             for idx in at["raw"]:
                 step = next(dyn) if idx == -2147483648 else idx
@@ -397,10 +419,11 @@ class Wave:
         elif name.startswith("rocdl.mfma.f32.16x16x16bf16"):
             fa = _float_of(a[0], Ty("float", "bf16", 16))
             fb = _float_of(a[1], Ty("float", "bf16", 16))
-            env[out] = lay.mfma_16x16x16(torch.from_numpy(fa.copy()), torch.from_numpy(fb.copy()),
-                                         torch.from_numpy(a[2].astype(np.float32).copy())).numpy()
+            env[out] = self._per_wave(lambda x, y, z: lay.mfma_16x16x16(
+                torch.from_numpy(x.copy()), torch.from_numpy(y.copy()),
+                torch.from_numpy(z.astype(np.float32).copy())).numpy(), fa, fb, a[2])
         elif name == "rocdl.mfma.scale.f32.16x16x128.f8f6f4":
-            env[out] = self._scaled_mfma(at["fmt"], a)
+            env[out] = self._per_wave(lambda *x: self._scaled_mfma(at["fmt"], list(x)), *a)
         elif name == "rocdl.cvt.pk.fp8.f32":
             pair = torch.from_numpy(np.stack([a[0], a[1]], axis=1).astype(np.float32))
             b = pair.to(torch.float8_e4m3fn).view(torch.uint8).numpy().astype(np.int64)
@@ -421,7 +444,7 @@ class Wave:
 
     def _intrinsic(self, name: str, a) -> np.ndarray:
         if name == "llvm.amdgcn.dispatch.ptr":
-            return np.full(LANES, _DISPATCH_BUF << _PTR_SHIFT, dtype=np.int64)
+            return np.full(self.n, _DISPATCH_BUF << _PTR_SHIFT, dtype=np.int64)
         with np.errstate(all="ignore"):
             if name == "llvm.amdgcn.exp2.f32":
                 return np.exp2(a[0].astype(np.float32))
@@ -430,14 +453,14 @@ class Wave:
         raise NotImplementedError(f"intrinsic {name}")
 
     def _atomic(self, bin_op: int, a, ty: Ty, active) -> np.ndarray:
-        old = np.zeros(LANES, dtype=np.int64)
+        old = np.zeros(self.n, dtype=np.int64)
         for lane in np.nonzero(active)[0]:
-            mask = np.zeros(LANES, dtype=bool)
+            mask = np.zeros(self.n, dtype=bool)
             mask[lane] = True
             cur = _from_bytes(self.mem.read(a[0], ty.nbytes, mask), ty)[lane]
             old[lane] = cur
             new = {0: a[1][lane], 1: cur + a[1][lane]}[bin_op]
-            self.mem.write(a[0], _to_bytes(np.full(LANES, new, dtype=np.int64), ty), mask)
+            self.mem.write(a[0], _to_bytes(np.full(self.n, new, dtype=np.int64), ty), mask)
         return old
 
     def _scaled_mfma(self, fmt: tuple[str, str], a) -> np.ndarray:
@@ -463,7 +486,7 @@ class Wave:
         state = [env[i] for i in ins.ins[3:]]
         args, _tys, body = ins.regions[0]
         for i in range(int(lb[first]), int(ub[first]), int(step[first])):
-            env[args[0]] = np.full(LANES, i, dtype=np.int64)
+            env[args[0]] = np.full(self.n, i, dtype=np.int64)
             for aid, v in zip(args[1:], state, strict=True):
                 env[aid] = v
             state = self.run(body, active)
@@ -483,7 +506,7 @@ class Wave:
             if t is None or e is None:
                 self.env[rid] = e if t is None else t
             else:
-                self.env[rid] = np.where(cond.reshape((LANES,) + (1,) * (t.ndim - 1)), t, e)
+                self.env[rid] = np.where(cond.reshape((self.n,) + (1,) * (t.ndim - 1)), t, e)
 
 
 def lowered_ir(compile_fn) -> str:
@@ -521,7 +544,7 @@ def lowered_ir(compile_fn) -> str:
 class Kernel:
     """A kernel (first ``gpu.func`` of the module), translated once, run workgroup by workgroup."""
 
-    def __init__(self, ir_text: str):
+    def __init__(self, ir_text: str, lanes: int = LANES):
         from flydsl._mlir import ir
         from flydsl.compiler.jit_function import _create_mlir_context
 
@@ -536,7 +559,9 @@ class Kernel:
                             break
             if func is None:
                 raise RuntimeError("no gpu.func in the module")
-            self.args, self.arg_tys, self.body = _Translator().block(func.regions[0].blocks[0])
+            self.lanes = lanes
+            self.args, self.arg_tys, self.body = _Translator(lanes).block(func.regions[0].blocks[0])
+            self.shared_syms = sorted(set(re.findall(r"llvm\.mlir\.addressof @(\w+)", ir_text)))
 
     def launch(self, grid: tuple[int, int, int], args: list[Any], mem: Memory,
                order: list[tuple[int, int, int]] | None = None) -> None:
@@ -549,11 +574,14 @@ class Kernel:
         if order is None:
             order = [(x, y, z) for z in range(grid[2]) for y in range(grid[1]) for x in range(grid[0])]
         for bid in order:
-            wave = Wave(mem, bid)
+            shared = {sym: mem.add(np.zeros(LDS_BYTES, dtype=np.uint8)) for sym in self.shared_syms}
+            wave = Wave(mem, bid, self.lanes, shared)
             for aid, ty, val in zip(self.args, self.arg_tys, args, strict=True):
-                wave.env[aid] = (np.full(LANES, val, dtype=np.float32) if ty.kind == "float"
-                                 else np.full(LANES, int(val), dtype=np.int64))
-            wave.run(self.body, np.ones(LANES, dtype=bool))
+                wave.env[aid] = (np.full(self.lanes, val, dtype=np.float32) if ty.kind == "float"
+                                 else np.full(self.lanes, int(val), dtype=np.int64))
+            wave.run(self.body, np.ones(self.lanes, dtype=bool))
+            for sym in shared:  # LDS dies with the workgroup
+                mem.buffers.pop(shared[sym] >> _PTR_SHIFT)
 
 
 def _buffer(t: torch.Tensor) -> np.ndarray:
@@ -565,7 +593,7 @@ def run_decode(config: dict[str, Any], arch: str, query: torch.Tensor, kv_cache:
                block_table: torch.Tensor, seq_lens: torch.Tensor, scale: float, *, num_splits: int,
                sinks: torch.Tensor | None = None, window: int | None = None, softcap: float | None = None,
                mx: bool = False, order: list[tuple[int, int, int]] | None = None,
-               kernel: Kernel | None = None) -> torch.Tensor:
+               kernel: Kernel | None = None, waves: int = 1) -> torch.Tensor:
     """Compile the decode kernel for ``config`` (DecodeConfig fields) and run it here, with the very
     arguments and workspace ``ultraquant.kernels.plans.plan_decode`` would pass. Returns ``out``."""
     from .compiler import compile_decode
@@ -573,7 +601,8 @@ def run_decode(config: dict[str, Any], arch: str, query: torch.Tensor, kv_cache:
     qdt = {torch.bfloat16: "bf16", torch.float16: "fp16"}[query.dtype]
     if kernel is None:
         kernel = Kernel(lowered_ir(lambda: compile_decode(arch, "uq_decode_sim", config, query_dtype=qdt,
-                                                            out_dtype=qdt, mx=mx, need_linker=False)))
+                                                            out_dtype=qdt, mx=mx, need_linker=False,
+                                                            waves=waves)), lanes=LANES * waves)
     b, hq, d = query.shape
     hk = kv_cache.shape[2]
     out = torch.full_like(query, float("nan"))  # poisoned: every row must be written

@@ -302,7 +302,7 @@ def emulate_split(cfg: DecodeConfig, query: torch.Tensor, kv_cache: torch.Tensor
                   block_table: torch.Tensor, seq_lens: torch.Tensor, b: int, kvh: int, split: int,
                   num_splits: int, scale: float, *, window: int | None = None,
                   softcap: float | None = None, exact_operands: bool = False,
-                  mx: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                  mx: bool = False, waves: int = 1) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """One wave's split: unnormalized ``acc`` (16, D), running max ``m`` (16,) (log2 units) and
     denominator ``l`` (16,), rows = the 16 MFMA columns (query heads ``kvh*G + r``; rows >= G junk).
 
@@ -311,6 +311,7 @@ def emulate_split(cfg: DecodeConfig, query: torch.Tensor, kv_cache: torch.Tensor
     float32 instead of being rounded to bf16 for the MFMA: the result then matches float64 attention
     to ~1e-6, which makes any layout slip visible. ``mx``: the gfx950 path (FP8 query groups in a
     scaled 16x16x128 MFMA; V through the FP4 conversion, which gives the same bf16 values).
+    ``waves``: waves per workgroup (tiles dealt round robin, states folded W-1 .. 1 into wave 0).
     """
     d, g_heads = cfg.head_size, cfg.gqa
     rnd = (lambda x: x) if exact_operands else to_bf16
@@ -331,66 +332,75 @@ def emulate_split(cfg: DecodeConfig, query: torch.Tensor, kv_cache: torch.Tensor
 
     seq_len = int(seq_lens[b])
     lo, hi, t_begin, t_end = split_tiles(seq_len, num_splits, split, window)
-    m_run = torch.full((WAVE,), float("-inf"))
-    l_run = torch.zeros(WAVE)
-    o_acc = torch.zeros(WAVE, cfg.pv_mfmas, MFMA_K)  # [nb][i]
-    for tile in range(t_begin, t_end):
-        t0 = tile * TILE
-        # --- 2. QK. K: lane row r holds token t0 + r; rows past the sequence re-read its last token
-        k_tok = torch.clamp(t0 + _R, max=seq_len - 1)
-        k_slots = _slot_bytes(kv_cache, block_table, b, kvh, k_tok)  # (64, slot)
-        acc = torch.zeros(WAVE, MFMA_K)
-        for c in range(cfg.chunks):
-            off = k_code_offset(c, _G)  # (64,)
-            codes = torch.gather(k_slots, 1, off[:, None] + torch.arange(16)[None, :])  # (64, 16)
-            sbyte = torch.gather(k_slots, 1, k_scale_offset(d, c, _G)[:, None])  # (64, 1)
-            nibs = torch.stack([codes & 0xF, codes >> 4], dim=2).reshape(WAVE, 32)
-            kv = bf16_from_bits(fp4_bf16_bits_torch(nibs, sbyte))  # (64, 32) = elements 4j+i
-            if mx:  # one scaled MFMA 16x16x128: lane (r, g) holds k = 32g + v of A and B
-                acc = mfma_scale_16x16x128(kv, q_mx[:, c], acc)
+
+    def one_wave(tiles):
+        m_run = torch.full((WAVE,), float("-inf"))
+        l_run = torch.zeros(WAVE)
+        o_acc = torch.zeros(WAVE, cfg.pv_mfmas, MFMA_K)  # [nb][i]
+        for tile in tiles:
+            t0 = tile * TILE
+            # --- 2. QK. K: lane row r holds token t0 + r; rows past the sequence re-read its last token
+            k_tok = torch.clamp(t0 + _R, max=seq_len - 1)
+            k_slots = _slot_bytes(kv_cache, block_table, b, kvh, k_tok)  # (64, slot)
+            acc = torch.zeros(WAVE, MFMA_K)
+            for c in range(cfg.chunks):
+                off = k_code_offset(c, _G)  # (64,)
+                codes = torch.gather(k_slots, 1, off[:, None] + torch.arange(16)[None, :])  # (64, 16)
+                sbyte = torch.gather(k_slots, 1, k_scale_offset(d, c, _G)[:, None])  # (64, 1)
+                nibs = torch.stack([codes & 0xF, codes >> 4], dim=2).reshape(WAVE, 32)
+                kv = bf16_from_bits(fp4_bf16_bits_torch(nibs, sbyte))  # (64, 32) = elements 4j+i
+                if mx:  # one scaled MFMA 16x16x128: lane (r, g) holds k = 32g + v of A and B
+                    acc = mfma_scale_16x16x128(kv, q_mx[:, c], acc)
+                else:
+                    for j in range(8):
+                        acc = mfma_16x16x16(kv[:, 4 * j : 4 * j + 4], q_ops[:, c, j], acc)
+            # --- 3. scores S^T[token 4g+i][head r] (log2 units), mask, online softmax
+            if softcap is not None:  # c * tanh(s / c) through exp2 and a reciprocal, as the kernel
+                s = acc * scale
+                cap2 = torch.tensor(2.0 * LOG2E) * (1.0 / torch.tensor(softcap, dtype=torch.float32))
+                s = softcap * (1.0 - 2.0 * (1.0 / (torch.exp2(s * cap2) + 1.0))) * LOG2E
             else:
-                for j in range(8):
-                    acc = mfma_16x16x16(kv[:, 4 * j : 4 * j + 4], q_ops[:, c, j], acc)
-        # --- 3. scores S^T[token 4g+i][head r] (log2 units), mask, online softmax
-        if softcap is not None:  # c * tanh(s / c) through exp2 and a reciprocal, as the kernel
-            s = acc * scale
-            cap2 = torch.tensor(2.0 * LOG2E) * (1.0 / torch.tensor(softcap, dtype=torch.float32))
-            s = softcap * (1.0 - 2.0 * (1.0 / (torch.exp2(s * cap2) + 1.0))) * LOG2E
-        else:
-            s = acc * (scale * LOG2E)
-        tok = t0 + 4 * _G[:, None] + _I[None, :]  # (64, 4)
-        visible = (tok >= lo) & (tok < hi)
-        s = torch.where(visible, s, torch.full_like(s, float("-inf")))
-        mt = s.amax(dim=1)
-        mt = torch.maximum(mt, _xor_shuffle(mt, 16))
-        mt = torch.maximum(mt, _xor_shuffle(mt, 32))
-        m_new = torch.maximum(m_run, mt)
-        m_use = torch.where(m_new == float("-inf"), torch.zeros_like(m_new), m_new)
-        alpha = torch.exp2(m_run - m_use)
-        p = torch.exp2(s - m_use[:, None])
-        l_run = l_run * alpha + p.sum(dim=1)
-        m_run = m_new
-        p_ops = rnd(p)  # B operand P^T[4g+i][r]: the QK result layout as it is
-        # --- 4. PV. V: lane (r, g) loads tokens t0 + 4g + i, D/32 bytes at row r's offset
-        v_tok = torch.clamp(tok, max=seq_len - 1)
-        v_slots = _slot_bytes(kv_cache, block_table, b, kvh, v_tok.reshape(-1)).reshape(WAVE, MFMA_K, -1)
-        nbytes = d // 32
-        voff = v_code_offset(d, _R)[:, None, None] + torch.arange(nbytes)[None, None, :]
-        vcodes = torch.gather(v_slots, 2, voff.expand(WAVE, MFMA_K, nbytes))  # (64, 4, D/32)
-        vscale = torch.gather(v_slots, 2, v_scale_offset(d, _R)[:, None, None].expand(WAVE, MFMA_K, 1))
-        vcodes = torch.where(visible[:, :, None], vcodes, torch.zeros_like(vcodes))
-        vscale = torch.where(visible[:, :, None], vscale, torch.zeros_like(vscale))
-        vnibs = torch.stack([vcodes & 0xF, vcodes >> 4], dim=3).reshape(WAVE, MFMA_K, cfg.pv_mfmas)
-        vv = bf16_from_bits(fp4_bf16_bits_torch(vnibs, vscale))  # (64, i=token, nb)
-        for nb in range(cfg.pv_mfmas):
-            o_acc[:, nb] = mfma_16x16x16(vv[:, :, nb], p_ops, o_acc[:, nb] * alpha[:, None])
-    # --- 5. per-head denominator over the 4 lane groups; lane (r, g) holds O[r][(D/16)(4g+i) + nb]
-    l_tot = l_run + _xor_shuffle(l_run, 16)
-    l_tot = l_tot + _xor_shuffle(l_tot, 32)
-    out = torch.zeros(16, d)
-    cols = v_dim(d, torch.arange(cfg.pv_mfmas)[None, :, None], (4 * _G[:, None, None] + _I[None, None, :]))
-    out[_R[:, None, None].expand_as(cols), cols] = o_acc
-    return out, m_run[:16], l_tot[:16]
+                s = acc * (scale * LOG2E)
+            tok = t0 + 4 * _G[:, None] + _I[None, :]  # (64, 4)
+            visible = (tok >= lo) & (tok < hi)
+            s = torch.where(visible, s, torch.full_like(s, float("-inf")))
+            mt = s.amax(dim=1)
+            mt = torch.maximum(mt, _xor_shuffle(mt, 16))
+            mt = torch.maximum(mt, _xor_shuffle(mt, 32))
+            m_new = torch.maximum(m_run, mt)
+            m_use = torch.where(m_new == float("-inf"), torch.zeros_like(m_new), m_new)
+            alpha = torch.exp2(m_run - m_use)
+            p = torch.exp2(s - m_use[:, None])
+            l_run = l_run * alpha + p.sum(dim=1)
+            m_run = m_new
+            p_ops = rnd(p)  # B operand P^T[4g+i][r]: the QK result layout as it is
+            # --- 4. PV. V: lane (r, g) loads tokens t0 + 4g + i, D/32 bytes at row r's offset
+            v_tok = torch.clamp(tok, max=seq_len - 1)
+            v_slots = _slot_bytes(kv_cache, block_table, b, kvh, v_tok.reshape(-1)).reshape(WAVE, MFMA_K, -1)
+            nbytes = d // 32
+            voff = v_code_offset(d, _R)[:, None, None] + torch.arange(nbytes)[None, None, :]
+            vcodes = torch.gather(v_slots, 2, voff.expand(WAVE, MFMA_K, nbytes))  # (64, 4, D/32)
+            vscale = torch.gather(v_slots, 2, v_scale_offset(d, _R)[:, None, None].expand(WAVE, MFMA_K, 1))
+            vcodes = torch.where(visible[:, :, None], vcodes, torch.zeros_like(vcodes))
+            vscale = torch.where(visible[:, :, None], vscale, torch.zeros_like(vscale))
+            vnibs = torch.stack([vcodes & 0xF, vcodes >> 4], dim=3).reshape(WAVE, MFMA_K, cfg.pv_mfmas)
+            vv = bf16_from_bits(fp4_bf16_bits_torch(vnibs, vscale))  # (64, i=token, nb)
+            for nb in range(cfg.pv_mfmas):
+                o_acc[:, nb] = mfma_16x16x16(vv[:, :, nb], p_ops, o_acc[:, nb] * alpha[:, None])
+        # --- 5. per-head denominator over the 4 lane groups; lane (r, g) holds O[r][(D/16)(4g+i) + nb]
+        l_tot = l_run + _xor_shuffle(l_run, 16)
+        l_tot = l_tot + _xor_shuffle(l_tot, 32)
+        out = torch.zeros(16, d)
+        cols = v_dim(d, torch.arange(cfg.pv_mfmas)[None, :, None], (4 * _G[:, None, None] + _I[None, None, :]))
+        out[_R[:, None, None].expand_as(cols), cols] = o_acc
+        return out, m_run[:16], l_tot[:16]
+
+    # the workgroup's `waves` waves take the tiles round robin, then waves W-1 .. 1 fold into wave 0
+    states = [one_wave(range(t_begin + w, t_end, waves)) for w in range(waves)]
+    acc, m, l_ = states[0]
+    for w in range(waves - 1, 0, -1):
+        acc, m, l_ = merge_state(acc, m, l_, *states[w])
+    return acc, m, l_
 
 
 def merge_state(acc, m, l_, acc2, m2, l2):
@@ -416,7 +426,7 @@ def emulate_decode(cfg: DecodeConfig, query: torch.Tensor, kv_cache: torch.Tenso
                    block_table: torch.Tensor, seq_lens: torch.Tensor, scale: float, *,
                    num_splits: int = 4, sinks: torch.Tensor | None = None, window: int | None = None,
                    softcap: float | None = None, exact_operands: bool = False,
-                   mx: bool = False) -> torch.Tensor:
+                   mx: bool = False, waves: int = 1) -> torch.Tensor:
     """The whole FlyDSL decode launch: every split of every (request, kv head), then the last
     split's merge (splits in order) and sink fold, as the kernel does. Returns (B, Hq, D) float32."""
     bsz, hq, d = query.shape
@@ -435,7 +445,7 @@ def emulate_decode(cfg: DecodeConfig, query: torch.Tensor, kv_cache: torch.Tenso
             for s in range(num_splits):
                 a2, m2, l2 = emulate_split(cfg, query, kv_cache, block_table, seq_lens, b, kvh, s,
                                            num_splits, scale, window=window, softcap=softcap,
-                                           exact_operands=exact_operands, mx=mx)
+                                           exact_operands=exact_operands, mx=mx, waves=waves)
                 acc, m, l_ = merge_state(acc, m, l_, a2, m2, l2)
             heads = slice(kvh * cfg.gqa, (kvh + 1) * cfg.gqa)
             sk = None if sinks is None else sinks[heads]
