@@ -226,6 +226,7 @@ def test_evaluate_tiny_model_orders_formats(tiny_model, tmp_path):
     assert rows["uq-upstream"]["kl_change_vs_upstream"] == 0
     assert math.isclose(rows["uq-mse"]["ppl_delta"], by["uq-mse"].ppl - by["bf16"].ppl)
     assert len(rows["uq-rne"]["kl_by_position"]) == 1  # 32-token windows fit one 128-position bin
+    assert by["uq-rne"].count_by_bin[0] == by["uq-rne"].tokens
     assert table_has_rows(ev.table(doc), len(scores))
     from ultraquant.accuracy.plot import save_plot
     png = save_plot(doc, tmp_path / "p.png")

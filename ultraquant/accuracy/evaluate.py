@@ -41,8 +41,8 @@ class VariantScore:
     kl_max: float = 0.0
     layer_cos_sum: list[float] = field(default_factory=list)
     layer_weight: int = 0
-    kl_by_position: list[float] = field(default_factory=list)  # per position inside a window, summed
-    count_by_position: list[int] = field(default_factory=list)
+    kl_by_bin: list[float] = field(default_factory=list)  # KL summed per POSITION_BIN positions of a window
+    count_by_bin: list[int] = field(default_factory=list)
     seconds: float = 0.0
 
     @property
@@ -72,8 +72,8 @@ class VariantScore:
         self.kl_max = max(self.kl_max, other.kl_max)
         self.layer_cos_sum = _add_lists(self.layer_cos_sum, other.layer_cos_sum)
         self.layer_weight += other.layer_weight
-        self.kl_by_position = _add_lists(self.kl_by_position, other.kl_by_position)
-        self.count_by_position = _add_lists(self.count_by_position, other.count_by_position)
+        self.kl_by_bin = _add_lists(self.kl_by_bin, other.kl_by_bin)
+        self.count_by_bin = _add_lists(self.count_by_bin, other.count_by_bin)
         self.seconds += other.seconds
 
     def totals(self) -> dict:
@@ -85,14 +85,9 @@ class VariantScore:
         names = {f.name for f in fields(cls)}
         return cls(**{k: v for k, v in totals.items() if k in names})
 
-    def kl_position_curve(self, step: int = POSITION_BIN) -> list[float]:
-        """Mean KL per bin of ``step`` positions inside a window (bins no window reaches are left out)."""
-        out = []
-        for a in range(0, len(self.kl_by_position), step):
-            n = sum(self.count_by_position[a:a + step])
-            if n:
-                out.append(sum(self.kl_by_position[a:a + step]) / n)
-        return out
+    def kl_position_curve(self) -> list[float]:
+        """Mean KL per bin of POSITION_BIN positions inside a window (up to the last bin reached)."""
+        return [k / c for k, c in zip(self.kl_by_bin, self.count_by_bin, strict=True) if c]
 
     def summary(self, baseline_ppl: float) -> dict:
         """The JSON record of this variant (PPL, its change vs bf16, KL, top-1, per-layer cosine)."""
@@ -161,8 +156,8 @@ def evaluate(weights: LlamaWeights, tokens: Sequence[int], variants: Sequence[Va
     n_layers = weights.config.n_layers
     for s in scores:
         s.layer_cos_sum = [0.0] * n_layers
-        s.kl_by_position = [0.0] * context
-        s.count_by_position = [0] * context
+        s.kl_by_bin = [0.0] * -(-context // POSITION_BIN)
+        s.count_by_bin = [0] * -(-context // POSITION_BIN)
     wins = windows(tokens, context, max_tokens)
     if only_windows is not None:
         bad = [i for i in only_windows if not 0 <= i < len(wins)]
@@ -187,8 +182,8 @@ def evaluate(weights: LlamaWeights, tokens: Sequence[int], variants: Sequence[Va
             score.top1_agree += int(agree.sum())
             score.tokens += int(targets.numel())
             for p, value in enumerate(kl.tolist()):
-                score.kl_by_position[p] += value
-                score.count_by_position[p] += 1
+                score.kl_by_bin[p // POSITION_BIN] += value
+                score.count_by_bin[p // POSITION_BIN] += 1
             cos = res.attn_cosine or [1.0] * n_layers
             w = int(win.numel())
             score.layer_cos_sum = [a + c * w for a, c in zip(score.layer_cos_sum, cos, strict=True)]
