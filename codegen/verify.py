@@ -45,6 +45,13 @@ def spill_figures(arch: Arch, res: dict[str, int]) -> dict[str, int]:
     return {n: int(res.get(n, 0)) for n in names if int(res.get(n, 0))}
 
 
+def spill_bytes(arch: Arch, res: dict[str, int]) -> int:
+    """Bytes of memory one kernel uses for spills/scratch (the unit of a spill budget): HSACO private
+    segment per lane, cubin local frame + stack per thread, plus Triton's global scratch."""
+    names = ("scratch",) if arch.is_amd else ("local", "max_stack")
+    return sum(int(res.get(n, 0)) for n in (*names, "global_scratch_size"))
+
+
 def _check_identity(obj: CodeObject, arch: Arch, entry: dict[str, Any]) -> list[str]:
     out = []
     if obj.machine != arch.elf_machine:
@@ -108,8 +115,8 @@ def _check_resources(kernel, arch: Arch, entry: dict[str, Any]) -> list[str]:
     if spills and not entry.get("allow_spills"):
         out.append(f"uses scratch/spills/local memory {spills} and the manifest does not allow it "
                    "(fix the kernel, or add a SpillAllowance with the reason in codegen/matrix.py)")
-    elif spills and sum(spills.values()) > int(entry.get("spill_budget", 0)):
-        out.append(f"uses scratch/spills/local memory {spills}, over the allowed "
+    elif spills and spill_bytes(arch, res) > int(entry.get("spill_budget", 0)):
+        out.append(f"uses {spill_bytes(arch, res)} bytes of scratch/local memory {spills}, over the allowed "
                    f"{entry.get('spill_budget', 0)} bytes ({entry.get('allow_spills')})")
     launch = entry.get("launch", {})
     threads = int(launch.get("threads", 0))
