@@ -14,7 +14,7 @@ from ultraquant.attention import (
     continuation_threshold,
     plan_prefill,
 )
-from ultraquant.format import slot_size
+from ultraquant.format import SERVING_ENCODER, slot_size
 
 HQ, HK, D, BS = 4, 2, 64, 4
 
@@ -188,7 +188,8 @@ def test_store_and_setup() -> None:
     k, v = torch.randn(3, HK * D), torch.randn(3, HK * D)
     layer.store(k, v, cache, torch.tensor([5, -1, 0]))
     expect = torch.zeros_like(cache)
-    reference.store_kv(k.view(3, HK, D), v.view(3, HK, D), expect, torch.tensor([5, -1, 0]))
+    assert layer.encoder == SERVING_ENCODER == "mse"  # the layer stores with the most accurate encoder
+    reference.store_kv(k.view(3, HK, D), v.view(3, HK, D), expect, torch.tensor([5, -1, 0]), encoder="mse")
     assert torch.equal(cache, expect) and cache[1, 1].any() and not cache[0, 1:].any()
 
 

@@ -45,7 +45,7 @@ import torch
 import ultraquant
 from ultraquant import UltraQuantError, reference
 from ultraquant.attention import AttentionMetadata, UltraQuantAttention
-from ultraquant.format import slot_size
+from ultraquant.format import SERVING_ENCODER, slot_size
 from ultraquant.vllm import spec
 from ultraquant.vllm.spec import VLLM_VERSION, count_decodes, kv_cache_shape, layer_metadata, ops_cache_view
 
@@ -169,7 +169,8 @@ def test_layer_metadata_maps_and_serves_a_vllm_batch(head_major: bool) -> None:
     layer.forward(query.reshape(t, -1), key.reshape(t, -1), value.reshape(t, -1), cache, md, out)
     # Expected: store first (as the layer does), then the reference ops over the same cache.
     expect_cache = logical.clone()
-    reference.store_kv(key[:13], value[:13], ops_cache_view(expect_cache), common.slot_mapping[:13])
+    reference.store_kv(key[:13], value[:13], ops_cache_view(expect_cache), common.slot_mapping[:13],
+                       encoder=SERVING_ENCODER)
     assert torch.equal(expect_cache, logical)
     expect = _expected(common, query, key, value, cache, 2, 0.125)
     torch.testing.assert_close(out[:13].view(13, 4, 64), expect, atol=1e-5, rtol=1e-5)
@@ -436,7 +437,7 @@ def test_builder_and_impl_serve_a_vllm_batch(vllm_env, head_major: bool) -> None
     impl.do_kv_cache_update(None, key, value, logical, common.slot_mapping[:n])
     out = torch.full((t, 4, 64), float("nan"), dtype=torch.bfloat16)
     assert impl.forward(None, query, key, value, logical, md, out) is out
-    reference.store_kv(key[:n], value[:n], ops_cache_view(before), common.slot_mapping[:n])
+    reference.store_kv(key[:n], value[:n], ops_cache_view(before), common.slot_mapping[:n], encoder=SERVING_ENCODER)
     assert torch.equal(before, logical)
     expect = _expected(common, query, key, value, ops_cache_view(logical), 2, scale)
     torch.testing.assert_close(out[:n], expect, atol=2e-2, rtol=2e-2)
@@ -482,8 +483,8 @@ def test_serving_simulation_through_vllm_classes(vllm_env) -> None:
             self.impl.do_kv_cache_update(None, k3, v3, logical, md.slot_mapping[:n])
             self.impl.forward(None, query.view(t, hq, d), k3, v3, logical, attn_md, out.view(t, hq, d))
 
-    cfg = SimConfig(dtype=torch.bfloat16, head_major=True, sinks=True, window=7, softcap=10.0, seed=4,
-                    num_requests=8)
+    cfg = SimConfig(encoder=SERVING_ENCODER, dtype=torch.bfloat16, head_major=True, sinks=True, window=7,
+                    softcap=10.0, seed=4, num_requests=8)
     s = VllmDriven(cfg).run()
     for kind in ("store", "decode", "first", "small", "large"):
         assert s.layer.route_counts[kind] > 0, dict(s.layer.route_counts)

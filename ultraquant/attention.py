@@ -35,7 +35,7 @@ import torch
 
 from . import ops
 from .errors import UltraQuantError
-from .format import check_head_size
+from .format import SERVING_ENCODER, check_head_size
 from .validate import check_attention_options, check_encoder, check_heads, check_scale, check_tensor
 
 __all__ = [
@@ -209,14 +209,15 @@ class UltraQuantAttention:
             the query's device after the first call).
         sliding_window: optional window w (a query at position p sees keys p-w+1..p).
         softcap: optional logit soft cap c (c * tanh(s / c)).
-        encoder: scale/tie rule for the store ("rne", "upstream", "mse").
+        encoder: scale/tie rule for the store ("rne", "upstream", "mse"); default
+            ``format.SERVING_ENCODER`` ("mse", the most accurate in docs/accuracy.md).
         continuation_threshold: small/large continuation boundary; default: the kernels' constant
             (:func:`continuation_threshold`).
     """
 
     def __init__(self, num_heads: int, num_kv_heads: int, head_size: int, scale: float, *,
                  sinks: torch.Tensor | None = None, sliding_window: int | None = None,
-                 softcap: float | None = None, encoder: str = "rne",
+                 softcap: float | None = None, encoder: str = SERVING_ENCODER,
                  continuation_threshold: int | None = None) -> None:
         for name, v in (("num_heads", num_heads), ("num_kv_heads", num_kv_heads)):
             if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
