@@ -315,3 +315,12 @@ def test_cli_windows_then_merge(tiny_gguf, tmp_path):
     parts = [json.loads((o / "accuracy.json").read_text()) for o in outs]
     assert doc["meta"]["tokens"] == sum(p["meta"]["tokens"] for p in parts)
     assert doc["variants"][1]["tokens"] == sum(p["variants"][1]["tokens"] for p in parts)
+
+
+@pytest.mark.parametrize("args, hint", [(["--variants", "uq-nope"], "--variants"),
+                                        (["--windows", "a,1"], "--windows")])
+def test_cli_rejects_bad_options(tmp_path, args, hint):
+    from ultraquant.cli import main
+
+    res = CliRunner().invoke(main, ["accuracy", *args, "--out", str(tmp_path)])
+    assert res.exit_code == 2 and hint in res.output

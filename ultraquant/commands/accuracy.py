@@ -52,6 +52,7 @@ def command(text_path: Path | None, model_path: Path | None, context: int, max_t
     from ultraquant.accuracy.evaluate import evaluate, merge_reports, report
     from ultraquant.accuracy.formats import select_variants
     from ultraquant.accuracy.model import find_gguf, load_gguf
+    from ultraquant.errors import UltraQuantError
 
     if threads:
         torch.set_num_threads(threads)
@@ -67,8 +68,15 @@ def command(text_path: Path | None, model_path: Path | None, context: int, max_t
     text_path = text_path or default_text()
     if text_path is None:
         raise click.UsageError("no default text found; pass --text")
-    chosen = select_variants([v.strip() for v in variants.split(",") if v.strip()] if variants else None)
-    picked = [int(w) for w in only_windows.split(",")] if only_windows else None
+    try:
+        chosen = select_variants([v.strip() for v in variants.split(",") if v.strip()] if variants else None)
+    except UltraQuantError as exc:
+        raise click.BadParameter(str(exc), param_hint="--variants") from None
+    try:
+        picked = [int(w) for w in only_windows.split(",")] if only_windows else None
+    except ValueError:
+        raise click.BadParameter(f"expected comma-separated integers, got {only_windows!r}",
+                                 param_hint="--windows") from None
     log = None if quiet else (lambda msg: click.echo(msg, err=True))
     t0 = time.perf_counter()
     model_file = model_path or find_gguf()
