@@ -6,8 +6,9 @@ Contract with the rest of the system (why it looks like this):
   (``ultraquant.kernels.plans.decode_spec``) and renames the kernel ``uq_decode_flydsl``: same
   parameter list (``DECODE_PARAMS``: pointers, then fp32/i32 scalars, no hidden parameters), same
   constexprs, same grid ``(B, Hk, num_splits)`` and the same workspace/ticket protocol, so the runtime
-  launches it with the very LaunchPlan it builds for ``uq_decode`` (256 threads per block: 4 waves
-  share each split and fold their states through 8-33 KB of static LDS). The key
+  launches it with the very LaunchPlan it builds for ``uq_decode`` (256 threads per block at D=128
+  and 256: 4 waves share each split and fold their states through 8-16 KB of static LDS; 64
+  threads at D=512). The key
   differs only in the kernel name, so both blobs live in one manifest.
 - Alignment the kernel assumes (vector loads): pointers 16-byte aligned; query and output strides
   multiples of 8 elements; cache strides multiples of 8 bytes (slot sizes 136/272/544 are).
@@ -44,6 +45,17 @@ WAVES_PER_BLOCK = 4
 """Waves per workgroup: they share a split's tiles round robin and fold their states through LDS,
 so the Triton plan's grid (programs of 4 warps) yields as many waves with either blob."""
 
+WAVES_BY_HEAD_SIZE = {128: 4, 256: 4, 512: 1}
+"""Preferred waves per workgroup. D=512 keeps one: its 128-float accumulator leaves no registers for
+the fold (and registers allow only one wave per SIMD anyway). A preferred count whose blob would
+spill falls back to one wave (measured: gfx950 at D=256 with GQA < 16); the manifest's ``launch``
+threads and ``isa.waves_per_block`` record what was built."""
+
+
+def waves_for(head_size: int) -> int:
+    """Preferred waves per workgroup of the blob for ``head_size``."""
+    return WAVES_BY_HEAD_SIZE.get(head_size, 1)
+
 
 def unsupported(config: dict[str, Any]) -> str:
     """Why the FlyDSL decode does not serve ``config`` (matrix keys), or ``""``."""
@@ -70,7 +82,7 @@ def flydsl_spec(*, kernel: str = KERNEL, **config: Any) -> Specialization:
         raise UltraQuantError(f"config {config}: {why}")
     base = decode_spec(**config)
     return Specialization(kernel=kernel, signature=dict(base.signature), constexprs=dict(base.constexprs),
-                          num_warps=WAVES_PER_BLOCK, num_stages=1)
+                          num_warps=waves_for(int(config["head_size"])), num_stages=1)
 
 
 def flydsl_key(triton_spec: Specialization, kernel: str = KERNEL) -> str:
@@ -130,15 +142,21 @@ class FlyDSLBackend(Backend):
         mx = spec.kernel == KERNEL_MX
         if mx and arch.name != "gfx950":
             raise UltraQuantError(f"{KERNEL_MX} needs gfx950 (scaled FP4 MFMA), not {arch.name}")
-        binary = compile_decode(arch.name, spec.kernel, config, query_dtype=_dtype(spec.signature["q_ptr"]),
-                                out_dtype=_dtype(spec.signature["out_ptr"]), mx=mx, waves=WAVES_PER_BLOCK)
-        res = resources_of(binary, spec.kernel)
+        waves = waves_for(config["head_size"])
+        while True:
+            binary = compile_decode(arch.name, spec.kernel, config, query_dtype=_dtype(spec.signature["q_ptr"]),
+                                    out_dtype=_dtype(spec.signature["out_ptr"]), mx=mx, waves=waves)
+            res = resources_of(binary, spec.kernel)
+            if waves == 1 or not (res.get("scratch") or res.get("vgpr_spill")):
+                break
+            waves = 1  # the fold's registers do not fit this config: one wave per workgroup
         record = isa.describe(binary, arch.name, config["head_size"], res, mx=mx)
+        record["waves_per_block"] = waves
         problems = isa.check_record(record, record["mfma"], res, arch.max_shared)
         if problems:
             raise UltraQuantError("FlyDSL blob fails its ISA checks: " + "; ".join(problems))
         info = {
-            "symbol": spec.kernel, "threads": 64 * WAVES_PER_BLOCK, "num_warps": WAVES_PER_BLOCK,
+            "symbol": spec.kernel, "threads": 64 * waves, "num_warps": waves,
             "num_stages": 1, "num_ctas": 1, "shared": 0,
             "hidden": [],
             "divisibility": {n: 16 for n, ty in spec.signature.items() if ty.startswith("*")},

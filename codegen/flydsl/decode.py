@@ -400,14 +400,20 @@ def build_decode(cfg: DecodeConfig, arch: str, *, name: str, query_dtype: str = 
                         fx.generic_store(_lds_ptr(lds, ROWS * D * 4 + r * 4, fx.Float32, 4), m_fin)
                         fx.generic_store(_lds_ptr(lds, ROWS * D * 4 + (ROWS + r) * 4, fx.Float32, 4), l_tot)
                 gpu.barrier()
-                acc2 = [fx.Vector(fx.generic_load(_lds_ptr(lds, srow + 16 * k, fx.Float32, 16), dtype=fx.Float32,
-                                                  count=4)) for k in range_constexpr(QUARTER // 4)]
                 m2 = fx.Float32(fx.generic_load(_lds_ptr(lds, ROWS * D * 4 + r * 4, fx.Float32, 4), dtype=fx.Float32))
                 l2 = fx.Float32(fx.generic_load(_lds_ptr(lds, ROWS * D * 4 + (ROWS + r) * 4, fx.Float32, 4),
                                                 dtype=fx.Float32))
-                mm, mm_m, mm_l = merge(mine, m_fin, l_tot, acc2, m2, l2)
-                mine = [_vselect(is0, x, y) for x, y in zip(mm, mine, strict=True)]
-                m_fin, l_tot = _select(is0, mm_m, m_fin), _select(is0, mm_l, l_tot)
+                # the same arithmetic as merge(), 4 floats at a time (keeps the register peak low)
+                m_new = arith.maxnumf(m_fin, m2)
+                m_use = _select(m_new == F32_NEG_INF, fx.Float32(0.0), m_new)
+                a1, a2 = exp2(m_fin - m_use), exp2(m2 - m_use)
+                a1v = fx.Vector.from_elements([a1] * MFMA_K, dtype=fx.Float32)
+                a2v = fx.Vector.from_elements([a2] * MFMA_K, dtype=fx.Float32)
+                for k in range_constexpr(QUARTER // 4):
+                    ld = fx.Vector(fx.generic_load(_lds_ptr(lds, srow + 16 * k, fx.Float32, 16), dtype=fx.Float32,
+                                                   count=4))
+                    mine[k] = _vselect(is0, mine[k] * a1v + ld * a2v, mine[k])
+                m_fin, l_tot = _select(is0, m_new, m_fin), _select(is0, l_tot * a1 + l2 * a2, l_tot)
                 gpu.barrier()
         pair = b * num_kv + kvh
         multi = num_splits > 1
