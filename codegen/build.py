@@ -383,11 +383,14 @@ def _compile_all(opts: BuildOptions, jobs: list[_Job], tmp: Path) -> None:
         finally:
             worker.stop()
 
+    timings = None
+    if opts.timings is not None:
+        Path(opts.timings).parent.mkdir(parents=True, exist_ok=True)
+        timings = open(opts.timings, "a")  # noqa: SIM115  (closed below, after the last result)
     threads = [threading.Thread(target=serve, args=(k,), daemon=True) for k in range(n_workers)]
     for t in threads:
         t.start()
     update = opts.progress(len(jobs), "compiling") if opts.progress else None
-    timings = open(opts.timings, "a") if opts.timings is not None else None  # noqa: SIM115
     try:
         for _ in range(len(jobs)):
             j = jobs[done.get()]

@@ -120,7 +120,10 @@ def test_verify_passes(built):
 
 def test_deterministic_and_incremental(built, tmp_path):
     again = tmp_path / "again"
-    build(_opts(again, cache=None))
+    timings = tmp_path / "new-dir" / "timings.jsonl"
+    build(_opts(again, cache=None, timings=timings))
+    lines = [json.loads(x) for x in timings.read_text().splitlines()]
+    assert len(lines) == 12 and all(x["ok"] and x["seconds"] > 0 for x in lines)
     for arch in ("gfx942", "gfx950", "sm_90"):
         a = sorted(p.name for p in (built / arch).iterdir())
         b = sorted(p.name for p in (again / arch).iterdir())
