@@ -240,7 +240,7 @@ def sweep(rows: list[Row], ceiling: float, names: list[str]) -> None:
                 continue
             rows.append(_row(f"{name} sweep splits={splits} warps={warps} tile={tile}", us, p.stored_bytes,
                              ceiling))
-            print(rows[-1], flush=True)
+            print(f"  {rows[-1].name}: {rows[-1].us:.1f} us", flush=True)
         for var in ("ULTRAQUANT_DECODE_SPLITS", "ULTRAQUANT_DECODE_WARPS", "ULTRAQUANT_DECODE_TILE"):
             os.environ.pop(var, None)
         del p
@@ -271,7 +271,7 @@ def run_bench(shapes: list[str], plot: str | None, layouts: list[str], with_stre
                                  ceiling, sdpa_us))
             rows.append(_row(f"{name} uq-{layout} (splits {splits})", bench_decode(p, s["D"]), p.stored_bytes,
                              ceiling, sdpa_us))
-            print(rows[-1], flush=True)
+            print(f"  {rows[-1].name}: {rows[-1].us:.1f} us", flush=True)
             del p
             torch.cuda.empty_cache()
     if sweep_shapes:
