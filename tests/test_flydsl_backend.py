@@ -45,7 +45,7 @@ def test_mx_variant_is_its_own_key_with_the_same_launch():
     mx = fb.FlyDSLBackend().specialize(fb.OP_MX, CONFIG)
     assert mx.kernel == fb.KERNEL_MX and mx.signature == tri.signature and mx.constexprs == tri.constexprs
     assert fb.flydsl_key(tri, fb.KERNEL_MX) == mx.key() != fb.flydsl_key(tri)
-    assert isa.expected_mfma("gfx950", 256, mx=True) == {isa.FP4_CVT: 32, isa.BF16_MFMA: 16, isa.SCALED_MFMA: 2}
+    assert isa.expected_mfma("gfx950", 256, mx=True) == {isa.FP4_CVT: 32, isa.BF16_MFMA: 16, isa.SCALED_MFMA: 4}
 
 
 def test_backend_only_builds_its_op_for_cdna():

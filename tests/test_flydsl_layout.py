@@ -252,8 +252,8 @@ def _fp8_reference_query(q: torch.Tensor) -> torch.Tensor:
     d = q.shape[-1]
     h = hadamard(d, dtype=torch.float64)
     rot = (q.double() @ h).float()
-    q8, e = lay.fp8_quantize_group(rot.reshape(*rot.shape[:-1], d // 32, 32))
-    eff = (q8 * torch.exp2(e.float())[..., None]).reshape(rot.shape)
+    hi, lo = lay.fp8_two_term(rot.reshape(*rot.shape[:-1], d // 32, 32))
+    eff = (hi.double() + lo.double()).reshape(rot.shape)
     return (eff.double() @ h).float()
 
 
@@ -284,4 +284,5 @@ def test_mx_path_meets_the_upstream_gfx950_bar_and_never_overflows():
         assert torch.isfinite(got).all()
         if mult == 1.0:
             cos = torch.nn.functional.cosine_similarity(got.flatten().double(), expect.flatten().double(), dim=0)
-            assert cos > 0.999 and (got - expect).abs().mean() < 0.02
+            assert cos > 0.9999 and (got - expect).abs().mean() < 0.005
+            assert (got - expect).norm() / expect.norm() < 0.01  # the runtime self-test allows 2e-2

@@ -147,7 +147,21 @@ def _fp8_run(vals):
         q = [fx.Float32(vals[4 * k + t]) * inv for t in range(4)]
         lo = rocdl.cvt_pk_fp8_f32(T.i32, _raw(q[0]), _raw(q[1]), _raw(fx.Int32(0)), False)
         words.append(fx.Int32(rocdl.cvt_pk_fp8_f32(T.i32, _raw(q[2]), _raw(q[3]), lo, True)))
-    return fx.Vector.from_elements(words, dtype=fx.Int32), e + 127
+    return fx.Vector.from_elements(words, dtype=fx.Int32), e + 127, words, e
+
+
+def _fp8_two_term(vals):
+    """The query group as FP8 hi + FP8 lo terms (two scaled MFMAs): lo quantizes what hi missed,
+    with its own power-of-two scale, so the query keeps ~7 significant bits instead of 4."""
+    hi, hi_byte, words, e = _fp8_run(vals)
+    scale = fx.Float32(arith.bitcast(T.f32, _raw((e + 127) << 23)))
+    deq = []
+    for w in words:
+        for half in (False, True):
+            pair = fx.Vector(rocdl.cvt_pk_f32_fp8(T.vec(2, T.f32), _raw(w), half))
+            deq += [fx.Float32(pair[0]) * scale, fx.Float32(pair[1]) * scale]
+    lo, lo_byte, _, _ = _fp8_run([fx.Float32(v) - d for v, d in zip(vals, deq, strict=True)])
+    return (hi, hi_byte), (lo, lo_byte)
 
 
 def _raw_abs(v):
@@ -187,8 +201,9 @@ def build_decode(cfg: DecodeConfig, arch: str, *, name: str, query_dtype: str = 
     sinks and writes ``out``, then resets the ticket to 0. One split writes ``out`` directly.
 
     ``mx`` (gfx950 only): QK with ``v_mfma_scale_f32_16x16x128_f8f6f4`` (A = the FP4 K codes and
-    their UE8M0 scales as stored; B = the rotated query in FP8 e4m3 with one power-of-two scale per
-    (head, 32-group) chosen so nothing exceeds 448) and V decoded by ``v_cvt_scalef32_pk_bf16_fp4``.
+    their UE8M0 scales as stored; B = the rotated query as two FP8 e4m3 terms, hi and lo, each with
+    one power-of-two scale per (head, 32-group) chosen so nothing exceeds 448: two scaled MFMAs per
+    128 head-dim elements) and V decoded by ``v_cvt_scalef32_pk_bf16_fp4``.
     """
     if mx and arch != "gfx950":
         raise ValueError("the mx decode path needs gfx950 (scaled FP4 MFMA, FP4 conversions)")
@@ -274,7 +289,7 @@ def build_decode(cfg: DecodeConfig, arch: str, *, name: str, query_dtype: str = 
                         a0, b0 = x[c][e], x[c + s][e]
                         x[c][e], x[c + s][e] = a0 + b0, a0 - b0
         if const_expr(mx):
-            q_mx = [_fp8_run([x[c][e] * inv_sqrt_d for e in range(32)]) for c in range(CH)]
+            q_mx = [_fp8_two_term([x[c][e] * inv_sqrt_d for e in range(32)]) for c in range(CH)]
         else:
             q_ops = [[_bf16_pack([x[c][4 * j + i] * inv_sqrt_d for i in range(MFMA_K)]) for j in range(8)]
                      for c in range(CH)]
@@ -312,8 +327,9 @@ def build_decode(cfg: DecodeConfig, arch: str, *, name: str, query_dtype: str = 
                 if const_expr(mx):  # one scaled MFMA: A = 32 FP4 codes (4 dwords) + their scale
                     a_op = fx.Vector.from_elements([fx.Int32(w) for w in words] + [fx.Int32(0)] * 4,
                                                    dtype=fx.Int32)
-                    acc = fx.Vector(rocdl.mfma_scale_f32_16x16x128_f8f6f4(
-                        T.vec(4, T.f32), [a_op, q_mx[c][0], acc, 4, 0, 0, sbyte, 0, q_mx[c][1]]))
+                    for term in range_constexpr(2):  # hi then lo query term, same K operand
+                        acc = fx.Vector(rocdl.mfma_scale_f32_16x16x128_f8f6f4(
+                            T.vec(4, T.f32), [a_op, q_mx[c][term][0], acc, 4, 0, 0, sbyte, 0, q_mx[c][term][1]]))
                 else:
                     for j in range_constexpr(8):
                         w = fx.Int32(words[j // 2])

@@ -75,11 +75,12 @@ def mfma_counts(text: str) -> dict[str, int]:
 def expected_mfma(arch: str, head_size: int, mx: bool = False) -> dict[str, int]:
     """Counted instructions of one tile of the decode loop (the loop itself is not unrolled).
 
-    bf16 path: 8 QK MFMAs per 128 head-dim elements + D/16 PV MFMAs. mx path (gfx950): one scaled
-    QK MFMA per 128 elements, D/16 PV MFMAs, and D/8 FP4 conversions (4 tokens x D/32 bytes).
+    bf16 path: 8 QK MFMAs per 128 head-dim elements + D/16 PV MFMAs. mx path (gfx950): two scaled
+    QK MFMAs per 128 elements (query hi and lo terms), D/16 PV MFMAs, and D/8 FP4 conversions
+    (4 tokens x D/32 bytes).
     """
-    if mx:
-        return {FP4_CVT: head_size // 8, BF16_MFMA: head_size // 16, SCALED_MFMA: head_size // 128}
+    if mx:  # two scaled MFMAs (query hi and lo FP8 terms) per 128 head-dim elements
+        return {FP4_CVT: head_size // 8, BF16_MFMA: head_size // 16, SCALED_MFMA: 2 * (head_size // 128)}
     return {BF16_MFMA: 8 * (head_size // 128) + head_size // 16}
 
 

@@ -242,7 +242,7 @@ class _Translator:
             raise NotImplementedError(attrs["mode"])
         if name == "llvm.call_intrinsic":
             parsed["intrin"] = attrs["intrin"].strip('"')
-        if name == "rocdl.cvt.pk.fp8.f32":
+        if name in ("rocdl.cvt.pk.fp8.f32", "rocdl.cvt.pk.f32.fp8"):
             parsed["word"] = attrs.get("wordSel", "false").strip().lower() in ("true", "1")
         if name == "rocdl.mfma.scale.f32.16x16x128.f8f6f4":
             parsed["fmt"] = (attrs.get("cbsz", ""), attrs.get("blgp", ""))  # A, B matrix formats
@@ -431,6 +431,10 @@ class Wave:
             old = a[2] & 0xFFFFFFFF
             env[out] = _norm((old & 0x0000FFFF) | (packed << 16) if at["word"] else (old & ~0xFFFF) | packed,
                              ty0)
+        elif name == "rocdl.cvt.pk.f32.fp8":
+            word = (a[0] >> (16 if at["word"] else 0)) & 0xFFFF
+            pair = np.stack([word & 0xFF, word >> 8], axis=1).astype(np.uint8)
+            env[out] = torch.from_numpy(pair).view(torch.float8_e4m3fn).float().numpy()
         elif name == "rocdl.cvt.scalef32.pk.bf16.fp4":
             sel = at.get("srcSelIndex", at.get("src_sel_index", 0))
             byte = (a[0] >> (8 * sel)) & 0xFF

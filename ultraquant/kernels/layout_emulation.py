@@ -147,6 +147,15 @@ def fp8_quantize_group(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return q, e
 
 
+def fp8_two_term(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(..., 32) float32 -> the hi and lo FP8 terms (values times their scales) the gfx950 kernel
+    feeds two scaled MFMAs: hi = FP8(x), lo = FP8(x - hi), each with its own group exponent."""
+    q8, e = fp8_quantize_group(x)
+    hi = q8 * torch.exp2(e.float())[..., None]
+    q8l, el = fp8_quantize_group(x - hi)
+    return hi, q8l * torch.exp2(el.float())[..., None]
+
+
 def bf16_from_bits(bits: torch.Tensor) -> torch.Tensor:
     """float32 value of int bf16 bit patterns."""
     return ((bits.to(torch.int32) & 0xFFFF) << 16).view(torch.float32)
@@ -326,9 +335,8 @@ def emulate_split(cfg: DecodeConfig, query: torch.Tensor, kv_cache: torch.Tensor
     q_lanes = torch.where(valid_q[:, None, None], q_lanes, torch.zeros_like(q_lanes))
     q_rot = rotate_query_lanes(q_lanes, d)
     q_ops = rnd(q_rot).reshape(WAVE, cfg.chunks, 8, MFMA_K)  # step (c, j)
-    if mx:  # gfx950: per (head, 32-group) FP8 values and their power-of-two exponent
-        q8, q_exp = fp8_quantize_group(q_rot)
-        q_mx = q8 * torch.exp2(q_exp.float())[..., None]  # (64, chunks, 32): B[32g + v][r] values
+    if mx:  # gfx950: per (head, 32-group) FP8 hi and lo terms, each with a power-of-two exponent
+        q_terms = fp8_two_term(q_rot)  # two (64, chunks, 32) B operands: B[32g + v][r] values
 
     seq_len = int(seq_lens[b])
     lo, hi, t_begin, t_end = split_tiles(seq_len, num_splits, split, window)
@@ -349,8 +357,9 @@ def emulate_split(cfg: DecodeConfig, query: torch.Tensor, kv_cache: torch.Tensor
                 sbyte = torch.gather(k_slots, 1, k_scale_offset(d, c, _G)[:, None])  # (64, 1)
                 nibs = torch.stack([codes & 0xF, codes >> 4], dim=2).reshape(WAVE, 32)
                 kv = bf16_from_bits(fp4_bf16_bits_torch(nibs, sbyte))  # (64, 32) = elements 4j+i
-                if mx:  # one scaled MFMA 16x16x128: lane (r, g) holds k = 32g + v of A and B
-                    acc = mfma_scale_16x16x128(kv, q_mx[:, c], acc)
+                if mx:  # two scaled MFMAs 16x16x128 (hi, lo): lane (r, g) holds k = 32g + v of A and B
+                    for term in q_terms:
+                        acc = mfma_scale_16x16x128(kv, term[:, c], acc)
                 else:
                     for j in range(8):
                         acc = mfma_16x16x16(kv[:, 4 * j : 4 * j + 4], q_ops[:, c, j], acc)
