@@ -110,16 +110,15 @@ def store_spec(*, head_size: int, key_dtype: torch.dtype | str = "bf16",
                encoder: str = "rne", **_: Any) -> Specialization:
     """The store kernel for one head size, input dtypes, slot_mapping dtype and encoder."""
     d = check_head_size(head_size)
-    # Rows per program and warps from offline sm_90 SASS counts (benchmarks/NOTES.md): at D=128,
-    # 8 rows on 2 warps issue 905 warp instructions per row with 122 registers, against 1106 and
-    # 194 for 16 rows on 4 warps; at D=256/512, 4 rows on 2 warps beat 8 rows on 4 warps.
-    block_r = 8 if d <= 128 else 4
+    # Rows per program and warps as timed on the H200 (benchmarks/NOTES.md): 16 rows on 4 warps ran
+    # N=16384 x 8 heads at D=128 in 154 us; 8 rows on 2 warps, chosen from a lower SASS count, took 220.
+    block_r = 16 if d <= 128 else 8
     return Specialization(
         kernel="uq_store_kv",
         signature=_signature(STORE_PARAMS, key=_tname(key_dtype), value=_tname(value_dtype or key_dtype),
                              slot=_tname(slot_dtype)),
         constexprs={"D": d, "LOG2D": d.bit_length() - 1, "ENCODER": ENCODER_IDS[encoder], "BLOCK_R": block_r},
-        num_warps=2, num_stages=1)
+        num_warps=4, num_stages=1)
 
 
 def dequant_spec(*, head_size: int, block_size: int, out_dtype: torch.dtype | str = "bf16",
