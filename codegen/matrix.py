@@ -154,13 +154,13 @@ SPILLS_ALLOWED: tuple[SpillAllowance, ...] = (
     # Measured 2026-11-29 on the kernels of that day (Triton 3.6, no AGPR use on CDNA): these are
     # kernel debt, recorded so `make kernels` ships them and verify still catches anything worse.
     SpillAllowance(("decode_attention",), lambda c, a: _gfx(a) and c["head_size"] >= 256,
-                   "CDNA decode at D>=256 exceeds 256 arch VGPRs: 112-128 B (D=256), 804-816 B (D=512) "
+                   "CDNA decode at D>=256 exceeds 256 arch VGPRs: 0-140 B (D=256), 736-892 B (D=512) "
                    "scratch per lane measured", 1536),
     SpillAllowance(("prefill_attention",), lambda c, a: _gfx(a) and c["head_size"] >= 256,
-                   "CDNA prefill at D>=256 exceeds 256 arch VGPRs: 492-532 B / 1204-1320 B scratch per "
-                   "lane measured", 2560),
+                   "CDNA prefill at D>=256 exceeds 256 arch VGPRs: 364-684 B (D=256) / 1204-1408 B (D=512) "
+                   "scratch per lane measured", 2560),
     SpillAllowance(("store_kv",), lambda c, a: a == "sm_90",
-                   "ptxas local frame of the store kernel on sm_90: 8-16 B, 440 B at D=512 measured", 1024),
+                   "ptxas local frame of the store kernel on sm_90: 8-16 B, 440-632 B at D=512 measured", 1024),
     SpillAllowance(("decode_attention",), lambda c, a: a == "sm_90",
                    "ptxas local frame of decode on sm_90: 8 B measured", 256),
     SpillAllowance(("prefill_attention",), lambda c, a: a == "sm_90",
