@@ -7,14 +7,11 @@ staging-only ``MANIFEST.in`` marks those files as package data (setuptools' ``in
 on by default for pyproject projects). ``pip wheel`` then builds the staged tree. The source tree is
 never modified. At run time ``ultraquant.runtime.manifest`` searches ``ultraquant/_generated`` first.
 
-The staged ``pyproject.toml`` also gets every sub-package that exists on disk but is missing from its
-``packages`` list (with a warning naming them), so an installed wheel can import what the checkout
-imports. The wheel is ``py3-none-any``: the blobs are loaded by the GPU driver, not by Python.
+The wheel is ``py3-none-any``: the blobs are loaded by the GPU driver, not by Python.
 """
 
 from __future__ import annotations
 
-import re
 import shutil
 import subprocess
 import sys
@@ -26,7 +23,6 @@ from .archs import parse_arch_list
 from .verify import verify_dir
 
 GENERATED_PACKAGE_DIR = "ultraquant/_generated"
-PACKAGE_DIRS = {"ultraquant": "ultraquant", "ultraquant.runtime": "runtime", "ultraquant.codegen": "codegen"}
 
 
 def _source_files(root: Path) -> list[str]:
@@ -40,31 +36,8 @@ def _source_files(root: Path) -> list[str]:
                 if p.is_file() and not skip.intersection(p.relative_to(root).parts)]
 
 
-def _packages_on_disk(stage: Path) -> list[str]:
-    found = []
-    for name, folder in PACKAGE_DIRS.items():
-        for init in sorted((stage / folder).rglob("__init__.py")):
-            rel = init.parent.relative_to(stage / folder).parts
-            found.append(".".join((name, *rel)))
-    return found
-
-
-def _complete_packages(pyproject: Path, stage: Path) -> list[str]:
-    """Add sub-packages missing from ``packages = [...]``; returns the ones added."""
-    text = pyproject.read_text()
-    m = re.search(r"^packages\s*=\s*\[(.*?)\]", text, re.M | re.S)
-    if m is None:
-        return []
-    listed = re.findall(r'"([^"]+)"', m.group(1))
-    missing = [p for p in _packages_on_disk(stage) if p not in listed]
-    if missing:
-        items = ", ".join(f'"{p}"' for p in [*listed, *missing])
-        pyproject.write_text(text[:m.start()] + f"packages = [{items}]" + text[m.end():])
-    return missing
-
-
-def stage_tree(root: Path, generated: Path, archs: list[str], stage: Path) -> list[str]:
-    """Copy the source tree + blobs to ``stage``; returns the sub-packages added to the package list."""
+def stage_tree(root: Path, generated: Path, archs: list[str], stage: Path) -> None:
+    """Copy the source tree + blobs to ``stage`` (pyproject's package list is complete: a test checks it)."""
     if stage.exists():
         shutil.rmtree(stage)
     for rel in _source_files(root):
@@ -77,7 +50,6 @@ def stage_tree(root: Path, generated: Path, archs: list[str], stage: Path) -> li
         shutil.copytree(generated / arch, stage / GENERATED_PACKAGE_DIR / arch,
                         ignore=shutil.ignore_patterns("*.tmp"))
     (stage / "MANIFEST.in").write_text(f"recursive-include {GENERATED_PACKAGE_DIR} *\n")
-    return _complete_packages(stage / "pyproject.toml", stage)
 
 
 @click.command()
@@ -93,10 +65,7 @@ def main(arch_list: str, generated: Path, dist: Path, stage: Path) -> None:
         if not report.ok:
             raise click.ClickException(f"{generated / arch} fails verify:\n  " + "\n  ".join(report.problems))
     root = Path.cwd()
-    added = stage_tree(root, generated.resolve(), archs, stage.resolve())
-    if added:
-        click.echo(f"warning: pyproject.toml's packages list lacks {', '.join(added)}; the wheel includes "
-                   "them anyway (add them to pyproject.toml)", err=True)
+    stage_tree(root, generated.resolve(), archs, stage.resolve())
     dist.mkdir(parents=True, exist_ok=True)
     res = subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
                           "-w", str(dist.resolve()), str(stage.resolve())], capture_output=True, text=True)

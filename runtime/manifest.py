@@ -1,6 +1,7 @@
 """Find and read the ``manifest.json`` files that ``make kernels`` writes under generated/<arch>/.
 
-Search order: the folders in ``$ULTRAQUANT_GENERATED`` (``os.pathsep`` separated), the blobs shipped
+Where: when ``$ULTRAQUANT_GENERATED`` is set, only its folders (``os.pathsep`` separated, first wins
+per arch), so an explicit blob set never mixes with what the install holds; otherwise the blobs shipped
 inside an installed wheel (``ultraquant/_generated``), then the source tree's ``generated/`` (editable
 installs and checkouts).
 """
@@ -35,7 +36,10 @@ class Manifest:
 
 def search_roots() -> list[Path]:
     """Folders that may hold ``<arch>/manifest.json``, in priority order."""
-    roots = [Path(p) for p in os.environ.get("ULTRAQUANT_GENERATED", "").split(os.pathsep) if p]
+    explicit = [Path(p) for p in os.environ.get("ULTRAQUANT_GENERATED", "").split(os.pathsep) if p]
+    if explicit:  # an explicit blob set (a deployment, a test) never mixes with what the install holds
+        return explicit
+    roots = []
     # Installed from a wheel this file is ultraquant/runtime/manifest.py; in a checkout (or an
     # editable install) it is runtime/manifest.py beside generated/.
     parent = Path(__file__).resolve().parent.parent

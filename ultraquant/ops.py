@@ -31,6 +31,13 @@ def _validating() -> bool:
     return not torch.compiler.is_compiling()
 
 
+def _op(name: str, impl):
+    """The callable for one op: under torch.compile the registered custom op (so the graph holds it),
+    in eager mode its implementation directly. Calling through ``torch.ops`` in eager mode imports
+    ``torch._dynamo`` on the first call (about 4.5 s), which would dwarf the AOT path's start-up gain."""
+    return getattr(torch.ops.ultraquant, name) if torch.compiler.is_compiling() else impl
+
+
 def _last_dim_contiguous(t: torch.Tensor) -> torch.Tensor:
     """The kernels index the head dimension with stride 1; copy only when that is not so."""
     return t if t.stride(-1) == 1 else t.contiguous()
@@ -39,14 +46,16 @@ def _last_dim_contiguous(t: torch.Tensor) -> torch.Tensor:
 # ---------------------------------------------------------------- store
 
 
-@torch.library.custom_op("ultraquant::store_kv", mutates_args=("kv_cache",))
-def _store_kv_op(key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor, slot_mapping: torch.Tensor,
+def _store_kv_impl(key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor, slot_mapping: torch.Tensor,
                  encoder: str) -> None:
     if dispatch.backend_for(key.device) == "reference":
         reference.store_kv(key, value, kv_cache, slot_mapping, encoder=encoder)
         return
     dispatch.launch(plans.plan_store(_last_dim_contiguous(key), _last_dim_contiguous(value), kv_cache,
                                      slot_mapping, encoder))
+
+
+_store_kv_op = torch.library.custom_op("ultraquant::store_kv", _store_kv_impl, mutates_args=("kv_cache",))
 
 
 @_store_kv_op.register_fake
@@ -65,14 +74,13 @@ def store_kv(key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor, slo
         validate.check_store(key, value, kv_cache, slot_mapping, encoder)
     if key.shape[0] == 0:
         return
-    torch.ops.ultraquant.store_kv(key, value, kv_cache, slot_mapping, encoder)
+    _op("store_kv", _store_kv_impl)(key, value, kv_cache, slot_mapping, encoder)
 
 
 # ---------------------------------------------------------------- decode
 
 
-@torch.library.custom_op("ultraquant::decode_attention", mutates_args=("out",))
-def _decode_op(query: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tensor, seq_lens: torch.Tensor,
+def _decode_impl(query: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tensor, seq_lens: torch.Tensor,
                scale: float, sinks: torch.Tensor | None, sliding_window: int | None, softcap: float | None,
                out: torch.Tensor) -> None:
     if dispatch.backend_for(query.device) == "reference":
@@ -81,6 +89,9 @@ def _decode_op(query: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.T
         return
     dispatch.launch(plans.plan_decode(_last_dim_contiguous(query), kv_cache, block_table, seq_lens, scale,
                                       sinks, sliding_window, softcap, out))
+
+
+_decode_op = torch.library.custom_op("ultraquant::decode_attention", _decode_impl, mutates_args=("out",))
 
 
 @_decode_op.register_fake
@@ -107,7 +118,7 @@ def decode_attention(query: torch.Tensor, kv_cache: torch.Tensor, block_table: t
     elif out.stride(-1) != 1:
         raise UltraQuantError("out: the last dimension must be contiguous")
     if query.shape[0]:
-        torch.ops.ultraquant.decode_attention(query, kv_cache, block_table, seq_lens, float(scale), sinks,
+        _op("decode_attention", _decode_impl)(query, kv_cache, block_table, seq_lens, float(scale), sinks,
                                               sliding_window, None if softcap is None else float(softcap), out)
     return out
 
@@ -115,8 +126,7 @@ def decode_attention(query: torch.Tensor, kv_cache: torch.Tensor, block_table: t
 # ---------------------------------------------------------------- prefill
 
 
-@torch.library.custom_op("ultraquant::prefill_attention", mutates_args=("out",))
-def _prefill_op(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor,
+def _prefill_impl(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor,
                 block_table: torch.Tensor, seq_lens: torch.Tensor, query_start_loc: torch.Tensor, scale: float,
                 sinks: torch.Tensor | None, sliding_window: int | None, softcap: float | None,
                 out: torch.Tensor) -> None:
@@ -127,6 +137,9 @@ def _prefill_op(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, kv_
     dispatch.launch(plans.plan_prefill(_last_dim_contiguous(query), _last_dim_contiguous(key),
                                        _last_dim_contiguous(value), kv_cache, block_table, seq_lens,
                                        query_start_loc, scale, sinks, sliding_window, softcap, out))
+
+
+_prefill_op = torch.library.custom_op("ultraquant::prefill_attention", _prefill_impl, mutates_args=("out",))
 
 
 @_prefill_op.register_fake
@@ -154,9 +167,9 @@ def prefill_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tenso
     elif out.stride(-1) != 1:
         raise UltraQuantError("out: the last dimension must be contiguous")
     if query.shape[0]:
-        torch.ops.ultraquant.prefill_attention(query, key, value, kv_cache, block_table, seq_lens,
-                                               query_start_loc, float(scale), sinks, sliding_window,
-                                               None if softcap is None else float(softcap), out)
+        _op("prefill_attention", _prefill_impl)(query, key, value, kv_cache, block_table, seq_lens,
+                                                query_start_loc, float(scale), sinks, sliding_window,
+                                                None if softcap is None else float(softcap), out)
     return out
 
 
