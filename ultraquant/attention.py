@@ -8,12 +8,15 @@ the way a paged serving engine (vLLM) hands it over:
    ``slot_mapping`` (negative = padding, skipped);
 2. **decode**: the first ``num_decodes`` requests have one new token each; one
    :func:`ultraquant.decode_attention` call serves them all, writing into the caller's ``out``;
-3. **prefill**: the remaining requests, each a chunk of new tokens at the end of its sequence, go
-   through :func:`ultraquant.prefill_attention` in runs of one kind, decided on the host from the
-   metadata's CPU copies (never from device tensors): *first chunks* (empty prefix: attention on the
-   raw K/V only), *small continuations* (prefix in the cache, at most ``continuation_threshold`` new
-   tokens: the ops' decode-shaped multi-query path) and *large continuations* (one request per call:
-   the ops dequantize its prefix once and run dense attention).
+3. **prefill**: the remaining requests, each a chunk of new tokens at the end of its sequence, are
+   split on the host, from the metadata's CPU copies (never from device tensors), into runs of one
+   kind, each served by the route that suits it: *first chunks* (empty prefix) by torch SDPA on
+   their raw K/V (:func:`ultraquant.dense.first_chunks`); *small continuations* (prefix in the cache,
+   at most ``continuation_threshold`` new tokens) by :func:`ultraquant.prefill_attention`, the
+   kernel's decode-shaped multi-query path that reads the 4-bit cache directly; *large
+   continuations* (one request per run) by dequantizing the prefix once and running SDPA
+   (:func:`ultraquant.dense.continuation`). Soft-capped layers (SDPA has no soft cap) and batches
+   without host copies send every run to the kernel.
 
 Why: the decode path is what a CUDA graph captures, so it only slices views, launches the ops and
 writes into ``out`` (no allocation, ``.item()``, ``.tolist()`` or host sync). The prefill path may
@@ -33,7 +36,7 @@ from dataclasses import dataclass
 
 import torch
 
-from . import ops
+from . import dense, ops
 from .errors import UltraQuantError
 from .format import SERVING_ENCODER, check_head_size
 from .validate import check_attention_options, check_encoder, check_heads, check_scale, check_tensor
@@ -245,9 +248,15 @@ class UltraQuantAttention:
         self.encoder = encoder
         self._threshold = continuation_threshold
         self._qsl_ws: torch.Tensor | None = None
+        self._dense_ws = dense.DenseWorkspace()
         self.route_counts: Counter[str] = Counter()
-        """How many op calls each path made (``store``, ``decode``, ``first``, ``small``,
-        ``large``, ``prefill``): for tests and logs."""
+        """Calls per path: ``store``, ``decode`` (one op call each), and one per prefill run of each
+        kind, ``first``, ``small``, ``large`` (or ``prefill``: one unplanned kernel call): for tests
+        and logs. :attr:`prefill_routes` says which implementation served the runs."""
+        self.prefill_routes: Counter[str] = Counter()
+        """Prefill runs per ``kind:route``, route ``sdpa`` (:mod:`ultraquant.dense`) or ``kernel``
+        (:func:`ultraquant.prefill_attention`), e.g. ``first:sdpa``, ``small:kernel``,
+        ``large:kernel`` (a soft-capped layer): the route each run actually took."""
 
     # ------------------------------------------------------------------ setup
 
@@ -381,7 +390,12 @@ class UltraQuantAttention:
 
     def _prefill(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor,
                  md: AttentionMetadata, o: torch.Tensor, opts: dict) -> None:
-        """Serve requests ``num_decodes..B-1``: one op call per homogeneous run (host plan)."""
+        """Serve requests ``num_decodes..B-1``, run by run (host plan), each on its route.
+
+        First chunks and large continuations go to :mod:`ultraquant.dense` when the layer's features
+        allow it (no soft cap; for large ones, a device where the dequant kernel runs), everything
+        else to one :func:`ultraquant.prefill_attention` call per run.
+        """
         nd, n, b = md.num_decodes, md.num_actual_tokens, md.num_reqs
         if md.query_start_loc_cpu is None or md.seq_lens_cpu is None:
             # No host copies: one call over the whole prefill sub-batch; the ops plan it themselves.
@@ -389,13 +403,30 @@ class UltraQuantAttention:
         else:
             runs = plan_prefill(md.query_start_loc_cpu, md.seq_lens_cpu, nd, self.threshold)
         ws = self._workspace(b - nd + 1, q.device)
+        use_dense = dense.supported(self.softcap)
         for run in runs:
             r0, r1, a, z = run.req_start, run.req_end, run.tok_start, run.tok_end
-            qsl = ws[: r1 - r0 + 1]
-            torch.sub(md.query_start_loc[r0 : r1 + 1], a, out=qsl)
-            ops.prefill_attention(q[a:z], k[a:z], v[a:z], kv_cache, md.block_table[r0:r1],
-                                  md.seq_lens[r0:r1], qsl, self.scale, out=o[a:z], **opts)
+            route = "kernel"
+            if use_dense and run.kind == "first":
+                assert md.query_start_loc_cpu is not None
+                starts = [x - a for x in md.query_start_loc_cpu[r0 : r1 + 1].tolist()]
+                dense.first_chunks(q[a:z], k[a:z], v[a:z], starts, o[a:z], self.scale, sinks=self.sinks,
+                                   sliding_window=self.sliding_window, workspace=self._dense_ws)
+                route = "sdpa"
+            elif use_dense and run.kind == "large" and dense.can_dequant(kv_cache.device):
+                assert md.seq_lens_cpu is not None
+                prefix = int(md.seq_lens_cpu[r0]) - (z - a)
+                dense.continuation(q[a:z], k[a:z], v[a:z], kv_cache, md.block_table[r0:r1], md.seq_lens[r0:r1],
+                                   prefix, o[a:z], self.scale, sinks=self.sinks,
+                                   sliding_window=self.sliding_window, workspace=self._dense_ws)
+                route = "sdpa"
+            else:
+                qsl = ws[: r1 - r0 + 1]
+                torch.sub(md.query_start_loc[r0 : r1 + 1], a, out=qsl)
+                ops.prefill_attention(q[a:z], k[a:z], v[a:z], kv_cache, md.block_table[r0:r1],
+                                      md.seq_lens[r0:r1], qsl, self.scale, out=o[a:z], **opts)
             self.route_counts[run.kind] += 1
+            self.prefill_routes[f"{run.kind}:{route}"] += 1
 
     def _workspace(self, entries: int, device: torch.device) -> torch.Tensor:
         """The rebased query_start_loc buffer, grown (outside capture only) to ``entries``."""
