@@ -73,6 +73,12 @@ class Problem:
         self.key, self.value = torch.cat(keys), torch.cat(values)
         self.query = (torch.randn(self.starts[-1], hq, d, generator=g) * 2).to(dtype)
 
+    def to(self, device: str) -> Problem:
+        """Move every tensor to ``device`` (same cache bytes); returns self."""
+        for name in ("cache", "block_table", "seq_lens", "qsl", "key", "value", "query"):
+            setattr(self, name, getattr(self, name).to(device))
+        return self
+
     def expected(self, scale: float, **opts) -> torch.Tensor:
         """The reference over the same cache (float64 inside, rounded to float32)."""
         return reference.prefill_attention(self.query.float(), self.key.float(), self.value.float(), self.cache,
@@ -297,3 +303,18 @@ def test_large_stays_on_the_kernel_where_dequant_cannot_run(monkeypatch: pytest.
     out = layer.forward(query, key, value, cache, md)
     assert dict(layer.prefill_routes) == {"first:sdpa": 1, "small:kernel": 1, "large:kernel": 2}
     assert rel_err(out, _expected(md, query, key, value, cache, 0.15)) < 1e-5
+
+
+def test_bench_suggests_the_measured_crossover() -> None:
+    """``ultraquant bench --prefill``'s rule on synthetic timings (the H200 supplies the real ones)."""
+    from ultraquant.commands.bench import PREFILL_CHUNKS, PrefillRow, suggest_threshold
+
+    def rows(ctx: int, sdpa_fixed: float, slope: float = 0.5) -> list[PrefillRow]:  # kernel: q us
+        return [PrefillRow(ctx, q, float(q), sdpa_fixed + slope * q, 0.0, 0.0, 0.0) for q in PREFILL_CHUNKS]
+
+    assert suggest_threshold(rows(1024, 50.0)) == (64, {1024: 64})  # crossover at q = 100
+    both = rows(1024, 50.0) + rows(4096, 200.0)  # crossovers 100 and 400
+    threshold, per_ctx = suggest_threshold(both)
+    assert per_ctx == {1024: 64, 4096: 256} and threshold in (64, 128, 256)
+    assert suggest_threshold(rows(1024, 0.0, 0.25)) == (8, {1024: 0})  # SDPA always faster
+    assert suggest_threshold(rows(1024, 1e6)) == (2048, {1024: 2048})  # the kernel always faster

@@ -319,6 +319,162 @@ def _plot(curve: list[dict], path: str) -> None:
     fig.savefig(path, dpi=120)
 
 
+# ---------------------------------------------------------------- prefill routes (--prefill)
+
+PREFILL_CHUNKS = (16, 32, 64, 128, 256, 512, 1024, 2048)
+"""Continuation chunk lengths (new tokens) ``--prefill`` times."""
+PREFILL_CONTEXTS = (1024, 4096, 16384)
+"""Cached prefix lengths ``--prefill`` times."""
+PREFILL_SHAPE = dict(Hq=32, Hk=8, D=128, block=64)
+"""Head configuration of the prefill sweep (bf16)."""
+FLUSH_BYTES = 256 << 20
+"""Bytes written between timed calls so that each call starts with a cold L2 (the H200 has 50 MB)."""
+
+
+@dataclass
+class PrefillRow:
+    """One (prefix, chunk) point: both routes, device time (graph) and eager time per call."""
+
+    ctx: int
+    q: int
+    kernel_us: float
+    sdpa_us: float
+    kernel_eager_us: float
+    sdpa_eager_us: float
+    max_rel_diff: float
+
+
+def time_eager(fn: Callable[[], None], calls: int = 5, reps: int = 7) -> float:
+    """Median microseconds per call of ``calls`` back-to-back eager calls (host work included, as an
+    eager prefill sees it: a call costs the larger of its host and device time)."""
+    for _ in range(2):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(reps):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(calls):
+            fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1000.0 / calls)
+    return statistics.median(times)
+
+
+def _time_cold(fn: Callable[[], None], flush: Callable[[], None], flush_graph_us: float,
+               flush_eager_us: float) -> tuple[float, float]:
+    """(graph, eager) microseconds of ``fn`` with the L2 flushed before every call (flush time
+    measured alone and subtracted)."""
+    def both() -> None:
+        flush()
+        fn()
+
+    eager_us = time_eager(both) - flush_eager_us
+    try:
+        graph_us = time_graph(both, calls=5, reps=7) - flush_graph_us
+    except RuntimeError as exc:  # a route that cannot be captured is still timed (eagerly)
+        print(f"  graph capture failed ({type(exc).__name__}: {exc}"[:200] + "); using eager time", flush=True)
+        torch.cuda.synchronize()
+        graph_us = eager_us
+    return graph_us, eager_us
+
+
+def suggest_threshold(rows: list[PrefillRow]) -> tuple[int, dict[int, int]]:
+    """The continuation threshold T (chunks <= T on the kernel, larger on dequant + SDPA) that
+    minimizes the mean slowdown against the faster route over every timed point, and per prefix the
+    largest chunk at which the kernel was still faster (0: SDPA won everywhere).
+
+    Candidates are the timed chunk lengths and half the smallest (SDPA for every timed chunk).
+    """
+    per_ctx = {}
+    for ctx in sorted({r.ctx for r in rows}):
+        wins = [r.q for r in rows if r.ctx == ctx and r.kernel_us <= r.sdpa_us]
+        per_ctx[ctx] = max(wins, default=0)
+    chunks = sorted({r.q for r in rows})
+    candidates = [max(1, chunks[0] // 2)] + chunks
+
+    def cost(t: int) -> float:
+        return sum((r.kernel_us if r.q <= t else r.sdpa_us) / min(r.kernel_us, r.sdpa_us) for r in rows)
+
+    return min(candidates, key=cost), per_ctx
+
+
+def run_prefill_bench(chunks: tuple[int, ...] = PREFILL_CHUNKS, contexts: tuple[int, ...] = PREFILL_CONTEXTS) -> dict:
+    """Time the kernel route (``ultraquant.prefill_attention``) against dequant + SDPA
+    (``ultraquant.dense.continuation``, what the layer runs for a large continuation) for one request
+    of each (prefix, chunk) pair, exactly as the attention layer calls them; print the table and the
+    suggested ``CONTINUATION_THRESHOLD``; return a JSON-able dict.
+    """
+    import ultraquant as uq
+    from ultraquant import dense
+    from ultraquant.kernels import plans
+
+    torch.manual_seed(0)
+    hq, hk, d, bs = (PREFILL_SHAPE[k] for k in ("Hq", "Hk", "D", "block"))
+    scale = d ** -0.5
+    q_max, ctx_max = max(chunks), max(contexts)
+    p = make_decode_problem(1, -(-(ctx_max + q_max) // bs) * bs, hq, hk, d, bs, head_major=True)
+    gen = torch.Generator(device="cuda").manual_seed(1)
+    query = torch.randn(q_max, hq, d, device="cuda", dtype=torch.bfloat16, generator=gen)
+    key = torch.randn(q_max, hk, d, device="cuda", dtype=torch.bfloat16, generator=gen)
+    value = torch.randn(q_max, hk, d, device="cuda", dtype=torch.bfloat16, generator=gen)
+    out_k = torch.empty_like(query)
+    out_d = torch.empty_like(query)
+    ws = dense.DenseWorkspace()
+    scratch = torch.empty(FLUSH_BYTES, dtype=torch.uint8, device="cuda")
+
+    def flush() -> None:
+        scratch.fill_(1)
+
+    flush_graph_us = time_graph(flush, calls=5, reps=7)
+    flush_eager_us = time_eager(flush)
+    rows: list[PrefillRow] = []
+    print(f"prefill routes: Hq={hq} Hk={hk} D={d} block={bs} bf16, one request, cold L2; "
+          f"CONTINUATION_THRESHOLD now {plans.CONTINUATION_THRESHOLD}", flush=True)
+    for ctx in contexts:
+        for n in chunks:
+            seq = torch.tensor([ctx + n], dtype=torch.int32, device="cuda")
+            qsl = torch.tensor([0, n], dtype=torch.int32, device="cuda")
+            table = p.block_table[:, : -(-(ctx + n) // bs)]  # as wide as the sequence (the kernel's split count)
+            q, k, v = query[:n], key[:n], value[:n]
+
+            def kernel(q=q, k=k, v=v, seq=seq, qsl=qsl, table=table, n=n) -> None:
+                uq.prefill_attention(q, k, v, p.kv_cache, table, seq, qsl, scale, out=out_k[:n])
+
+            def sdpa(q=q, k=k, v=v, seq=seq, table=table, n=n, ctx=ctx) -> None:
+                dense.continuation(q, k, v, p.kv_cache, table, seq, ctx, out_d[:n], scale, workspace=ws)
+
+            kernel()
+            sdpa()
+            ref = out_k[:n].float()
+            diff = float((out_d[:n].float() - ref).abs().max() / ref.abs().max().clamp_min(1e-12))
+            k_us, k_eager = _time_cold(kernel, flush, flush_graph_us, flush_eager_us)
+            d_us, d_eager = _time_cold(sdpa, flush, flush_graph_us, flush_eager_us)
+            rows.append(PrefillRow(ctx, n, k_us, d_us, k_eager, d_eager, diff))
+            print(f"  ctx {ctx:6d} q {n:5d}: kernel {k_us:9.1f} us  sdpa {d_us:9.1f} us  "
+                  f"(eager {k_eager:9.1f} / {d_eager:9.1f})  diff {diff:.1e}", flush=True)
+    suggested, per_ctx = suggest_threshold(rows)
+    eager_rows = [PrefillRow(r.ctx, r.q, r.kernel_eager_us, r.sdpa_eager_us, 0.0, 0.0, 0.0) for r in rows]
+    suggested_eager, per_ctx_eager = suggest_threshold(eager_rows)
+    print()
+    print(f"{'ctx':>6s} {'q':>5s} {'kernel us':>10s} {'sdpa us':>10s} {'faster':>7s} {'eager k':>10s} "
+          f"{'eager s':>10s} {'diff':>8s}")
+    for r in rows:
+        faster = "kernel" if r.kernel_us <= r.sdpa_us else "sdpa"
+        print(f"{r.ctx:6d} {r.q:5d} {r.kernel_us:10.1f} {r.sdpa_us:10.1f} {faster:>7s} {r.kernel_eager_us:10.1f} "
+              f"{r.sdpa_eager_us:10.1f} {r.max_rel_diff:8.1e}")
+    for ctx in contexts:
+        print(f"crossover ctx {ctx}: kernel faster up to q = {per_ctx[ctx]} (eager: {per_ctx_eager[ctx]})")
+    print(f"suggested threshold: {suggested} (device time; eager timing suggests {suggested_eager})")
+    return {"shape": dict(PREFILL_SHAPE, dtype="bf16"), "rows": [asdict(r) for r in rows],
+            "crossover": {str(c): t for c, t in per_ctx.items()},
+            "crossover_eager": {str(c): t for c, t in per_ctx_eager.items()},
+            "suggested_threshold": suggested, "suggested_threshold_eager": suggested_eager,
+            "current_threshold": plans.CONTINUATION_THRESHOLD,
+            "device": torch.cuda.get_device_name(0), "version": uq.__version__}
+
+
 @click.command()
 @click.option("--shapes", default="A,B,C,D", show_default=True, help="Comma-separated shape names.")
 @click.option("--layouts", default="head,token", show_default=True,
@@ -327,11 +483,19 @@ def _plot(curve: list[dict], path: str) -> None:
 @click.option("--json", "json_path", default=None, help="Write all numbers to this JSON file.")
 @click.option("--no-stream", is_flag=True, help="Skip the no-math page stream rows.")
 @click.option("--sweep", "sweep_shapes", default="", help="Shapes (e.g. A,D) to time decode variants on.")
+@click.option("--prefill", is_flag=True,
+              help="Only time the prefill continuation routes (kernel vs dequant + SDPA) and suggest the threshold.")
 def command(shapes: str, layouts: str, plot: str | None, json_path: str | None, no_stream: bool,
-            sweep_shapes: str) -> None:
+            sweep_shapes: str, prefill: bool) -> None:
     """Time decode and store on this GPU against the read ceiling and bf16 SDPA (needs CUDA)."""
     if not torch.cuda.is_available():
         raise click.ClickException("ultraquant bench needs a CUDA GPU")
+    if prefill:
+        result = run_prefill_bench()
+        if json_path:
+            with open(json_path, "w") as f:
+                json.dump(result, f, indent=1)
+        return
     names = [s.strip() for s in shapes.split(",") if s.strip()]
     bad = [n for n in names if n not in SHAPES]
     if bad:
@@ -343,4 +507,4 @@ def command(shapes: str, layouts: str, plot: str | None, json_path: str | None, 
             json.dump(result, f, indent=1)
 
 
-__all__ = ["command", "run_bench", "time_graph", "SHAPES"]
+__all__ = ["command", "run_bench", "run_prefill_bench", "suggest_threshold", "time_eager", "time_graph", "SHAPES"]
