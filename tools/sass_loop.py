@@ -1,0 +1,107 @@
+"""Offline SASS census of one kernel specialization on sm_90 (no GPU needed).
+
+Compiles the kernel exactly as codegen does (pointer arguments 16-byte aligned), disassembles the
+cubin with the cuobjdump Triton ships, and prints registers, shared memory and, for every loop (a
+backward branch), its instruction count and opcode mix. The kernels are instruction-bound on the H200,
+so the hot loop's count per token-head predicted measured decode time within ~5% last time
+(benchmarks/NOTES.md). Run with the build venv, e.g.
+
+    .build/venv/bin/python tools/sass_loop.py decode_attention head_size=128 gqa=4 block_size=64
+    .build/venv/bin/python tools/sass_loop.py store_kv head_size=128
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import re
+import subprocess
+import sys
+import tempfile
+
+os.environ.setdefault("TRITON_DISABLE_LINE_INFO", "1")
+os.environ.setdefault("TRITON_ALWAYS_COMPILE", "1")
+
+
+def _value(text: str) -> object:
+    for conv in (int, float):
+        try:
+            return conv(text)
+        except ValueError:
+            pass
+    return {"true": True, "false": False}.get(text.lower(), text)
+
+
+def compile_cubin(op: str, config: dict) -> tuple[bytes, object, object]:
+    """(cubin, metadata, spec) of ``SPECIALIZERS[op](**config)`` for sm_90."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from ultraquant.kernels.plans import SPECIALIZERS
+    from ultraquant.kernels.registry import KERNELS
+
+    spec = SPECIALIZERS[op](**config)
+    fn = KERNELS[spec.kernel]
+    names = list(fn.arg_names)
+    attrs = {(names.index(n),): [["tt.divisibility", 16]] for n, ty in spec.signature.items() if ty.startswith("*")}
+    src = ASTSource(fn, dict(spec.signature), dict(spec.constexprs), attrs)
+    k = triton.compile(src, target=GPUTarget("cuda", 90, 32),
+                       options={"num_warps": spec.num_warps, "num_stages": spec.num_stages})
+    return k.asm["cubin"], k.metadata, spec
+
+
+def cuobjdump(cubin: bytes, flag: str) -> str:
+    """Text of ``cuobjdump <flag>`` on the cubin (the cuobjdump Triton ships)."""
+    import triton
+
+    tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(cubin)
+        f.flush()
+        return subprocess.run([tool, flag, f.name], check=True, capture_output=True, text=True).stdout
+
+
+def sass_lines(cubin: bytes) -> list[tuple[int, str]]:
+    """(address, instruction text) of every SASS instruction in the cubin."""
+    text = cuobjdump(cubin, "-sass")
+    out = []
+    for line in text.splitlines():
+        m = re.match(r"\s*/\*([0-9a-f]{4,})\*/\s+(.*?);", line)
+        if m:
+            out.append((int(m.group(1), 16), m.group(2).strip()))
+    return out
+
+
+def loops(ins: list[tuple[int, str]]) -> list[tuple[int, int]]:
+    """(start, end) address ranges closed by a backward branch, largest first."""
+    found = []
+    for addr, text in ins:
+        m = re.search(r"\bBRA\b.*?0x([0-9a-f]+)", text)
+        if m and int(m.group(1), 16) < addr:
+            found.append((int(m.group(1), 16), addr))
+    return sorted(found, key=lambda r: r[0] - r[1])
+
+
+def opcode(text: str) -> str:
+    text = re.sub(r"^@!?U?P\w+\s+", "", text)
+    return text.split()[0]
+
+
+def main(argv: list[str]) -> None:
+    op, *pairs = argv
+    config = {k: _value(v) for k, v in (p.split("=", 1) for p in pairs)}
+    cubin, md, spec = compile_cubin(op, config)
+    ins = sass_lines(cubin)
+    print(f"{spec.kernel} {spec.constexprs} warps={spec.num_warps}")
+    usage = re.search(r"REG:(\d+).*?SHARED:(\d+).*?LOCAL:(\d+)", cuobjdump(cubin, "-res-usage"))
+    regs, shared, local = usage.groups() if usage else ("?", "?", "?")
+    print(f"registers={regs} local={local} shared={shared} (triton: {md.shared}) instructions={len(ins)}")
+    for start, end in loops(ins)[:3]:
+        body = [t for a, t in ins if start <= a <= end]
+        mix = collections.Counter(opcode(t) for t in body).most_common(14)
+        print(f"loop 0x{start:x}-0x{end:x}: {len(body)} instructions; " + ", ".join(f"{o} {n}" for o, n in mix))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
