@@ -60,6 +60,9 @@ class OpRow:
     """Axis -> the specializer's keyword for it (e.g. ``dtype`` -> ``query_dtype``)."""
     grid: str = ""
     """Launch rule: the grid as a function of the call's sizes (copied into the manifest)."""
+    targeted: bool = False
+    """The specializer takes ``target`` (``"cuda"`` on sm_*, ``"hip"`` on gfx*), as the run-time plan
+    does from the device (``ultraquant.kernels.plans.target_of``): arch-specific code such as inline PTX."""
 
 
 @dataclass(frozen=True)
@@ -93,11 +96,11 @@ OPS: tuple[OpRow, ...] = (
           features=({"out_dtype": "fp32", "original_space": True},),
           grid="(cdiv(max_blocks * block_size, TILE), num_seqs, num_kv_heads)"),
     OpRow("decode_attention", ("head_size", "gqa", "block_size", "dtype"), rename={"dtype": "query_dtype"},
-          features=ATTENTION_FEATURES, flag_defaults=ATTENTION_FLAGS,
+          features=ATTENTION_FEATURES, flag_defaults=ATTENTION_FLAGS, targeted=True,
           grid="(num_seqs, num_kv_heads, num_splits); num_splits fixed from static shapes "
                "(ultraquant.kernels.plans.decode_splits), so graphs replay for any seq_lens"),
     OpRow("prefill_attention", ("head_size", "gqa", "block_size", "dtype"), rename={"dtype": "query_dtype"},
-          features=ATTENTION_FEATURES, flag_defaults=ATTENTION_FLAGS,
+          features=ATTENTION_FEATURES, flag_defaults=ATTENTION_FLAGS, targeted=True,
           grid="(cdiv(num_tokens, ROWS // GQA_PAD) + num_seqs, num_kv_heads, 1)"),
     # FlyDSL decode (codegen/flydsl): launched exactly like decode_attention (same LaunchPlan args,
     # grid and workspace), one 64-lane wave per block; key = the Triton key with uq_decode_flydsl.
@@ -264,6 +267,8 @@ def expand(rows: Sequence[OpRow], selection: Selection, arch: str, backends_for_
             for feats in row.features:
                 axes = {row.rename.get(a, a): v for a, v in zip(row.axes, values, strict=True)}
                 config = {**axes, **row.flag_defaults, **feats}
+                if row.targeted:
+                    config["target"] = "cuda" if arch.startswith("sm_") else "hip"
                 reason = _skip_reason(skips, row.op, config, arch)
                 if reason:
                     skipped.append({"op": row.op, "backend": row.backend, "config": config,

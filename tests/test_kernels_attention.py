@@ -93,6 +93,42 @@ def test_decode_large_query_values_stay_finite():
     check_close(out, ref)
 
 
+def wide_range_problem(lens: list[int], d: int, bs: int, query: torch.Tensor, device: str = "cpu"):
+    """One kv head per request (GQA 1): K/V whose per-(token, 32-group) magnitudes span 2**-3..2**3
+    (diffuse attention), plus outlier tokens (every 37th) with V 2**20 larger but K = -3q (a logit
+    about 35 log2 units below the rest, so they contribute ~2**-15 of the output). Stresses the
+    kernels' per-token fp16 scaling: a reference exponent taken from the V scales alone would push the
+    probabilities of the tokens that matter into fp16 subnormals (a few % error)."""
+    gen = torch.Generator().manual_seed(sum(lens) + d)
+
+    def tensor(n: int) -> torch.Tensor:
+        x = torch.randn(n, 1, d // 32, 32, generator=gen)
+        return (x * torch.exp2(torch.randint(-3, 4, (n, 1, d // 32, 1), generator=gen).float())).reshape(n, 1, d)
+
+    def store(key, value, kv_cache, slot_mapping, encoder="rne"):
+        k, v = tensor(key.shape[0]), tensor(key.shape[0])
+        row = 0
+        for i, n in enumerate(lens):
+            k[row : row + n : 37] = -3.0 * query[i].float()
+            v[row : row + n : 37] *= 2.0 ** 20
+            row += n
+        R.store_kv(k.to(key), v.to(value), kv_cache, slot_mapping, encoder=encoder)
+
+    return make_paged(lens, 1, d, bs, seed=7, dtype=torch.bfloat16, device=device, store=store)
+
+
+@pytest.mark.parametrize("splits", ["1", "2"])
+def test_decode_wide_dynamic_range(monkeypatch, splits):
+    """Scales 2**6 apart within a token and V outliers 2**20 above the rest: usual bounds hold."""
+    monkeypatch.setenv("ULTRAQUANT_DECODE_SPLITS", splits)
+    query = torch.randn(2, 1, 64, generator=torch.Generator().manual_seed(3)).to(torch.bfloat16)
+    prob = wide_range_problem([150, 64], 64, 16, query)
+    ref = R.decode_attention(query.float(), prob.kv_cache, prob.block_table, prob.seq_lens, 0.125)
+    out = torch.full_like(query, float("nan"))
+    uq.decode_attention(query, prob.kv_cache, prob.block_table, prob.seq_lens, 0.125, out=out)
+    check_close(out, ref)
+
+
 PREFILL_CASES = [
     # (seq_lens, q_lens, Hq, Hk, D, block, sinks, window, softcap)
     ([10, 50, 7], [10, 5, 3], 4, 2, 64, 16, False, None, None),

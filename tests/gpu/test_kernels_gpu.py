@@ -125,6 +125,21 @@ def test_decode(name):
     check_close(out, ref, name)
 
 
+def test_decode_wide_dynamic_range():
+    """The CPU dynamic-range case (V outliers 2**20 above the rest with almost no attention) on the
+    GPU kernels, whose NVIDIA build decodes FP4 with inline PTX (the CPU runs the portable path)."""
+    from tests.test_kernels_attention import wide_range_problem
+
+    query = torch.randn(3, 1, 128, generator=torch.Generator().manual_seed(3)).to(torch.bfloat16)
+    prob = wide_range_problem([3000, 64, 700], 128, 32, query, device="cuda")
+    query = query.cuda()
+    ref = R.decode_attention(query.float(), prob.kv_cache, prob.block_table, prob.seq_lens, 0.125)
+    out = torch.full_like(query, float("nan"))
+    uq.decode_attention(query, prob.kv_cache, prob.block_table, prob.seq_lens, 0.125, out=out)
+    torch.cuda.synchronize()
+    check_close(out, ref, "wide range")
+
+
 def test_decode_graph_replay_new_seq_lens_and_stream():
     """Capture once (on a side stream), replay with other seq_lens: right each time."""
     capacity = [4000, 4000, 2500, 4000]  # blocks allocated per request; replays stay within them

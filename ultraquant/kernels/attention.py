@@ -2,10 +2,10 @@
 
 * :func:`uq_decode`: one new query token per request. Program (request, kv head, split) serves all
   query heads of its kv head (each KV byte is read once), rotates the query in registers, streams its
-  share of the sequence in TILE-token tiles (FP4 -> bf16 decode, ``tl.dot`` for QK and PV, online
-  softmax in the log2 domain), then either writes the output (one split) or an fp32 partial; the
-  last split to finish (atomic ticket) merges the partials and the sinks and writes ``out``: one
-  launch, fixed grid, no host sync.
+  share of the sequence in TILE-token tiles (FP4 -> fp16 decode with the scales kept outside the
+  elements, ``tl.dot`` for QK and PV, online softmax in the log2 domain), then either writes the
+  output (one split) or an fp32 partial; the last split to finish (atomic ticket) merges the partials
+  and the sinks and writes ``out``: one launch, fixed grid, no host sync.
 * :func:`uq_prefill`: varlen chunks of new tokens. Program (query tile, kv head) attends to the
   cached prefix (rotated query vs the cache) and causally to the chunk's own raw K/V.
 
@@ -14,20 +14,10 @@ Both honour sinks (an extra logit per query head), sliding windows and soft caps
 
 from __future__ import annotations
 
-import os
-
 import triton
 import triton.language as tl
 
-from .common import DEQUANT_GATHER, fwht, load_dequant, load_dequant_gather
-
-SHIFT14 = tl.constexpr(not DEQUANT_GATHER)
-"""Cached K/V are decoded as value * 2**-14 (see common.load_dequant); the rotated query carries
-2**14 and the output 2**14, exactly (powers of two). Raw chunk values get 2**-14 to match."""
-
-QK_SPLIT = tl.constexpr(os.environ.get("ULTRAQUANT_QK_SPLIT", "1") == "1")
-"""Tuning knob (set before import): the query as bf16 hi + lo (two QK MMAs, ~0.2% output error) or
-one bf16 operand (``ULTRAQUANT_QK_SPLIT=0``: one MMA, ~0.5%)."""
+from .common import fwht, pow2_f32, scale_f32
 
 
 @triton.jit
@@ -46,8 +36,7 @@ def _softmax_step(acc, m_i, l_i, q, q_lo, kt, v, toks, tmask, qpos, window, soft
     masked tokens, get -inf.
     """
     s = tl.dot(q, kt)
-    if QK_SPLIT:
-        s = tl.dot(q_lo, kt, s)
+    s = tl.dot(q_lo, kt, s)
     if HAS_SOFTCAP:
         s = softcap * _tanh(s / softcap) * 1.4426950408889634
     valid = tmask[None, :] & (toks[None, :] <= qpos[:, None])
@@ -64,14 +53,96 @@ def _softmax_step(acc, m_i, l_i, q, q_lo, kt, v, toks, tmask, qpos, window, soft
 
 
 @triton.jit
-def _attend_paged(acc, m_i, l_i, q, q_lo, qpos, cache_ptr, bt_row_ptr, head_off, t_lo, t_hi, window, softcap,
-                  stride_cb, stride_ct, D: tl.constexpr, BLOCK_SIZE: tl.constexpr, TILE: tl.constexpr,
-                  HAS_WINDOW: tl.constexpr, HAS_SOFTCAP: tl.constexpr, ALIGN: tl.constexpr):
+def _nibbles_fp16_ptx(b):
+    """NVIDIA: (low, high) nibbles of uint8 ``b`` as fp16 subnormal patterns, 4 bytes per register.
+
+    PRMT spreads two bytes into the two 16-bit lanes of a word, then two shifts and two masked ORs
+    build two fp16 values at once (magnitude bits to 11..9, sign to 15): about 2 instructions per
+    element where the portable integer code needs ~5 (a byte extract, shifts and a lane pack each).
+    """
+    return tl.inline_asm_elementwise(
+        asm="""
+        {
+        .reg .b32 x, y, a, c;
+        prmt.b32 x, $4, 0, 0x4140;
+        prmt.b32 y, $4, 0, 0x4342;
+        shl.b32 a, x, 9;
+        shl.b32 c, x, 12;
+        and.b32 a, a, 0x0E000E00;
+        and.b32 c, c, 0x80008000;
+        or.b32 $0, a, c;
+        shl.b32 a, y, 9;
+        shl.b32 c, y, 12;
+        and.b32 a, a, 0x0E000E00;
+        and.b32 c, c, 0x80008000;
+        or.b32 $1, a, c;
+        shl.b32 a, x, 5;
+        shl.b32 c, x, 8;
+        and.b32 a, a, 0x0E000E00;
+        and.b32 c, c, 0x80008000;
+        or.b32 $2, a, c;
+        shl.b32 a, y, 5;
+        shl.b32 c, y, 8;
+        and.b32 a, a, 0x0E000E00;
+        and.b32 c, c, 0x80008000;
+        or.b32 $3, a, c;
+        }
+        """,
+        constraints="=r,=r,=r,=r,r",
+        args=[b],
+        dtype=(tl.float16, tl.float16),
+        is_pure=True,
+        pack=4,
+    )
+
+
+@triton.jit
+def _floor_log2(x):
+    """floor(log2(x)) of positive normal float32 ``x`` from its exponent bits (-127 for 0)."""
+    return ((x.to(tl.int32, bitcast=True) >> 23) & 0xFF) - 127
+
+
+@triton.jit
+def _load_fp16_codes(base, tmask, T: tl.constexpr, D: tl.constexpr, FP4_PTX: tl.constexpr):
+    """One tensor (K or V) of T cached tokens as fp16 halves and a per-token power of two.
+
+    Returns ``(even, odd, top)``: ``even``/``odd`` are ``[T, D/2]`` fp16 holding elements 0, 2, 4...
+    and 1, 3, 5... (low and high nibbles: no interleave), and element d of token t equals
+    ``half[t, d//2] * 2**(top[t] - 127)`` with ``top`` the token's largest scale byte. Each code becomes
+    fp16 through its subnormal bit pattern (``fp4 * 2**-14``), then one fp16 multiply by
+    ``2**(scale - top + 14)``, exact unless a group's scale is 2**-28 below its token's largest (then
+    it flushes to zero: far below bf16 resolution of that token). Masked tokens read as zeros.
+    """
+    G: tl.constexpr = D // 32
+    b = tl.load(base[:, None] + tl.arange(0, D // 2)[None, :], mask=tmask[:, None], other=0)
+    if FP4_PTX:
+        lo, hi = _nibbles_fp16_ptx(b)
+    else:
+        b = b.to(tl.int16)
+        lo = (((b & 7) << 9) | ((b & 8) << 12)).to(tl.float16, bitcast=True)
+        hi = (((b & 0x70) << 5) | ((b & 0x80) << 8)).to(tl.float16, bitcast=True)
+    sb = tl.load(base[:, None] + (D // 2 + tl.arange(0, G))[None, :], mask=tmask[:, None], other=0).to(tl.int32)
+    top = tl.max(sb, axis=1)
+    field = tl.maximum(sb - top[:, None] + 29, 0)
+    rel = (field << 10).to(tl.int16).to(tl.float16, bitcast=True)
+    rel = tl.reshape(tl.broadcast_to(rel[:, :, None], [T, G, 16]), [T, D // 2])
+    return lo * rel, hi * rel, top
+
+
+@triton.jit
+def _attend_paged(acc_e, acc_o, vtop_run, m_i, l_i, q_e, q_o, rowfac, qpos, rmask, cache_ptr, bt_row_ptr, head_off,
+                  t_lo, t_hi, window, softcap, stride_cb, stride_ct, D: tl.constexpr, BLOCK_SIZE: tl.constexpr,
+                  TILE: tl.constexpr, HAS_WINDOW: tl.constexpr, HAS_SOFTCAP: tl.constexpr, ALIGN: tl.constexpr,
+                  FP4_PTX: tl.constexpr):
     """Attend to cached tokens ``[t_lo, t_hi)`` of one request and kv head (rotated space).
 
-    ALIGN (from the host: gcd of 16 and the cache strides) tells the compiler every slot starts on an
-    ALIGN-byte boundary, so slot bytes load as vectors through async copies: on sm_90 the D=128 loop
-    drops from 1324 to 908 SASS instructions per tile and from 128 to 96 registers.
+    Query: fp16 even/odd halves times ``rowfac`` (:func:`_paged_query`); scores are two fp16 MMAs
+    (even and odd elements, no nibble interleave) rescaled per token by its K power of two. Values:
+    probabilities times each token's V power of two relative to a running reference exponent
+    ``vtop_run``, as fp16, two MMAs into ``acc_e``/``acc_o`` (even/odd output elements) kept in units
+    of ``2**(vtop_run - 127)``. Per element the FP4 decode is a few bit operations and half an fp16x2
+    multiply. ``rmask`` marks real query rows (padding rows must not steer the reference exponent).
+    ALIGN (from the host: gcd of 16 and the cache strides) lets the compiler vectorize slot loads.
     """
     for t0 in range(t_lo, t_hi, TILE):
         toks = t0 + tl.arange(0, TILE)
@@ -79,17 +150,36 @@ def _attend_paged(acc, m_i, l_i, q, q_lo, qpos, cache_ptr, bt_row_ptr, head_off,
         blk = tl.load(bt_row_ptr + toks // BLOCK_SIZE, mask=tmask, other=0)
         off = blk.to(tl.int64) * stride_cb + (toks % BLOCK_SIZE).to(tl.int64) * stride_ct + head_off
         base = cache_ptr + tl.multiple_of(off, ALIGN)
-        if DEQUANT_GATHER:
-            kt = load_dequant_gather(base, base + D // 2, tmask, TILE, D, True).to(tl.bfloat16)
-            v = load_dequant_gather(base + (D // 2 + D // 32), base + (D + D // 32), tmask, TILE, D,
-                                    False).to(tl.bfloat16)
-        else:
-            kt = tl.trans(load_dequant(base, base + D // 2, tmask, TILE, D, SHIFT14).to(tl.bfloat16))
-            v = load_dequant(base + (D // 2 + D // 32), base + (D + D // 32), tmask, TILE, D,
-                             SHIFT14).to(tl.bfloat16)
-        acc, m_i, l_i = _softmax_step(acc, m_i, l_i, q, q_lo, kt, v, toks, tmask, qpos, window, softcap,
-                                      HAS_WINDOW, HAS_SOFTCAP)
-    return acc, m_i, l_i
+        k_e, k_o, ktop = _load_fp16_codes(base, tmask, TILE, D, FP4_PTX)
+        s = tl.dot(q_e, tl.trans(k_e))
+        s = tl.dot(q_o, tl.trans(k_o), s)
+        s = s * rowfac[:, None] * scale_f32(ktop)[None, :]
+        if HAS_SOFTCAP:
+            s = softcap * _tanh(s / softcap) * 1.4426950408889634
+        valid = tmask[None, :] & (toks[None, :] <= qpos[:, None])
+        if HAS_WINDOW:
+            valid = valid & (toks[None, :] > qpos[:, None] - window)
+        s = tl.where(valid, s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, axis=1))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = tl.exp2(m_i - m_safe)
+        p = tl.exp2(s - m_safe[:, None])
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        m_i = m_new
+        v_e, v_o, vtop = _load_fp16_codes(base + (D // 2 + D // 32), tmask, TILE, D, FP4_PTX)
+        # New reference exponent: the largest contribution (p times the token's V power of two) of
+        # this tile, or the old one shrunk by the rows' largest alpha, whichever is bigger. Then every
+        # fp16 probability stays below 2 and anything flushed is 2**-24 below the largest term.
+        pmax = tl.max(tl.where(rmask[:, None], p, 0.0), axis=0)
+        ctop = tl.where(tmask, vtop + _floor_log2(pmax), -1000)
+        shrink = _floor_log2(tl.max(tl.where(rmask, alpha, 0.0), axis=0))
+        run = tl.maximum(vtop_run + shrink, tl.max(ctop, axis=0))
+        c = alpha * pow2_f32(tl.minimum(vtop_run - run, 127))
+        pv = (p * pow2_f32(tl.minimum(vtop - run, 127))[None, :]).to(tl.float16)
+        acc_e = tl.dot(pv, v_e, acc_e * c[:, None])
+        acc_o = tl.dot(pv, v_o, acc_o * c[:, None])
+        vtop_run = run
+    return acc_e, acc_o, vtop_run, m_i, l_i
 
 
 @triton.jit
@@ -104,8 +194,6 @@ def _attend_raw(acc, m_i, l_i, q, q_lo, qpos, k_base, v_base, stride_kn, stride_
         rel = (toks - pos0).to(tl.int64)
         k = tl.load(k_base + rel[:, None] * stride_kn + cols[None, :], mask=tmask[:, None], other=0.0)
         v = tl.load(v_base + rel[:, None] * stride_vn + cols[None, :], mask=tmask[:, None], other=0.0)
-        if SHIFT14:
-            v = v.to(tl.float32) * 6.103515625e-05
         acc, m_i, l_i = _softmax_step(acc, m_i, l_i, q, q_lo, tl.trans(k.to(tl.bfloat16)), v.to(tl.bfloat16),
                                       toks, tmask,
                                       qpos, window, softcap, HAS_WINDOW, HAS_SOFTCAP)
@@ -130,27 +218,19 @@ def _finish(acc, m_i, l_i, sinks_ptr, heads, rmask, out_rows_ptr, D: tl.constexp
         m_new = tl.maximum(m_i, sink)
         l_i = l_i * tl.exp2(m_i - m_new) + tl.exp2(sink - m_new)
         acc = acc * tl.exp2(m_i - m_new)[:, None]
-    if SHIFT14:
-        denom = tl.where(l_i > 0.0, l_i, 1.0) * 6.103515625e-05
-    else:
-        denom = tl.where(l_i > 0.0, l_i, 1.0)
+    denom = tl.where(l_i > 0.0, l_i, 1.0)
     o = tl.where((l_i > 0.0)[:, None], acc / denom[:, None], 0.0)
     cols = tl.arange(0, D)
     tl.store(out_rows_ptr[:, None] + cols[None, :], o.to(out_rows_ptr.dtype.element_ty), mask=rmask[:, None])
 
 
 @triton.jit
-def _scale_query(q, scale, R: tl.constexpr, D: tl.constexpr, LOG2D: tl.constexpr, ROTATE: tl.constexpr,
-                 HAS_SOFTCAP: tl.constexpr):
-    """float32 query rows -> two bf16 MMA operands (hi + lo): rotated (cache side), pre-scaled.
+def _scale_query(q, scale, HAS_SOFTCAP: tl.constexpr):
+    """float32 query rows -> two bf16 MMA operands (hi + lo), pre-scaled, for raw (bf16) keys.
 
     Why two: a bf16 query alone costs about 0.5% relative error in the output (measured against the
     float64 reference); hi + lo carries 16 significant bits for one more MMA per tile.
     """
-    if ROTATE:
-        q = fwht(q, R, D, LOG2D)
-        if SHIFT14:
-            q = q * 16384.0
     if HAS_SOFTCAP:
         q = q * scale
     else:
@@ -160,13 +240,43 @@ def _scale_query(q, scale, R: tl.constexpr, D: tl.constexpr, LOG2D: tl.constexpr
 
 
 @triton.jit
+def _paged_query(q, scale, R: tl.constexpr, D: tl.constexpr, LOG2D: tl.constexpr, HAS_SOFTCAP: tl.constexpr):
+    """float32 query rows -> the cache-side operands of :func:`_attend_paged`: rotated, pre-scaled,
+    split into even/odd elements as fp16 times a per-row power of two ``rowfac`` (each row's largest
+    magnitude lands in [2**14, 2**15): fp16 keeps 11 significant bits without overflow for any
+    finite query, so no unscaled narrow cast can turn a large query into inf/NaN)."""
+    q = fwht(q, R, D, LOG2D)
+    if HAS_SOFTCAP:
+        q = q * scale
+    else:
+        q = q * (scale * 1.4426950408889634)
+    amax = tl.max(tl.abs(q), axis=1)
+    e = tl.maximum(((amax.to(tl.int32, bitcast=True) >> 23) & 0xFF) - 127, -100)
+    q = q * pow2_f32(14 - e)[:, None]
+    q_e, q_o = tl.split(tl.reshape(q, [R, D // 2, 2]))
+    return q_e.to(tl.float16), q_o.to(tl.float16), pow2_f32(e - 14)
+
+
+@triton.jit
+def _paged_state(R: tl.constexpr, D: tl.constexpr):
+    """Initial (acc_e, acc_o, vtop_run) of :func:`_attend_paged`."""
+    return tl.zeros([R, D // 2], dtype=tl.float32), tl.zeros([R, D // 2], dtype=tl.float32), tl.full([], 0, tl.int32)
+
+
+@triton.jit
+def _paged_acc(acc_e, acc_o, vtop_run, R: tl.constexpr, D: tl.constexpr):
+    """The even/odd accumulators of :func:`_attend_paged` as one float32 ``[R, D]`` in true units."""
+    return tl.reshape(tl.join(acc_e, acc_o), [R, D]) * pow2_f32(vtop_run - 127)
+
+
+@triton.jit
 def uq_decode(q_ptr, cache_ptr, bt_ptr, seqlen_ptr, sinks_ptr, out_ptr, part_ptr, ml_ptr, counter_ptr,
               scale, softcap, window, num_splits,
               stride_qb, stride_qh, stride_ob, stride_oh,
               stride_cb, stride_ct, stride_ch, stride_btb,
               D: tl.constexpr, LOG2D: tl.constexpr, GQA: tl.constexpr, ROWS: tl.constexpr,
               BLOCK_SIZE: tl.constexpr, TILE: tl.constexpr, HAS_SINKS: tl.constexpr,
-              HAS_WINDOW: tl.constexpr, HAS_SOFTCAP: tl.constexpr, ALIGN: tl.constexpr):
+              HAS_WINDOW: tl.constexpr, HAS_SOFTCAP: tl.constexpr, ALIGN: tl.constexpr, FP4_PTX: tl.constexpr):
     """Split-KV paged decode; grid (B, Hk, num_splits). See the module docstring."""
     b = tl.program_id(0)
     kvh = tl.program_id(1)
@@ -186,15 +296,17 @@ def uq_decode(q_ptr, cache_ptr, bt_ptr, seqlen_ptr, sinks_ptr, out_ptr, part_ptr
     cols = tl.arange(0, D)
     q = tl.load(q_ptr + b.to(tl.int64) * stride_qb + heads[:, None] * stride_qh + cols[None, :],
                 mask=rmask[:, None], other=0.0).to(tl.float32)
-    q, q_lo = _scale_query(q, scale, ROWS, D, LOG2D, True, HAS_SOFTCAP)
+    q_e, q_o, rowfac = _paged_query(q, scale, ROWS, D, LOG2D, HAS_SOFTCAP)
     qpos = tl.zeros([ROWS], dtype=tl.int32) + (length - 1)
 
-    acc = tl.zeros([ROWS, D], dtype=tl.float32)
+    acc_e, acc_o, vtop = _paged_state(ROWS, D)
     m_i = tl.full([ROWS], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([ROWS], dtype=tl.float32)
-    acc, m_i, l_i = _attend_paged(acc, m_i, l_i, q, q_lo, qpos, cache_ptr, bt_ptr + b.to(tl.int64) * stride_btb,
-                                  kvh.to(tl.int64) * stride_ch, t_lo, t_hi, window, softcap,
-                                  stride_cb, stride_ct, D, BLOCK_SIZE, TILE, HAS_WINDOW, HAS_SOFTCAP, ALIGN)
+    acc_e, acc_o, vtop, m_i, l_i = _attend_paged(acc_e, acc_o, vtop, m_i, l_i, q_e, q_o, rowfac, qpos, rmask, cache_ptr,
+                                                 bt_ptr + b.to(tl.int64) * stride_btb, kvh.to(tl.int64) * stride_ch,
+                                                 t_lo, t_hi, window, softcap, stride_cb, stride_ct, D, BLOCK_SIZE,
+                                                 TILE, HAS_WINDOW, HAS_SOFTCAP, ALIGN, FP4_PTX)
+    acc = _paged_acc(acc_e, acc_o, vtop, ROWS, D)
     out_rows = out_ptr + b.to(tl.int64) * stride_ob + heads * stride_oh
     _store_partial_or_finish(acc, m_i, l_i, rows, cols, heads, rmask, out_rows, sinks_ptr, part_ptr, ml_ptr,
                              counter_ptr, b * num_kv + kvh, sp, num_splits, ROWS, D, HAS_SINKS)
@@ -238,7 +350,7 @@ def uq_prefill(q_ptr, k_ptr, v_ptr, cache_ptr, bt_ptr, seqlen_ptr, qsl_ptr, sink
                D: tl.constexpr, LOG2D: tl.constexpr, GQA: tl.constexpr, GQA_PAD: tl.constexpr,
                ROWS: tl.constexpr, BLOCK_SIZE: tl.constexpr, TILE: tl.constexpr,
                HAS_SINKS: tl.constexpr, HAS_WINDOW: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
-               ALIGN: tl.constexpr):
+               ALIGN: tl.constexpr, FP4_PTX: tl.constexpr):
     """Varlen chunked prefill; grid (cdiv(N, QT) + B, Hk, num_splits), QT = ROWS // GQA_PAD tokens.
 
     Program t finds its (request, tile) by scanning query_start_loc (no host-side tile table); the
@@ -278,7 +390,7 @@ def uq_prefill(q_ptr, k_ptr, v_ptr, cache_ptr, bt_ptr, seqlen_ptr, qsl_ptr, sink
         pos_first = ctx + tile * QT
         pos_last = tl.minimum(ctx + tile * QT + QT, length) - 1
 
-        acc = tl.zeros([ROWS, D], dtype=tl.float32)
+        acc_e, acc_o, vtop = _paged_state(ROWS, D)
         m_i = tl.full([ROWS], float("-inf"), dtype=tl.float32)
         l_i = tl.zeros([ROWS], dtype=tl.float32)
         lo = 0
@@ -288,13 +400,15 @@ def uq_prefill(q_ptr, k_ptr, v_ptr, cache_ptr, bt_ptr, seqlen_ptr, qsl_ptr, sink
         c_lo = lo + sp * per
         c_hi = tl.minimum(c_lo + per, ctx)
         if c_lo < c_hi:
-            q_rot, q_rot_lo = _scale_query(q, scale, ROWS, D, LOG2D, True, HAS_SOFTCAP)
-            acc, m_i, l_i = _attend_paged(acc, m_i, l_i, q_rot, q_rot_lo, qpos, cache_ptr,
-                                          bt_ptr + req.to(tl.int64) * stride_btb, kvh.to(tl.int64) * stride_ch,
-                                          c_lo, c_hi, window, softcap, stride_cb, stride_ct, D, BLOCK_SIZE,
-                                          TILE, HAS_WINDOW, HAS_SOFTCAP, ALIGN)
+            q_e, q_o, rowfac = _paged_query(q, scale, ROWS, D, LOG2D, HAS_SOFTCAP)
+            acc_e, acc_o, vtop, m_i, l_i = _attend_paged(acc_e, acc_o, vtop, m_i, l_i, q_e, q_o, rowfac, qpos,
+                                                         rmask, cache_ptr, bt_ptr + req.to(tl.int64) * stride_btb,
+                                                         kvh.to(tl.int64) * stride_ch, c_lo, c_hi, window,
+                                                         softcap, stride_cb, stride_ct, D, BLOCK_SIZE, TILE,
+                                                         HAS_WINDOW, HAS_SOFTCAP, ALIGN, FP4_PTX)
+        acc = _paged_acc(acc_e, acc_o, vtop, ROWS, D)
         if sp == num_splits - 1:
-            q_raw, q_raw_lo = _scale_query(q, scale, ROWS, D, LOG2D, False, HAS_SOFTCAP)
+            q_raw, q_raw_lo = _scale_query(q, scale, HAS_SOFTCAP)
             k_base = k_ptr + q_start.to(tl.int64) * stride_kn + kvh * stride_kh
             v_base = v_ptr + q_start.to(tl.int64) * stride_vn + kvh * stride_vh
             acc, m_i, l_i = _attend_raw(acc, m_i, l_i, q_raw, q_raw_lo, qpos, k_base, v_base, stride_kn,

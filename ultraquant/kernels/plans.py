@@ -98,6 +98,14 @@ def slot_alignment(head_size: int, strides: tuple[int, ...] | None = None) -> in
     return max(1, g)
 
 
+def target_of(device: torch.device) -> str:
+    """Code-generation target of a device: ``"cuda"`` (NVIDIA: inline PTX allowed), ``"hip"`` (AMD)
+    or ``"portable"`` (CPU: the Triton interpreter). Codegen passes the same names per arch."""
+    if device.type != "cuda":
+        return "portable"
+    return "hip" if torch.version.hip else "cuda"
+
+
 def _signature(params: tuple[tuple[str, str], ...], **types: str) -> dict[str, str]:
     return {name: ty.format(**types) for name, ty in params}
 
@@ -136,10 +144,16 @@ def dequant_spec(*, head_size: int, block_size: int, out_dtype: torch.dtype | st
 def decode_spec(*, head_size: int, gqa: int, block_size: int, query_dtype: torch.dtype | str = "bf16",
                 out_dtype: torch.dtype | str | None = None, has_sinks: bool = False,
                 has_window: bool = False, has_softcap: bool = False, align: int | None = None,
-                **_: Any) -> Specialization:
-    """The split-KV decode kernel for one head size, GQA group, block size and feature set."""
+                target: str = "portable", **_: Any) -> Specialization:
+    """The split-KV decode kernel for one head size, GQA group, block size and feature set.
+
+    ``target`` ``"cuda"`` selects the inline-PTX FP4 decode (constexpr ``FP4_PTX``); anything else
+    (``"hip"``, ``"portable"``: AMD, the CPU interpreter) the plain-Triton one. See :func:`target_of`.
+    """
     d = check_head_size(head_size)
-    tile = int(os.environ.get("ULTRAQUANT_DECODE_TILE", 32))  # tuning knobs (bench --sweep), not API
+    # Tuning knobs (tools/h200_sweep.py), not API. H200 sweep of v7 (benchmarks/NOTES.md): D<=128 is
+    # fastest with 64-token tiles on 4 warps (shape A 263 us vs 320 with 32), D=256 with 32 on 4.
+    tile = int(os.environ.get("ULTRAQUANT_DECODE_TILE", 64 if d <= 128 else 32))
     # 4 warps up to D=256: offline sm_90 SASS, D=256 issues 183 warp instructions per token-head on
     # 4 warps against 290 on 8 (168 vs 128 registers); D=512 stays on 8 (4 warps need 255 registers).
     warps = int(os.environ.get("ULTRAQUANT_DECODE_WARPS", 4 if d <= 256 else 8))
@@ -150,15 +164,17 @@ def decode_spec(*, head_size: int, gqa: int, block_size: int, query_dtype: torch
         constexprs={"D": d, "LOG2D": d.bit_length() - 1, "GQA": int(gqa),
                     "ROWS": max(16, _pow2_at_least(int(gqa))), "BLOCK_SIZE": int(block_size),
                     "TILE": tile, "HAS_SINKS": bool(has_sinks), "HAS_WINDOW": bool(has_window),
-                    "HAS_SOFTCAP": bool(has_softcap), "ALIGN": int(align or slot_alignment(d))},
+                    "HAS_SOFTCAP": bool(has_softcap), "ALIGN": int(align or slot_alignment(d)),
+                    "FP4_PTX": target == "cuda"},
         num_warps=warps, num_stages=stages)
 
 
 def prefill_spec(*, head_size: int, gqa: int, block_size: int, query_dtype: torch.dtype | str = "bf16",
                  key_dtype: torch.dtype | str | None = None, out_dtype: torch.dtype | str | None = None,
                  has_sinks: bool = False, has_window: bool = False, has_softcap: bool = False,
-                 align: int | None = None, **_: Any) -> Specialization:
-    """The chunked-prefill kernel (cached prefix + causal chunk) for one config."""
+                 align: int | None = None, target: str = "portable", **_: Any) -> Specialization:
+    """The chunked-prefill kernel (cached prefix + causal chunk) for one config (``target``: see
+    :func:`decode_spec`)."""
     d = check_head_size(head_size)
     gpad = _pow2_at_least(int(gqa))
     rows = max(16, gpad, 64 if d <= 128 else (32 if d <= 256 else 16))
@@ -169,7 +185,7 @@ def prefill_spec(*, head_size: int, gqa: int, block_size: int, query_dtype: torc
         constexprs={"D": d, "LOG2D": d.bit_length() - 1, "GQA": int(gqa), "GQA_PAD": gpad, "ROWS": rows,
                     "BLOCK_SIZE": int(block_size), "TILE": 32, "HAS_SINKS": bool(has_sinks),
                     "HAS_WINDOW": bool(has_window), "HAS_SOFTCAP": bool(has_softcap),
-                    "ALIGN": int(align or slot_alignment(d))},
+                    "ALIGN": int(align or slot_alignment(d)), "FP4_PTX": target == "cuda"},
         num_warps=4 if d <= 128 else 8, num_stages=2)
 
 
@@ -313,7 +329,7 @@ def plan_decode(query: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.
     spec = decode_spec(head_size=d, gqa=hq // hk, block_size=bs, query_dtype=query.dtype,
                        out_dtype=out.dtype, has_sinks=sinks is not None,
                        has_window=sliding_window is not None, has_softcap=softcap is not None,
-                       align=slot_alignment(d, tuple(kv_cache.stride()[:3])))
+                       align=slot_alignment(d, tuple(kv_cache.stride()[:3])), target=target_of(query.device))
     rows = spec.constexprs["ROWS"]
     splits = decode_splits(b, hk, block_table.shape[1] * bs, query.device)
     part, ml, counter = decode_workspace(query.device, b * hk * splits * rows * d, b * hk * splits * 2 * rows,
@@ -336,7 +352,7 @@ def plan_prefill(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, kv
     spec = prefill_spec(head_size=d, gqa=hq // hk, block_size=bs, query_dtype=query.dtype,
                         key_dtype=key.dtype, out_dtype=out.dtype, has_sinks=sinks is not None,
                         has_window=sliding_window is not None, has_softcap=softcap is not None,
-                        align=slot_alignment(d, tuple(kv_cache.stride()[:3])))
+                        align=slot_alignment(d, tuple(kv_cache.stride()[:3])), target=target_of(query.device))
     rows = spec.constexprs["ROWS"]
     qt = rows // spec.constexprs["GQA_PAD"]
     nreq = seq_lens.shape[0]
@@ -360,5 +376,5 @@ def plan_prefill(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, kv
 __all__ = [
     "CONTINUATION_THRESHOLD", "SPECIALIZERS", "decode_spec", "dequant_spec", "prefill_spec", "store_spec",
     "plan_store", "plan_dequant", "plan_decode", "plan_prefill", "decode_splits", "decode_workspace",
-    "prefill_splits", "slot_alignment",
+    "prefill_splits", "slot_alignment", "target_of",
 ]
