@@ -150,6 +150,26 @@ def test_continuations_match_reference(monkeypatch: pytest.MonkeyPatch, case: tu
         assert [len(r) for r in reads] == [-(-pre // bs) for pre in prefixes]
 
 
+def test_shared_workspace_holds_no_state() -> None:
+    """Layers of other shapes share the workspace: NaN left in it by anyone must not leak in."""
+    ws = dense.DenseWorkspace()
+    for dtype in (torch.float32, torch.bfloat16):
+        k, v = ws.rows(500, 3, 40, dtype, torch.device("cpu"))
+        k.fill_(float("nan"))
+        v.fill_(float("nan"))
+    for sinks_on, window in ((True, None), (True, 6), (False, None)):
+        p = Problem([0, 29], [13, 11], 8, 2, 64, 16, seed=11)
+        sinks = _sinks(8, sinks_on)
+        out = torch.full(p.query.shape, float("nan"))
+        dense.first_chunks(p.query[:13], p.key[:13], p.value[:13], [0, 13], out[:13], 0.3, sinks=sinks,
+                           sliding_window=window, workspace=ws)
+        dense.continuation(p.query[13:], p.key[13:], p.value[13:], p.cache, p.block_table[1:], p.seq_lens[1:], 29,
+                           out[13:], 0.3, sinks=sinks, sliding_window=window, workspace=ws)
+        assert rel_err(out, p.expected(0.3, sinks=sinks, sliding_window=window)) < 1e-5
+    layers = UltraQuantAttention(8, 2, 64, 0.1), UltraQuantAttention(4, 4, 32, 0.1)
+    assert layers[0]._dense_ws is layers[1]._dense_ws is dense.SHARED
+
+
 def test_bf16_out_and_many_window_tiles(monkeypatch: pytest.MonkeyPatch) -> None:
     """bf16 end to end (workspace in the query dtype), window tiles of 4 queries, masks stay small."""
     monkeypatch.setattr(dense, "WINDOW_TILE_MIN", 4)

@@ -248,7 +248,7 @@ class UltraQuantAttention:
         self.encoder = encoder
         self._threshold = continuation_threshold
         self._qsl_ws: torch.Tensor | None = None
-        self._dense_ws = dense.DenseWorkspace()
+        self._dense_ws = dense.SHARED
         self.route_counts: Counter[str] = Counter()
         """Calls per path: ``store``, ``decode`` (one op call each), and one per prefill run of each
         kind, ``first``, ``small``, ``large`` (or ``prefill``: one unplanned kernel call): for tests

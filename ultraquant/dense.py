@@ -7,9 +7,9 @@ is the Triton kernel behind :func:`ultraquant.ops.prefill_attention`):
   K/V, causal, GQA through ``enable_gqa`` (no copy of K/V without sinks or window);
 * **large continuations**: :func:`continuation` dequantizes the request's cached prefix once with
   :func:`ultraquant.ops.dequant_kv_packed` (K in the original space, in the query dtype) into a
-  :class:`DenseWorkspace`, appends the chunk's raw K/V, and runs SDPA with the causal mask aligned
-  bottom-right (query i of the chunk sees the prefix and chunk[0..i]): flash attention reaches it
-  without a mask through ``torch.nn.attention.bias.causal_lower_right``.
+  :class:`DenseWorkspace` shared by all layers, appends the chunk's raw K/V, and runs SDPA with the
+  causal mask aligned bottom-right (query i of the chunk sees the prefix and chunk[0..i]): flash
+  attention reaches it without a mask through ``torch.nn.attention.bias.causal_lower_right``.
 
 Why dense: a large chunk is compute bound and flash attention runs its matmuls at tensor-core rate
 on bf16 K/V; dequantizing the prefix once costs one read of the cache, which a long chunk amortizes.
@@ -50,7 +50,7 @@ import torch.nn.functional as F
 from . import ops
 from .errors import UltraQuantError
 
-__all__ = ["SINK_COLUMNS", "DenseWorkspace", "can_dequant", "continuation", "first_chunks", "supported"]
+__all__ = ["SHARED", "SINK_COLUMNS", "DenseWorkspace", "can_dequant", "continuation", "first_chunks", "supported"]
 
 SINK_COLUMNS = 8
 """Zero columns appended to the head dimension on sink layers (two carry the sink; eight keep the
@@ -73,38 +73,42 @@ def can_dequant(device: torch.device) -> bool:
 
 
 class DenseWorkspace:
-    """Grow-only K and V row buffers (rows, Hk, width) for the dense routes, kept by the layer.
+    """Grow-only K/V row buffers for the dense routes: one flat buffer per (device, dtype).
 
-    Pad columns (past the head size, sink layers only) are zeroed once at allocation and never
-    written afterwards except in row 0 (the sink key), which every use rewrites.
+    Every layer of a model uses the same instance (:data:`SHARED`): layers run one after another on
+    one stream, so one buffer as large as the longest prefix serves them all, instead of one per
+    layer. Flat storage lets layers with different head shapes share it; callers therefore rewrite
+    every element they read (pad columns included).
     """
 
-    GRANULE = 1024
-    """Rows are allocated in multiples of this, so slowly growing prompts reallocate rarely."""
+    GRANULE = 1 << 20
+    """Elements are allocated in multiples of this, so slowly growing prompts reallocate rarely."""
 
     def __init__(self) -> None:
-        self._k: torch.Tensor | None = None
-        self._v: torch.Tensor | None = None
-        self._offsets: torch.Tensor | None = None
+        self._bufs: dict[tuple[torch.device, torch.dtype], torch.Tensor] = {}
+        self._offsets: dict[torch.device, torch.Tensor] = {}
 
     def rows(self, n: int, num_kv_heads: int, width: int, dtype: torch.dtype,
              device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-        """The first ``n`` rows of K and V buffers of this shape, dtype and device."""
-        k = self._k
-        if (k is None or k.shape[0] < n or k.shape[1:] != (num_kv_heads, width) or k.dtype != dtype
-                or k.device != device):
-            size = -(-n // self.GRANULE) * self.GRANULE
-            self._k = self._v = None  # free the old pair before allocating the new one
-            self._k = torch.zeros(size, num_kv_heads, width, dtype=dtype, device=device)
-            self._v = torch.zeros_like(self._k)
-        assert self._k is not None and self._v is not None
-        return self._k[:n], self._v[:n]
+        """Uninitialized (n, Hk, width) K and V views in ``dtype`` on ``device``."""
+        per = n * num_kv_heads * width
+        key = (device, dtype)
+        buf = self._bufs.get(key)
+        if buf is None or buf.numel() < 2 * per:
+            self._bufs.pop(key, None)  # free the old buffer before allocating the new one
+            buf = torch.empty(-(-2 * per // self.GRANULE) * self.GRANULE, dtype=dtype, device=device)
+            self._bufs[key] = buf
+        return buf[:per].view(n, num_kv_heads, width), buf[per:2 * per].view(n, num_kv_heads, width)
 
     def offsets(self, device: torch.device) -> torch.Tensor:
         """A (2,) int32 zero ``cu_seqlens`` for a one-request dequant (row 0 of its output view)."""
-        if self._offsets is None or self._offsets.device != device:
-            self._offsets = torch.zeros(2, dtype=torch.int32, device=device)
-        return self._offsets
+        if device not in self._offsets:
+            self._offsets[device] = torch.zeros(2, dtype=torch.int32, device=device)
+        return self._offsets[device]
+
+
+SHARED = DenseWorkspace()
+"""The workspace every :class:`ultraquant.attention.UltraQuantAttention` layer uses."""
 
 
 def first_chunks(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, starts: Sequence[int],
@@ -168,9 +172,11 @@ def _key_rows(k_new: torch.Tensor, v_new: torch.Tensor, prefix_rows: int, fill_p
     width = d + SINK_COLUMNS if off else d
     keys, values = workspace.rows(off + prefix_rows + n, hk, width, dtype, k_new.device)
     if off:
-        keys[0].zero_()
+        keys[:, :, d:].zero_()  # pad columns: zero (scores unchanged) except the sink key's two ones
+        values[:, :, d:].zero_()
+        keys[0, :, :d].zero_()
         keys[0, :, d:d + 2] = 1
-        values[0].zero_()
+        values[0, :, :d].zero_()
     if prefix_rows:
         fill_prefix(keys[off:off + prefix_rows, :, :d], values[off:off + prefix_rows, :, :d])
     keys[off + prefix_rows:, :, :d].copy_(k_new)
