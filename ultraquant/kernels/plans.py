@@ -36,9 +36,11 @@ DEFAULT_NUM_SMS = 132
 MIN_SPLIT_TOKENS = 256
 """A decode split never gets fewer tokens than this (at the static ``max_seq_len`` bound)."""
 
-DECODE_BLOCKS_PER_SM = 4
-"""Resident decode programs per multiprocessor (ncu on the H200: 128 registers x 128 threads limit
-the D=128 kernel to 4 blocks per SM, 25% occupancy). One wave = num_sms * this."""
+DECODE_BLOCKS_PER_SM = {128: 8, 512: 4}
+"""Programs per multiprocessor the decode split count aims for, by head size bound (D <= key). Timed
+on the H200 (v7, benchmarks/NOTES.md): D=128 (64-token tiles, 136 registers, 3 resident blocks) ran
+shape D 141 us with 2 splits (~2 programs per SM-slot) against 184 with 1, and shape A 263-270 us with
+8-16; D=256 (32-token tiles, ~240 registers) ran shape C 195 us with 33 splits against 221 with 66."""
 
 CONTINUATION_THRESHOLD = 128
 """Chunks of at most this many new tokens (with a cached prefix) are small continuations."""
@@ -261,7 +263,7 @@ def prefill_splits(programs: int, max_tokens: int, device: torch.device) -> int:
     forced = os.environ.get("ULTRAQUANT_PREFILL_SPLITS")
     if forced:
         return max(1, int(forced))
-    want = (num_sms(device) * DECODE_BLOCKS_PER_SM) // max(1, programs)
+    want = (num_sms(device) * DECODE_BLOCKS_PER_SM[512]) // max(1, programs)
     return max(1, min(want, _cdiv(max_tokens, MIN_SPLIT_TOKENS)))
 
 
@@ -273,19 +275,19 @@ def _dummy_i32(device: torch.device) -> torch.Tensor:
     return _dummies[key]
 
 
-def decode_splits(batch: int, num_kv_heads: int, max_tokens: int, device: torch.device) -> int:
+def decode_splits(batch: int, num_kv_heads: int, max_tokens: int, device: torch.device,
+                  head_size: int = 128) -> int:
     """Fixed split count from static shapes only (so a captured graph replays for any seq_lens).
 
-    As many splits as fit in ONE wave of resident programs (``num_sms * DECODE_BLOCKS_PER_SM``):
-    on the H200, shape A with 17 splits (1088 programs, 2.06 waves) took 729 us and with 8 or 16
-    splits (1.0 / 1.94 waves) 644-646 us: the partial last wave costs more than splitting gains.
+    ``num_sms * DECODE_BLOCKS_PER_SM[D]`` programs in all (see there for the timings behind it).
     Never splits shorter than MIN_SPLIT_TOKENS at the ``max_tokens`` bound.
     ``ULTRAQUANT_DECODE_SPLITS`` overrides (tuning).
     """
     forced = os.environ.get("ULTRAQUANT_DECODE_SPLITS")
     if forced:
         return max(1, int(forced))
-    want = (num_sms(device) * DECODE_BLOCKS_PER_SM) // max(1, batch * num_kv_heads)
+    per_sm = next(v for bound, v in sorted(DECODE_BLOCKS_PER_SM.items()) if head_size <= bound)
+    want = (num_sms(device) * per_sm) // max(1, batch * num_kv_heads)
     return max(1, min(want, _cdiv(max_tokens, MIN_SPLIT_TOKENS)))
 
 
@@ -331,7 +333,7 @@ def plan_decode(query: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.
                        has_window=sliding_window is not None, has_softcap=softcap is not None,
                        align=slot_alignment(d, tuple(kv_cache.stride()[:3])), target=target_of(query.device))
     rows = spec.constexprs["ROWS"]
-    splits = decode_splits(b, hk, block_table.shape[1] * bs, query.device)
+    splits = decode_splits(b, hk, block_table.shape[1] * bs, query.device, d)
     part, ml, counter = decode_workspace(query.device, b * hk * splits * rows * d, b * hk * splits * 2 * rows,
                                          b * hk)
     args = (query, kv_cache, block_table, seq_lens, sinks if sinks is not None else _dummy_f32(query.device),
