@@ -125,7 +125,8 @@ def _canonical(obj: Any) -> str:
 
 def _spec_dict(spec: Specialization) -> dict[str, Any]:
     return {"kernel": spec.kernel, "signature": dict(spec.signature), "constexprs": dict(spec.constexprs),
-            "num_warps": spec.num_warps, "num_stages": spec.num_stages}
+            "num_warps": spec.num_warps, "num_stages": spec.num_stages,
+            **({} if spec.maxnreg is None else {"maxnreg": spec.maxnreg})}
 
 
 # --- worker pool ------------------------------------------------------------------------------------

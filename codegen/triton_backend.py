@@ -117,8 +117,10 @@ class TritonBackend(Backend):
                  for n, ty in spec.signature.items() if ty.startswith("*")}
         src = ASTSource(fn, dict(spec.signature), dict(spec.constexprs), attrs)
         target = GPUTarget(arch.vendor, arch.triton_arch, arch.warp_size)
-        compiled = triton.compile(src, target=target,
-                                  options={"num_warps": spec.num_warps, "num_stages": spec.num_stages})
+        options = {"num_warps": spec.num_warps, "num_stages": spec.num_stages}
+        if spec.maxnreg is not None and arch.vendor != "hip":
+            options["maxnreg"] = spec.maxnreg
+        compiled = triton.compile(src, target=target, options=options)
         binary = compiled.asm["hsaco" if arch.vendor == "hip" else "cubin"]
         md = compiled.metadata
         num_warps = int(md.num_warps)

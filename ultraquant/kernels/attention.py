@@ -53,12 +53,17 @@ def _softmax_step(acc, m_i, l_i, q, q_lo, kt, v, toks, tmask, qpos, window, soft
 
 
 @triton.jit
-def _nibbles_fp16_ptx(b):
+def _nibbles_fp16_ptx(b, PURE: tl.constexpr = True):
     """NVIDIA: (low, high) nibbles of uint8 ``b`` as fp16 subnormal patterns, 4 bytes per register.
 
     PRMT spreads two bytes into the two 16-bit lanes of a word, then two shifts and two masked ORs
     build two fp16 values at once (magnitude bits to 11..9, sign to 15): about 2 instructions per
     element where the portable integer code needs ~5 (a byte extract, shifts and a lane pack each).
+    ``PURE=False`` pins the decode to the layout the bytes were loaded in: for V (whose MMA operand
+    pairs tokens, not bytes) Triton then moves decoded fp16 through shared memory instead of gathering
+    single bytes. Timed on the H200 (v7b): faster at D=256 (shape C 202 -> 173 us on 8 warps), slower
+    at D=128 (shape A 265 -> 281 us) although it issues fewer instructions; the plans choose per head
+    size (constexpr ``V_IN_LOAD_LAYOUT``).
     """
     return tl.inline_asm_elementwise(
         asm="""
@@ -91,7 +96,7 @@ def _nibbles_fp16_ptx(b):
         constraints="=r,=r,=r,=r,r",
         args=[b],
         dtype=(tl.float16, tl.float16),
-        is_pure=True,
+        is_pure=PURE,
         pack=4,
     )
 
@@ -103,8 +108,10 @@ def _floor_log2(x):
 
 
 @triton.jit
-def _load_fp16_codes(base, tmask, T: tl.constexpr, D: tl.constexpr, FP4_PTX: tl.constexpr):
-    """One tensor (K or V) of T cached tokens as fp16 halves and a per-token power of two.
+def _load_fp16_codes(base, tmask, T: tl.constexpr, D: tl.constexpr, FP4_PTX: tl.constexpr,
+                     PURE: tl.constexpr = True):
+    """One tensor (K or V) of T cached tokens as fp16 halves and a per-token power of two (``PURE``:
+    see :func:`_nibbles_fp16_ptx`).
 
     Returns ``(even, odd, top)``: ``even``/``odd`` are ``[T, D/2]`` fp16 holding elements 0, 2, 4...
     and 1, 3, 5... (low and high nibbles: no interleave), and element d of token t equals
@@ -116,7 +123,7 @@ def _load_fp16_codes(base, tmask, T: tl.constexpr, D: tl.constexpr, FP4_PTX: tl.
     G: tl.constexpr = D // 32
     b = tl.load(base[:, None] + tl.arange(0, D // 2)[None, :], mask=tmask[:, None], other=0)
     if FP4_PTX:
-        lo, hi = _nibbles_fp16_ptx(b)
+        lo, hi = _nibbles_fp16_ptx(b, PURE)
     else:
         b = b.to(tl.int16)
         lo = (((b & 7) << 9) | ((b & 8) << 12)).to(tl.float16, bitcast=True)
@@ -133,7 +140,7 @@ def _load_fp16_codes(base, tmask, T: tl.constexpr, D: tl.constexpr, FP4_PTX: tl.
 def _attend_paged(acc_e, acc_o, vtop_run, m_i, l_i, q_e, q_o, rowfac, qpos, rmask, cache_ptr, bt_row_ptr, head_off,
                   t_lo, t_hi, window, softcap, stride_cb, stride_ct, D: tl.constexpr, BLOCK_SIZE: tl.constexpr,
                   TILE: tl.constexpr, HAS_WINDOW: tl.constexpr, HAS_SOFTCAP: tl.constexpr, ALIGN: tl.constexpr,
-                  FP4_PTX: tl.constexpr):
+                  FP4_PTX: tl.constexpr, V_IN_LOAD_LAYOUT: tl.constexpr):
     """Attend to cached tokens ``[t_lo, t_hi)`` of one request and kv head (rotated space).
 
     Query: fp16 even/odd halves times ``rowfac`` (:func:`_paged_query`); scores are two fp16 MMAs
@@ -166,7 +173,7 @@ def _attend_paged(acc_e, acc_o, vtop_run, m_i, l_i, q_e, q_o, rowfac, qpos, rmas
         p = tl.exp2(s - m_safe[:, None])
         l_i = l_i * alpha + tl.sum(p, axis=1)
         m_i = m_new
-        v_e, v_o, vtop = _load_fp16_codes(base + (D // 2 + D // 32), tmask, TILE, D, FP4_PTX)
+        v_e, v_o, vtop = _load_fp16_codes(base + (D // 2 + D // 32), tmask, TILE, D, FP4_PTX, not V_IN_LOAD_LAYOUT)
         # New reference exponent: the largest contribution (p times the token's V power of two) of
         # this tile, or the old one shrunk by the rows' largest alpha, whichever is bigger. Then every
         # fp16 probability stays below 2 and anything flushed is 2**-24 below the largest term.
@@ -276,7 +283,8 @@ def uq_decode(q_ptr, cache_ptr, bt_ptr, seqlen_ptr, sinks_ptr, out_ptr, part_ptr
               stride_cb, stride_ct, stride_ch, stride_btb,
               D: tl.constexpr, LOG2D: tl.constexpr, GQA: tl.constexpr, ROWS: tl.constexpr,
               BLOCK_SIZE: tl.constexpr, TILE: tl.constexpr, HAS_SINKS: tl.constexpr,
-              HAS_WINDOW: tl.constexpr, HAS_SOFTCAP: tl.constexpr, ALIGN: tl.constexpr, FP4_PTX: tl.constexpr):
+              HAS_WINDOW: tl.constexpr, HAS_SOFTCAP: tl.constexpr, ALIGN: tl.constexpr, FP4_PTX: tl.constexpr,
+              V_IN_LOAD_LAYOUT: tl.constexpr):
     """Split-KV paged decode; grid (B, Hk, num_splits). See the module docstring."""
     b = tl.program_id(0)
     kvh = tl.program_id(1)
@@ -305,7 +313,8 @@ def uq_decode(q_ptr, cache_ptr, bt_ptr, seqlen_ptr, sinks_ptr, out_ptr, part_ptr
     acc_e, acc_o, vtop, m_i, l_i = _attend_paged(acc_e, acc_o, vtop, m_i, l_i, q_e, q_o, rowfac, qpos, rmask, cache_ptr,
                                                  bt_ptr + b.to(tl.int64) * stride_btb, kvh.to(tl.int64) * stride_ch,
                                                  t_lo, t_hi, window, softcap, stride_cb, stride_ct, D, BLOCK_SIZE,
-                                                 TILE, HAS_WINDOW, HAS_SOFTCAP, ALIGN, FP4_PTX)
+                                                 TILE, HAS_WINDOW, HAS_SOFTCAP, ALIGN, FP4_PTX,
+                                                 V_IN_LOAD_LAYOUT)
     acc = _paged_acc(acc_e, acc_o, vtop, ROWS, D)
     out_rows = out_ptr + b.to(tl.int64) * stride_ob + heads * stride_oh
     _store_partial_or_finish(acc, m_i, l_i, rows, cols, heads, rmask, out_rows, sinks_ptr, part_ptr, ml_ptr,
@@ -350,7 +359,7 @@ def uq_prefill(q_ptr, k_ptr, v_ptr, cache_ptr, bt_ptr, seqlen_ptr, qsl_ptr, sink
                D: tl.constexpr, LOG2D: tl.constexpr, GQA: tl.constexpr, GQA_PAD: tl.constexpr,
                ROWS: tl.constexpr, BLOCK_SIZE: tl.constexpr, TILE: tl.constexpr,
                HAS_SINKS: tl.constexpr, HAS_WINDOW: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
-               ALIGN: tl.constexpr, FP4_PTX: tl.constexpr):
+               ALIGN: tl.constexpr, FP4_PTX: tl.constexpr, V_IN_LOAD_LAYOUT: tl.constexpr):
     """Varlen chunked prefill; grid (cdiv(N, QT) + B, Hk, num_splits), QT = ROWS // GQA_PAD tokens.
 
     Program t finds its (request, tile) by scanning query_start_loc (no host-side tile table); the
@@ -405,7 +414,8 @@ def uq_prefill(q_ptr, k_ptr, v_ptr, cache_ptr, bt_ptr, seqlen_ptr, qsl_ptr, sink
                                                          rmask, cache_ptr, bt_ptr + req.to(tl.int64) * stride_btb,
                                                          kvh.to(tl.int64) * stride_ch, c_lo, c_hi, window,
                                                          softcap, stride_cb, stride_ct, D, BLOCK_SIZE, TILE,
-                                                         HAS_WINDOW, HAS_SOFTCAP, ALIGN, FP4_PTX)
+                                                         HAS_WINDOW, HAS_SOFTCAP, ALIGN, FP4_PTX,
+                                                         V_IN_LOAD_LAYOUT)
         acc = _paged_acc(acc_e, acc_o, vtop, ROWS, D)
         if sp == num_splits - 1:
             q_raw, q_raw_lo = _scale_query(q, scale, HAS_SOFTCAP)

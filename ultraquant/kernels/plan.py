@@ -28,6 +28,8 @@ class Specialization:
     constexprs: dict[str, Any]
     num_warps: int = 4
     num_stages: int = 2
+    maxnreg: int | None = None
+    """Register cap per thread (Triton's NVIDIA ``maxnreg`` option; ignored on AMD); None: ptxas decides."""
 
     def key(self) -> str:
         """Canonical config string, identical in codegen, manifest and runtime."""

@@ -36,14 +36,19 @@ DEFAULT_NUM_SMS = 132
 MIN_SPLIT_TOKENS = 256
 """A decode split never gets fewer tokens than this (at the static ``max_seq_len`` bound)."""
 
-DECODE_BLOCKS_PER_SM = {128: 8, 512: 4}
+DECODE_BLOCKS_PER_SM = {128: 8, 512: 2}
 """Programs per multiprocessor the decode split count aims for, by head size bound (D <= key). Timed
 on the H200 (v7, benchmarks/NOTES.md): D=128 (64-token tiles, 136 registers, 3 resident blocks) ran
 shape D 141 us with 2 splits (~2 programs per SM-slot) against 184 with 1, and shape A 263-270 us with
-8-16; D=256 (32-token tiles, ~240 registers) ran shape C 195 us with 33 splits against 221 with 66."""
+8-16; D=256 (8 warps, 64-token tiles) ran shape C 159 us with 16 splits against 173 with 33.
+Prefill's split count uses 4 (its programs are larger)."""
 
-CONTINUATION_THRESHOLD = 128
-"""Chunks of at most this many new tokens (with a cached prefix) are small continuations."""
+CONTINUATION_THRESHOLD = 16
+"""Chunks of at most this many new tokens (with a cached prefix) are small continuations, served by
+the prefill kernel; larger ones go to dequant + SDPA (ultraquant.dense). Measured on the H200
+(``ultraquant bench --prefill``, Hq=32 Hk=8 D=128 bf16, CUDA-graph device time, benchmarks/NOTES.md):
+the kernel wins up to 16 new tokens at a 16k prefix and up to 32 at 4k, SDPA from there on (ctx 16384,
+q 128: 431 vs 174 us); upstream's guess was 128."""
 
 STORE_PARAMS: tuple[tuple[str, str], ...] = (
     ("key_ptr", "*{key}"), ("value_ptr", "*{value}"), ("cache_ptr", "*u8"), ("slot_ptr", "*{slot}"),
@@ -120,9 +125,11 @@ def store_spec(*, head_size: int, key_dtype: torch.dtype | str = "bf16",
                encoder: str = "rne", **_: Any) -> Specialization:
     """The store kernel for one head size, input dtypes, slot_mapping dtype and encoder."""
     d = check_head_size(head_size)
-    # Rows per program and warps as timed on the H200 (benchmarks/NOTES.md): 16 rows on 4 warps ran
-    # N=16384 x 8 heads at D=128 in 154 us; 8 rows on 2 warps, chosen from a lower SASS count, took 220.
-    block_r = 16 if d <= 128 else 8
+    # One row per thread up to D=128 (32 rows per warp, 4 warps): the butterfly, group absmax and
+    # nibble packing stay in registers (offline sm_90 SASS: 224 warp instructions per row at D=128
+    # against 749 for the 16-row layout timed at 154 us, benchmarks/NOTES.md). A whole row of D=256/512
+    # in one thread spills; 32 rows (rows over lanes, a row split over the 4 warps) do not.
+    block_r = 128 if d <= 128 else 32
     return Specialization(
         kernel="uq_store_kv",
         signature=_signature(STORE_PARAMS, key=_tname(key_dtype), value=_tname(value_dtype or key_dtype),
@@ -153,13 +160,13 @@ def decode_spec(*, head_size: int, gqa: int, block_size: int, query_dtype: torch
     (``"hip"``, ``"portable"``: AMD, the CPU interpreter) the plain-Triton one. See :func:`target_of`.
     """
     d = check_head_size(head_size)
-    # Tuning knobs (tools/h200_sweep.py), not API. H200 sweep of v7 (benchmarks/NOTES.md): D<=128 is
-    # fastest with 64-token tiles on 4 warps (shape A 263 us vs 320 with 32), D=256 with 32 on 4.
-    tile = int(os.environ.get("ULTRAQUANT_DECODE_TILE", 64 if d <= 128 else 32))
-    # 4 warps up to D=256: offline sm_90 SASS, D=256 issues 183 warp instructions per token-head on
-    # 4 warps against 290 on 8 (168 vs 128 registers); D=512 stays on 8 (4 warps need 255 registers).
-    warps = int(os.environ.get("ULTRAQUANT_DECODE_WARPS", 4 if d <= 256 else 8))
+    # Tuning knobs (tools/h200_sweep.py), not API. H200 sweeps v7/v7b (benchmarks/NOTES.md): D<=128 is
+    # fastest with 64-token tiles on 4 warps (shape A 263 us vs 320 with 32), D=256 with 64 on 8 and V
+    # decoded in its load layout (shape C 159 us vs 196 on 4 warps x 32); D=512 keeps 32 on 8.
+    tile = int(os.environ.get("ULTRAQUANT_DECODE_TILE", 64 if d <= 256 else 32))
+    warps = int(os.environ.get("ULTRAQUANT_DECODE_WARPS", 4 if d <= 128 else 8))
     stages = int(os.environ.get("ULTRAQUANT_DECODE_STAGES", 2))
+    maxnreg = os.environ.get("ULTRAQUANT_DECODE_MAXNREG")
     return Specialization(
         kernel="uq_decode",
         signature=_signature(DECODE_PARAMS, query=_tname(query_dtype), out=_tname(out_dtype or query_dtype)),
@@ -167,8 +174,8 @@ def decode_spec(*, head_size: int, gqa: int, block_size: int, query_dtype: torch
                     "ROWS": max(16, _pow2_at_least(int(gqa))), "BLOCK_SIZE": int(block_size),
                     "TILE": tile, "HAS_SINKS": bool(has_sinks), "HAS_WINDOW": bool(has_window),
                     "HAS_SOFTCAP": bool(has_softcap), "ALIGN": int(align or slot_alignment(d)),
-                    "FP4_PTX": target == "cuda"},
-        num_warps=warps, num_stages=stages)
+                    "FP4_PTX": target == "cuda", "V_IN_LOAD_LAYOUT": d >= 256},
+        num_warps=warps, num_stages=stages, maxnreg=int(maxnreg) if maxnreg else None)
 
 
 def prefill_spec(*, head_size: int, gqa: int, block_size: int, query_dtype: torch.dtype | str = "bf16",
@@ -187,7 +194,8 @@ def prefill_spec(*, head_size: int, gqa: int, block_size: int, query_dtype: torc
         constexprs={"D": d, "LOG2D": d.bit_length() - 1, "GQA": int(gqa), "GQA_PAD": gpad, "ROWS": rows,
                     "BLOCK_SIZE": int(block_size), "TILE": 32, "HAS_SINKS": bool(has_sinks),
                     "HAS_WINDOW": bool(has_window), "HAS_SOFTCAP": bool(has_softcap),
-                    "ALIGN": int(align or slot_alignment(d)), "FP4_PTX": target == "cuda"},
+                    "ALIGN": int(align or slot_alignment(d)), "FP4_PTX": target == "cuda",
+                    "V_IN_LOAD_LAYOUT": d >= 256},
         num_warps=4 if d <= 128 else 8, num_stages=2)
 
 
@@ -263,7 +271,7 @@ def prefill_splits(programs: int, max_tokens: int, device: torch.device) -> int:
     forced = os.environ.get("ULTRAQUANT_PREFILL_SPLITS")
     if forced:
         return max(1, int(forced))
-    want = (num_sms(device) * DECODE_BLOCKS_PER_SM[512]) // max(1, programs)
+    want = (num_sms(device) * 4) // max(1, programs)
     return max(1, min(want, _cdiv(max_tokens, MIN_SPLIT_TOKENS)))
 
 

@@ -82,5 +82,6 @@ if knobs.runtime.interpret:
 def launch(plan: LaunchPlan) -> None:
     """Run ``plan`` through Triton's JIT (compiles on first use per specialization, then caches)."""
     fn = KERNELS[plan.spec.kernel]
+    extra = {} if plan.spec.maxnreg is None else {"maxnreg": plan.spec.maxnreg}
     fn[plan.grid](*plan.args, **plan.spec.constexprs, num_warps=plan.spec.num_warps,
-                  num_stages=plan.spec.num_stages)
+                  num_stages=plan.spec.num_stages, **extra)
