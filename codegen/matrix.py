@@ -88,8 +88,8 @@ class SpillAllowance:
 
 OPS: tuple[OpRow, ...] = (
     OpRow("store_kv", ("head_size", "dtype"), rename={"dtype": "key_dtype"},
-          # slot_mapping is int64 in vLLM; an int32 variant would share the i64 blob's key (the
-          # Specialization key has no parameter types), so it is not built.
+          # slot_mapping is int64 in vLLM, the only slot dtype built by default (an int32 variant has
+          # its own key: keys carry the pointer parameters' types).
           features=tuple({"encoder": e, "slot_dtype": "i64"} for e in ("rne", "upstream", "mse")),
           grid="(cdiv(num_tokens * num_kv_heads, BLOCK_R), 1, 1)"),
     OpRow("dequant_kv", ("head_size", "block_size"),

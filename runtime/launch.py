@@ -70,9 +70,8 @@ class Miss:
 
 StateKey = tuple[int, str, tuple, tuple]
 _STATE: dict[StateKey, Kernel | Miss] = {}
-"""(device, kernel, constexpr items, parameter types) -> resolution. Cheaper to build per call than
-the key string, and it includes the parameter types, which ``Specialization.key()`` leaves out
-(two calls differing only in dtype must not share a resolution)."""
+"""(device, kernel, constexpr items, parameter types) -> resolution: cheaper to build per call than
+the key string (which names the same things)."""
 _KEYS: dict[StateKey, str] = {}
 _DEVICES: dict[int, DeviceInfo] = {}
 _INDEX: ManifestIndex | None = None

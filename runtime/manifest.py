@@ -110,13 +110,14 @@ def parse_entry(raw: dict[str, Any], arch: str, directory: Path) -> Entry:
     """Normalize one manifest blob entry; raises :class:`UltraQuantError` naming what is missing."""
     try:
         kernel = raw["kernel"]
-        key = raw.get("key") or _spec_key(kernel, raw.get("constexprs", {}))
         launch = raw.get("launch", {})
         num_warps = int(_first(raw, "num_warps", default=_first(launch, "num_warps", default=4)))
         params = tuple(
             Param(name=p["name"], type=p["type"], size=int(p["size"]), offset=int(p["offset"]),
                   hidden=bool(p.get("hidden", False)), divisibility=int(p.get("divisibility", 1)))
             for p in _first(raw, "params", "parameters"))
+        key = raw.get("key") or _spec_key(kernel, raw.get("constexprs", {}),
+                                          {p.name: p.type for p in params if not p.hidden})
         warp = 64 if arch.startswith("gfx") else 32
         return Entry(
             arch=raw.get("arch", arch),
@@ -153,10 +154,10 @@ def _skipped_key(row: dict[str, Any]) -> str | None:
         return None
 
 
-def _spec_key(kernel: str, constexprs: dict[str, Any]) -> str:
+def _spec_key(kernel: str, constexprs: dict[str, Any], signature: dict[str, str]) -> str:
     from ultraquant.kernels.plan import Specialization
 
-    return Specialization(kernel=kernel, signature={}, constexprs=constexprs).key()
+    return Specialization(kernel=kernel, signature=signature, constexprs=constexprs).key()
 
 
 class ManifestIndex:

@@ -53,8 +53,9 @@ def _rel_err(got: torch.Tensor, want: torch.Tensor) -> float:
 
 def _launch(kernel: Kernel, plan: LaunchPlan, dev: Device) -> str | None:
     """Launch ``plan`` through ``kernel`` and wait; the reason it cannot be used, if any."""
-    same_launch = {plan.spec.key()} | {Specialization(kernel=alt, signature={}, constexprs=plan.spec.constexprs)
-                                       .key() for alt in ALTERNATES.get(plan.spec.kernel, ())}
+    same_launch = {plan.spec.key()} | {Specialization(kernel=alt, signature=plan.spec.signature,
+                                                      constexprs=plan.spec.constexprs).key()
+                                       for alt in ALTERNATES.get(plan.spec.kernel, ())}
     if kernel.entry.key not in same_launch:
         return f"the self-test problem planned {plan.spec.key()}, not this blob's {kernel.entry.key}"
     kernel.launch(plan.args, plan.grid)

@@ -405,8 +405,8 @@ def test_stale_signature_is_a_miss(rt, tmp_path):
 def test_dtype_variants_of_one_key_resolve_separately(rt, tmp_path):
     write_manifest(tmp_path / "gen")  # built for x_ptr: *bf16
     fp16 = Specialization(kernel="uq_test", signature={**SIG, "x_ptr": "*fp16"}, constexprs=spec().constexprs)
-    assert fp16.key() == spec().key()  # the key string does not name dtypes...
-    assert launch.try_launch(plan(fp16), 0) is False  # ...so the signature check tells them apart
+    assert fp16.key() != spec().key()  # the key names the pointer dtypes: an fp16 blob may sit beside
+    assert launch.try_launch(plan(fp16), 0) is False  # ...and this manifest has none
     assert launch.try_launch(plan(), 0) is True  # and the bf16 call still gets its blob
     assert launch.try_launch(plan(fp16), 0) is False
 

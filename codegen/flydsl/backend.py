@@ -88,7 +88,8 @@ def flydsl_spec(*, kernel: str = KERNEL, **config: Any) -> Specialization:
 def flydsl_key(triton_spec: Specialization, kernel: str = KERNEL) -> str:
     """Manifest key of the FlyDSL blob (``kernel``: KERNEL or KERNEL_MX) that can replace the Triton
     decode ``triton_spec`` (same LaunchPlan)."""
-    return Specialization(kernel=kernel, signature={}, constexprs=dict(triton_spec.constexprs)).key()
+    return Specialization(kernel=kernel, signature=dict(triton_spec.signature),
+                          constexprs=dict(triton_spec.constexprs)).key()
 
 
 def _dtype(ty: str) -> str:

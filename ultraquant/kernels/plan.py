@@ -32,9 +32,12 @@ class Specialization:
     """Register cap per thread (Triton's NVIDIA ``maxnreg`` option; ignored on AMD); None: ptxas decides."""
 
     def key(self) -> str:
-        """Canonical config string, identical in codegen, manifest and runtime."""
+        """Canonical config string, identical in codegen, manifest and runtime: the kernel, its
+        constexprs and the element types of its pointer parameters in order (a bf16 and an fp16 build of
+        one config are two blobs; scalar parameters never vary)."""
         parts = ",".join(f"{k}={self.constexprs[k]}" for k in sorted(self.constexprs))
-        return f"{self.kernel}[{parts}]"
+        types = ",".join(t.lstrip("*") for t in self.signature.values() if t.startswith("*"))
+        return f"{self.kernel}[{parts}]({types})"
 
 
 @dataclass(frozen=True)
