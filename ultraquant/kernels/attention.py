@@ -27,16 +27,14 @@ def _tanh(x):
 
 
 @triton.jit
-def _softmax_step(acc, m_i, l_i, q, q_lo, kt, v, toks, tmask, qpos, window, softcap,
-                  HAS_WINDOW: tl.constexpr, HAS_SOFTCAP: tl.constexpr):
-    """One online-softmax step over a tile of keys ``kt [D, T]`` (transposed) and values ``v [T, D]``.
+def _online_softmax(s, m_i, l_i, toks, tmask, qpos, window, softcap, HAS_WINDOW: tl.constexpr,
+                    HAS_SOFTCAP: tl.constexpr):
+    """One online-softmax step on scores ``s [R, T]`` (log2 domain, pre-scaled): soft cap, masks
+    (causal against ``qpos``, window, ``tmask``) to -inf, new running max and sum.
 
-    ``q [R, D]`` is pre-scaled (by scale*log2(e), or by scale alone when a soft cap follows);
-    scores use the log2 domain. Keys after a row's position (causal) or outside its window, and
-    masked tokens, get -inf.
+    Returns ``(p, alpha, m_new, l_new)``: the tile's probabilities relative to ``m_new`` and the factor
+    that rescales the old state. Rows that have seen nothing keep m = -inf and p = 0.
     """
-    s = tl.dot(q, kt)
-    s = tl.dot(q_lo, kt, s)
     if HAS_SOFTCAP:
         s = softcap * _tanh(s / softcap) * 1.4426950408889634
     valid = tmask[None, :] & (toks[None, :] <= qpos[:, None])
@@ -47,7 +45,21 @@ def _softmax_step(acc, m_i, l_i, q, q_lo, kt, v, toks, tmask, qpos, window, soft
     m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
     alpha = tl.exp2(m_i - m_safe)
     p = tl.exp2(s - m_safe[:, None])
-    l_i = l_i * alpha + tl.sum(p, axis=1)
+    return p, alpha, m_new, l_i * alpha + tl.sum(p, axis=1)
+
+
+@triton.jit
+def _softmax_step(acc, m_i, l_i, q, q_lo, kt, v, toks, tmask, qpos, window, softcap,
+                  HAS_WINDOW: tl.constexpr, HAS_SOFTCAP: tl.constexpr):
+    """One step over raw keys ``kt [D, T]`` (transposed) and values ``v [T, D]`` (bf16).
+
+    ``q [R, D]`` (+ ``q_lo``: bf16 hi + lo) is pre-scaled by scale*log2(e), or by scale alone when a
+    soft cap follows.
+    """
+    s = tl.dot(q, kt)
+    s = tl.dot(q_lo, kt, s)
+    p, alpha, m_new, l_i = _online_softmax(s, m_i, l_i, toks, tmask, qpos, window, softcap, HAS_WINDOW,
+                                           HAS_SOFTCAP)
     acc = acc * alpha[:, None] + tl.dot(p.to(tl.bfloat16), v)
     return acc, m_new, l_i
 
@@ -161,18 +173,8 @@ def _attend_paged(acc_e, acc_o, vtop_run, m_i, l_i, q_e, q_o, rowfac, qpos, rmas
         s = tl.dot(q_e, tl.trans(k_e))
         s = tl.dot(q_o, tl.trans(k_o), s)
         s = s * rowfac[:, None] * scale_f32(ktop)[None, :]
-        if HAS_SOFTCAP:
-            s = softcap * _tanh(s / softcap) * 1.4426950408889634
-        valid = tmask[None, :] & (toks[None, :] <= qpos[:, None])
-        if HAS_WINDOW:
-            valid = valid & (toks[None, :] > qpos[:, None] - window)
-        s = tl.where(valid, s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, axis=1))
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-        alpha = tl.exp2(m_i - m_safe)
-        p = tl.exp2(s - m_safe[:, None])
-        l_i = l_i * alpha + tl.sum(p, axis=1)
-        m_i = m_new
+        p, alpha, m_i, l_i = _online_softmax(s, m_i, l_i, toks, tmask, qpos, window, softcap, HAS_WINDOW,
+                                             HAS_SOFTCAP)
         v_e, v_o, vtop = _load_fp16_codes(base + (D // 2 + D // 32), tmask, TILE, D, FP4_PTX, not V_IN_LOAD_LAYOUT)
         # New reference exponent: the largest contribution (p times the token's V power of two) of
         # this tile, or the old one shrunk by the rows' largest alpha, whichever is bigger. Then every
