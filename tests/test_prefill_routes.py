@@ -9,12 +9,15 @@ chunks and continuations, and which route the layer takes (and that soft cap kee
 
 from __future__ import annotations
 
+import collections
+
 import pytest
 import torch
 
-from ultraquant import dense, ops, reference
+from ultraquant import dense, dispatch, ops, reference
 from ultraquant.attention import AttentionMetadata, UltraQuantAttention
-from ultraquant.format import slot_size
+from ultraquant.errors import UltraQuantError
+from ultraquant.format import hadamard, slot_size
 from ultraquant.kernels.interpret import interpreted_registry
 
 
@@ -154,9 +157,7 @@ def test_shared_workspace_holds_no_state() -> None:
     """Layers of other shapes share the workspace: NaN left in it by anyone must not leak in."""
     ws = dense.DenseWorkspace()
     for dtype in (torch.float32, torch.bfloat16):
-        k, v = ws.rows(500, 3, 40, dtype, torch.device("cpu"))
-        k.fill_(float("nan"))
-        v.fill_(float("nan"))
+        ws.take(2 * 500 * 3 * 40, dtype, torch.device("cpu")).fill_(float("nan"))
     for sinks_on, window in ((True, None), (True, 6), (False, None)):
         p = Problem([0, 29], [13, 11], 8, 2, 64, 16, seed=11)
         sinks = _sinks(8, sinks_on)
@@ -218,19 +219,86 @@ def test_sink_logit_is_carried_to_fp32_precision() -> None:
     """hi + lo in bf16 carries sink / scale far better than one bf16 number would."""
     sinks = torch.tensor([7.3, -5.111, 0.0, 13.77])
     scale = 0.0883883
-    q = torch.zeros(1, 4, 32, dtype=torch.bfloat16)
-    padded = dense._sink_query(q, sinks, scale, 32 + dense.SINK_COLUMNS)
+    rows = dense.SinkRows.build(sinks, scale, 2, 32, torch.bfloat16)
+    q = torch.zeros(3, 4, 32, dtype=torch.bfloat16)
+    k_new = torch.randn(3, 2, 32, dtype=torch.bfloat16)
+    padded, keys, values, off = dense._operands(q, k_new, k_new, 0, None, rows, dense.DenseWorkspace())
+    assert padded.shape == (3, 4, 32 + dense.SINK_COLUMNS)
     got = (padded[0, :, 32].double() + padded[0, :, 33].double()) * scale
     assert torch.allclose(got, sinks.double(), rtol=1e-4, atol=1e-6)
     assert not padded[..., 34:].any() and not padded[..., :32].any()
     one_number = padded[0, :, 32].double() * scale
     assert (one_number - sinks.double()).abs().max() > 1e-3  # why the second column exists
     # The sink key: zero head, 1 in both carrying columns, zero value; chunk rows have zero pad columns.
-    k_new = torch.randn(3, 2, 32, dtype=torch.bfloat16)
-    keys, values, off = dense._key_rows(k_new, k_new, 0, None, torch.bfloat16, sinks, dense.DenseWorkspace())
     assert off == 1 and keys.shape == (4, 2, 32 + dense.SINK_COLUMNS)
     assert keys[0, :, 32:34].eq(1).all() and not keys[0, :, :32].any() and not keys[0, :, 34:].any()
     assert not values[0].any() and not keys[1:, :, 32:].any() and torch.equal(keys[1:, :, :32], k_new)
+
+
+ALLOCATING = {"empty", "empty_like", "zeros", "zeros_like", "new_zeros", "new_empty", "ones", "new_ones", "full",
+              "cat", "stack", "arange", "_to_copy", "clone", "tril"}
+"""aten ops that make a new tensor (besides SDPA's own output)."""
+
+
+def _aten_ops(fn) -> collections.Counter:
+    """aten ops (by name) one call of ``fn`` dispatches."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Count(TorchDispatchMode):
+        def __init__(self) -> None:
+            super().__init__()
+            self.ops: collections.Counter = collections.Counter()
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.ops[func.overloadpacket.__name__] += 1
+            return func(*args, **(kwargs or {}))
+
+    with Count() as c:
+        fn()
+    return c.ops
+
+
+@pytest.mark.parametrize("window", [None, 8], ids=["causal", "window"])
+def test_warm_calls_allocate_nothing(monkeypatch: pytest.MonkeyPatch, window: int | None) -> None:
+    """Once the workspace, the sink constants and the window band exist, a dense call makes no new
+    tensor (host time per call in eager prefill): only the CPU's bottom-right causal mask remains (the
+    sink key makes even a first chunk bottom-right; CUDA runs flash's own causal mode there)."""
+    monkeypatch.setattr(dense, "WINDOW_TILE_MIN", 8)
+    monkeypatch.setattr(dense, "WINDOW_TILE_MAX", 8)
+    monkeypatch.setattr(ops, "dequant_kv_packed", lambda *args, **kwargs: None)  # one launch on a GPU
+    p = Problem([0, 40], [24, 24], 8, 2, 64, 16, seed=2)
+    rows = dense.SinkRows.build(_sinks(8, True), 0.2, 2, 64, torch.float32)
+    ws = dense.DenseWorkspace()
+    out = torch.empty_like(p.query)
+
+    def first() -> None:
+        dense.first_chunks(p.query[:24], p.key[:24], p.value[:24], [0, 24], out[:24], 0.2, sinks=rows,
+                           sliding_window=window, workspace=ws)
+
+    def cont() -> None:
+        dense.continuation(p.query[24:], p.key[24:], p.value[24:], p.cache, p.block_table[1:], p.seq_lens[1:], 40,
+                           out[24:], 0.2, sinks=rows, sliding_window=window, workspace=ws)
+
+    for fn in (first, cont):
+        fn()
+        made = {op: n for op, n in _aten_ops(fn).items() if op in ALLOCATING}
+        expect = {"ones": 1, "tril": 1} if window is None else {}
+        clipped_tile = {"arange": 2} if (fn is first and window) else {}  # the first tile starts at key 0
+        assert made == {**expect, **clipped_tile}, (fn.__name__, made)
+
+
+def test_workspace_cap_and_reserve(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ULTRAQUANT_DENSE_WORKSPACE_MB", "0.5")
+    ws = dense.DenseWorkspace()
+    assert ws.cap_bytes == 1 << 19
+    assert ws.fits(1 << 17, torch.float32) and not ws.fits((1 << 17) + 1, torch.float32)
+    assert ws.reserve(1 << 30, torch.bfloat16, "cpu") == 1 << 19  # clipped to the cap
+    with pytest.raises(UltraQuantError, match="cap"):
+        ws.take((1 << 17) + 1, torch.float32, torch.device("cpu"))
+    assert ws.take(1 << 18, torch.bfloat16, torch.device("cpu")).numel() == 1 << 18
+    assert dense.workspace_elements(5, 5, 8, 2, 64, False) == 0  # a first chunk without sinks: raw tensors
+    assert dense.workspace_elements(5, 12, 8, 2, 64, False) == 2 * 12 * 2 * 64
+    assert dense.workspace_elements(5, 12, 8, 2, 64, True) == 2 * 13 * 2 * 72 + 5 * 8 * 72
 
 
 # ------------------------------------------------------------------ the layer's routes
@@ -314,15 +382,90 @@ def test_softcap_keeps_the_kernel_route(monkeypatch: pytest.MonkeyPatch) -> None
     assert rel_err(out, _expected(md, query, key, value, cache, 0.15, softcap=6.0)) < 1e-5
 
 
-def test_large_stays_on_the_kernel_where_dequant_cannot_run(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A CPU without Triton's interpreter cannot dequantize: large runs fall back, first runs stay dense."""
+def test_large_runs_dense_without_the_interpreter(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A CPU without Triton's interpreter dequantizes with the reference: every route stays as planned."""
     md, query, key, value, cache = _layer_batch(seed=2)
     monkeypatch.delenv("TRITON_INTERPRET")
-    assert not dense.can_dequant(torch.device("cpu")) and dense.can_dequant(torch.device("cuda"))
+    launched = []
+    monkeypatch.setattr(dispatch, "launch", lambda plan: launched.append(plan))
     layer = UltraQuantAttention(HQ, HK, D, 0.15, continuation_threshold=4)
     out = layer.forward(query, key, value, cache, md)
-    assert dict(layer.prefill_routes) == {"first:sdpa": 1, "small:kernel": 1, "large:kernel": 2}
+    assert dict(layer.prefill_routes) == {"first:sdpa": 1, "small:kernel": 1, "large:sdpa": 2}
+    assert not launched
     assert rel_err(out, _expected(md, query, key, value, cache, 0.15)) < 1e-5
+
+
+@pytest.mark.parametrize("opts", [{}, {"sinks": True, "sliding_window": 6}], ids=["plain", "sinks-window"])
+def test_workspace_cap_routes_runs_to_the_kernel(monkeypatch: pytest.MonkeyPatch, opts: dict) -> None:
+    """Runs whose dense workspace would pass the cap take the kernel; the others stay dense."""
+    md, query, key, value, cache = _layer_batch(seed=3)
+    if opts.get("sinks"):
+        opts = {**opts, "sinks": torch.linspace(-1.0, 2.0, HQ)}
+    sinks = "sinks" in opts
+    # Large runs: prefixes 24 and 4 with chunks 7 and 5 (with the window, from their first visible block).
+    window = opts.get("sliding_window")
+    need = [dense.workspace_elements(n, pre - dense.first_visible(pre, BS, window) + n, HQ, HK, D, sinks)
+            for pre, n in ((24, 7), (4, 5))]
+    first_need = dense.workspace_elements(6, 6, HQ, HK, D, sinks)  # the longest first chunk
+    cap = (min(need) + max(need)) // 2
+    assert min(need) < cap < max(need)
+    monkeypatch.setattr(dense, "SHARED", dense.DenseWorkspace(cap_bytes=cap * 4))
+    kernel_calls = _count_kernel_calls(monkeypatch)
+    layer = UltraQuantAttention(HQ, HK, D, 0.15, continuation_threshold=4, **opts)
+    out = layer.forward(query, key, value, cache, md)
+    first = "first:sdpa" if first_need <= cap else "first:kernel"
+    assert dict(layer.prefill_routes) == {first: 1, "small:kernel": 1, "large:sdpa": 1, "large:kernel": 1}
+    big = 7 if need[0] > need[1] else 5
+    assert kernel_calls == ([9] if first == "first:kernel" else []) + [2] + [big]
+    assert rel_err(out, _expected(md, query, key, value, cache, 0.15, **opts)) < 1e-5
+    # A cap of zero sends every large run (and first runs with sinks) to the kernel.
+    layer = UltraQuantAttention(HQ, HK, D, 0.15, continuation_threshold=4, **opts)
+    layer._dense_ws = dense.DenseWorkspace(cap_bytes=0)
+    layer.forward(query, key, value, cache, md, store=False)
+    first = "first:kernel" if sinks else "first:sdpa"
+    assert dict(layer.prefill_routes) == {first: 1, "small:kernel": 1, "large:kernel": 2}
+
+
+def test_setup_reserves_the_dense_workspace(monkeypatch: pytest.MonkeyPatch) -> None:
+    ws = dense.DenseWorkspace(cap_bytes=1 << 20)
+    monkeypatch.setattr(dense, "SHARED", ws)
+    layer = UltraQuantAttention(HQ, HK, D, 0.15, sinks=torch.zeros(HQ))
+    layer.setup("cpu", dtype=torch.bfloat16, max_model_len=100)
+    held = ws.reserve(0, torch.bfloat16, "cpu")
+    assert held >= 2 * dense.workspace_elements(100, 100, HQ, HK, D, True)
+    assert torch.bfloat16 in layer._sink_rows
+    layer.setup("cpu", dtype=torch.bfloat16, max_model_len=10**6)  # clipped to the cap
+    assert ws.reserve(0, torch.bfloat16, "cpu") == 1 << 20
+
+
+@pytest.mark.parametrize("original_space", [True, False])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_dequant_packed_reference_fallback(monkeypatch: pytest.MonkeyPatch, original_space: bool,
+                                           dtype: torch.dtype) -> None:
+    """Without the interpreter, ops.dequant_kv_packed on CPU tensors gives the reference's values at
+    cu_seqlens (rows outside them untouched) and agrees with the interpreted kernel."""
+    p = Problem([37, 5, 70], [0, 0, 0], 4, 2, 64, 16, seed=4)
+    lens = torch.tensor([37, 0, 70], dtype=torch.int32)
+    cu = torch.tensor([3, 40, 41, 111], dtype=torch.int32)
+    results = []
+    for interpret in ("0", "1"):
+        monkeypatch.setenv("TRITON_INTERPRET", interpret)
+        k = torch.full((115, 2, 64), float("nan"), dtype=dtype)
+        v = torch.full_like(k, float("nan"))
+        ops.dequant_kv_packed(p.cache, p.block_table, lens, cu, k, v, original_space=original_space)
+        results.append((k, v))
+    (k, v), (k_kernel, v_kernel) = results
+    keys, values = reference.dequant_kv(p.cache, p.block_table, lens)
+    for b, (start, n) in ((0, (3, 37)), (2, (41, 70))):  # request 1 is empty
+        want_k = keys[b] if original_space else keys[b].double() @ hadamard(64, dtype=torch.float64)
+        assert rel_err(k[start:start + n], want_k) < (1e-6 if dtype == torch.float32 else 4e-3)
+        assert torch.equal(v[start:start + n], values[b].to(dtype))
+    written = torch.zeros(115, dtype=torch.bool)
+    written[3:40] = written[41:111] = True
+    assert k[~written].isnan().all() and v[~written].isnan().all()
+    assert torch.allclose(k[written].float(), k_kernel[written].float(), rtol=1e-2 if dtype != torch.float32 else 1e-5,
+                          atol=1e-3)
+    assert torch.equal(v[written], v_kernel[written])
 
 
 def test_bench_suggests_the_measured_crossover() -> None:
@@ -338,3 +481,21 @@ def test_bench_suggests_the_measured_crossover() -> None:
     assert per_ctx == {1024: 64, 4096: 256} and threshold in (64, 128, 256)
     assert suggest_threshold(rows(1024, 0.0, 0.25)) == (8, {1024: 0})  # SDPA always faster
     assert suggest_threshold(rows(1024, 1e6)) == (2048, {1024: 2048})  # the kernel always faster
+
+
+@pytest.mark.parametrize("sinks_on", [False, True], ids=["window", "sinks-window"])
+def test_window_tiles_exact_in_float32(monkeypatch: pytest.MonkeyPatch, sinks_on: bool) -> None:
+    """Many 4-query tiles (the first clipped at key 0, the rest on the cached band; with sinks the sink key
+    moved before each tile's keys) match the reference to float32 precision, first chunks and continuations."""
+    monkeypatch.setattr(dense, "WINDOW_TILE_MIN", 4)
+    monkeypatch.setattr(dense, "WINDOW_TILE_MAX", 4)
+    window = 6
+    p = Problem([0, 50], [30, 30], 8, 2, 64, 16, seed=8, poison_before=[0, 50 - window + 1])
+    sinks = _sinks(8, sinks_on)
+    out = torch.full(p.query.shape, float("nan"))
+    ws = dense.DenseWorkspace()
+    dense.first_chunks(p.query[:30], p.key[:30], p.value[:30], [0, 30], out[:30], 0.2, sinks=sinks,
+                       sliding_window=window, workspace=ws)
+    dense.continuation(p.query[30:], p.key[30:], p.value[30:], p.cache, p.block_table[1:], p.seq_lens[1:], 50,
+                       out[30:], 0.2, sinks=sinks, sliding_window=window, workspace=ws)
+    assert rel_err(out, p.expected(0.2, sinks=sinks, sliding_window=window)) < 1e-5

@@ -249,6 +249,7 @@ class UltraQuantAttention:
         self._threshold = continuation_threshold
         self._qsl_ws: torch.Tensor | None = None
         self._dense_ws = dense.SHARED
+        self._sink_rows: dict[torch.dtype, dense.SinkRows] = {}
         self.route_counts: Counter[str] = Counter()
         """Calls per path: ``store``, ``decode`` (one op call each), and one per prefill run of each
         kind, ``first``, ``small``, ``large`` (or ``prefill``: one unplanned kernel call): for tests
@@ -265,15 +266,20 @@ class UltraQuantAttention:
         """The continuation threshold in force."""
         return self._threshold if self._threshold is not None else continuation_threshold()
 
-    def setup(self, device: torch.device | str, *, max_num_reqs: int = 256) -> None:
+    def setup(self, device: torch.device | str, *, max_num_reqs: int = 256, dtype: torch.dtype | None = None,
+              max_model_len: int | None = None) -> None:
         """On-device setup, once before serving (and before any CUDA graph capture).
 
         Moves the sinks to ``device`` as float32 and reserves the prefill workspace (rebased
-        ``query_start_loc`` of up to ``max_num_reqs`` requests). Safe to call again: it only grows.
+        ``query_start_loc`` of up to ``max_num_reqs`` requests). With ``dtype`` (the query dtype) and
+        ``max_model_len``, also builds the dense routes' sink constants and reserves the shared dense
+        workspace for a ``max_model_len`` request, clipped to its cap (so a serving engine that
+        measures free memory after this call sees it). Safe to call again: it only grows.
         """
         device = torch.device(device)
         if self._sinks_src is not None and (self.sinks is None or self.sinks.device != device):
             self.sinks = self._sinks_src.detach().to(device=device, dtype=torch.float32).contiguous()
+            self._sink_rows.clear()
         need = max_num_reqs + 1
         if self._qsl_ws is None or self._qsl_ws.device != device or self._qsl_ws.shape[0] < need:
             if _capturing(device):
@@ -281,6 +287,10 @@ class UltraQuantAttention:
                     "setup: the workspace must be reserved before CUDA graph capture "
                     f"(needs {need} entries, has {0 if self._qsl_ws is None else self._qsl_ws.shape[0]})")
             self._qsl_ws = torch.zeros(need, dtype=torch.int32, device=device)
+        if dtype is not None and dense.supported(self.softcap):
+            self._dense_sinks(dtype)
+            if max_model_len:
+                self._dense_ws.reserve(self._dense_elements(max_model_len, max_model_len), dtype, device)
 
     def _ready(self, device: torch.device, num_reqs: int) -> bool:
         """Whether :meth:`setup` already covers ``device`` and ``num_reqs`` requests."""
@@ -325,6 +335,7 @@ class UltraQuantAttention:
     def reset(self) -> None:
         """Forget the device copy of the sinks (after new weights were loaded into the source)."""
         self.sinks = None
+        self._sink_rows.clear()
 
     # ------------------------------------------------------------------ forward
 
@@ -393,40 +404,70 @@ class UltraQuantAttention:
         """Serve requests ``num_decodes..B-1``, run by run (host plan), each on its route.
 
         First chunks and large continuations go to :mod:`ultraquant.dense` when the layer's features
-        allow it (no soft cap; for large ones, a device where the dequant kernel runs), everything
-        else to one :func:`ultraquant.prefill_attention` call per run.
+        allow it (no soft cap) and the shared dense workspace's cap holds the run, everything else
+        to one :func:`ultraquant.prefill_attention` call per run.
         """
         nd, n, b = md.num_decodes, md.num_actual_tokens, md.num_reqs
         if md.query_start_loc_cpu is None or md.seq_lens_cpu is None:
             # No host copies: one call over the whole prefill sub-batch; the ops plan it themselves.
             runs = [PrefillRun("prefill", nd, b, nd, n)]
+            qsl_cpu: list[int] = []
         else:
             runs = plan_prefill(md.query_start_loc_cpu, md.seq_lens_cpu, nd, self.threshold)
+            qsl_cpu = md.query_start_loc_cpu.tolist()
         ws = self._workspace(b - nd + 1, q.device)
-        use_dense = dense.supported(self.softcap)
+        sinks = self._dense_sinks(q.dtype) if dense.supported(self.softcap) else None
         for run in runs:
             r0, r1, a, z = run.req_start, run.req_end, run.tok_start, run.tok_end
-            route = "kernel"
-            if use_dense and run.kind == "first":
-                assert md.query_start_loc_cpu is not None
-                starts = [x - a for x in md.query_start_loc_cpu[r0 : r1 + 1].tolist()]
-                dense.first_chunks(q[a:z], k[a:z], v[a:z], starts, o[a:z], self.scale, sinks=self.sinks,
+            route = self._dense_route(run, qsl_cpu, md, kv_cache.shape[1], q.dtype)
+            if route == "first":
+                starts = [x - a for x in qsl_cpu[r0 : r1 + 1]]
+                dense.first_chunks(q[a:z], k[a:z], v[a:z], starts, o[a:z], self.scale, sinks=sinks,
                                    sliding_window=self.sliding_window, workspace=self._dense_ws)
-                route = "sdpa"
-            elif use_dense and run.kind == "large" and dense.can_dequant(kv_cache.device):
-                assert md.seq_lens_cpu is not None
+            elif route == "large":
                 prefix = int(md.seq_lens_cpu[r0]) - (z - a)
                 dense.continuation(q[a:z], k[a:z], v[a:z], kv_cache, md.block_table[r0:r1], md.seq_lens[r0:r1],
-                                   prefix, o[a:z], self.scale, sinks=self.sinks,
-                                   sliding_window=self.sliding_window, workspace=self._dense_ws)
-                route = "sdpa"
+                                   prefix, o[a:z], self.scale, sinks=sinks, sliding_window=self.sliding_window,
+                                   workspace=self._dense_ws)
             else:
                 qsl = ws[: r1 - r0 + 1]
                 torch.sub(md.query_start_loc[r0 : r1 + 1], a, out=qsl)
                 ops.prefill_attention(q[a:z], k[a:z], v[a:z], kv_cache, md.block_table[r0:r1],
                                       md.seq_lens[r0:r1], qsl, self.scale, out=o[a:z], **opts)
             self.route_counts[run.kind] += 1
-            self.prefill_routes[f"{run.kind}:{route}"] += 1
+            self.prefill_routes[f"{run.kind}:{'kernel' if route is None else 'sdpa'}"] += 1
+
+    def _dense_route(self, run: PrefillRun, qsl_cpu: list[int], md: AttentionMetadata, block_size: int,
+                     dtype: torch.dtype) -> str | None:
+        """``run.kind`` when :mod:`ultraquant.dense` serves the run, None for the kernel: soft-capped
+        layers, unplanned or small runs, and runs whose workspace would exceed the dense cap."""
+        if not dense.supported(self.softcap) or run.kind not in ("first", "large"):
+            return None
+        if run.kind == "first":
+            longest = max(y - x for x, y in zip(qsl_cpu[run.req_start:run.req_end],
+                                                qsl_cpu[run.req_start + 1:run.req_end + 1], strict=True))
+            need = self._dense_elements(longest, longest)
+        else:
+            assert md.seq_lens_cpu is not None
+            n = run.tok_end - run.tok_start
+            prefix = int(md.seq_lens_cpu[run.req_start]) - n
+            need = self._dense_elements(n, prefix - dense.first_visible(prefix, block_size, self.sliding_window) + n)
+        return run.kind if self._dense_ws.fits(need, dtype) else None
+
+    def _dense_elements(self, num_queries: int, key_rows: int) -> int:
+        """Dense workspace elements of one request of this layer (:func:`dense.workspace_elements`)."""
+        return dense.workspace_elements(num_queries, key_rows, self.num_heads, self.num_kv_heads, self.head_size,
+                                        self._sinks_src is not None)
+
+    def _dense_sinks(self, dtype: torch.dtype) -> dense.SinkRows | None:
+        """The dense routes' sink constants in ``dtype``, built once (None without sinks)."""
+        if self.sinks is None:
+            return None
+        rows = self._sink_rows.get(dtype)
+        if rows is None:
+            rows = self._sink_rows[dtype] = dense.SinkRows.build(self.sinks, self.scale, self.num_kv_heads,
+                                                                 self.head_size, dtype)
+        return rows
 
     def _workspace(self, entries: int, device: torch.device) -> torch.Tensor:
         """The rebased query_start_loc buffer, grown (outside capture only) to ``entries``."""

@@ -12,10 +12,13 @@ host; :func:`dequant_kv_packed` is its sync-free form writing into caller-provid
 
 from __future__ import annotations
 
+import os
+
 import torch
 
 from . import dispatch, reference, validate
 from .errors import UltraQuantError
+from .format import SlotLayout
 from .kernels import plans
 
 __all__ = ["store_kv", "decode_attention", "dequant_kv", "dequant_kv_packed", "prefill_attention",
@@ -182,8 +185,11 @@ def dequant_kv_packed(kv_cache: torch.Tensor, block_table: torch.Tensor, seq_len
     """Sync-free dequant: request b's tokens go to rows ``cu_seqlens[b]:cu_seqlens[b]+seq_lens[b]``.
 
     ``k_out``/``v_out``: (total, Hk, D) float16/bfloat16/float32 with a unit last stride; K comes back
-    in the original space (or the rotated one the cache holds when ``original_space=False``). GPU
-    (or interpreter) path only: this is what a large prefill continuation feeds to dense attention.
+    in the original space (or the rotated one the cache holds when ``original_space=False``). This is
+    what a large prefill continuation feeds to dense attention. The Triton kernel serves GPU tensors
+    (and CPU tensors under ``TRITON_INTERPRET=1``, for tests); other CPU tensors, or
+    ``ULTRAQUANT_BACKEND=reference``, get the reference's values (float64 decode, rounded once to
+    the output dtype), read on the host.
     """
     validate.check_tensor("k_out", k_out, dtypes=validate.FLOAT_DTYPES, ndim=3)
     d = k_out.shape[2]
@@ -195,8 +201,27 @@ def dequant_kv_packed(kv_cache: torch.Tensor, block_table: torch.Tensor, seq_len
             raise UltraQuantError(f"{name}: the last dimension must be contiguous")
     validate.check_tensor("cu_seqlens", cu_seqlens, dtypes=(torch.int32,), ndim=1, device=kv_cache.device)
     validate.check_shape("cu_seqlens", cu_seqlens, (seq_lens.shape[0] + 1,))
+    if _dequant_on_reference(kv_cache.device):
+        lay = SlotLayout(d)
+        for b, (start, length) in enumerate(zip(cu_seqlens.tolist()[:-1], seq_lens.tolist(), strict=True)):
+            slots = reference._request_slots(kv_cache, block_table, b, 0, length)
+            k_out[start:start + length] = reference.dequantize(
+                slots[..., lay.k_codes:lay.k_scales], slots[..., lay.k_scales:lay.v_codes], rotate=original_space,
+                dtype=torch.float64)
+            v_out[start:start + length] = reference.dequantize(
+                slots[..., lay.v_codes:lay.v_scales], slots[..., lay.v_scales:lay.size], rotate=False,
+                dtype=torch.float64)
+        return
     dispatch.launch(plans.plan_dequant(kv_cache, block_table, seq_lens, cu_seqlens, k_out, v_out, d,
                                        original_space))
+
+
+def _dequant_on_reference(device: torch.device) -> bool:
+    """Whether :func:`dequant_kv_packed` computes on the host: the dispatch backend is the reference
+    and, on the CPU, Triton's interpreter is off (under it the kernel runs CPU tensors: tests)."""
+    if dispatch.backend_for(device) != "reference":
+        return False
+    return os.environ.get("ULTRAQUANT_BACKEND") == "reference" or os.environ.get("TRITON_INTERPRET") != "1"
 
 
 def dequant_kv(kv_cache: torch.Tensor, block_table: torch.Tensor, seq_lens: torch.Tensor, *,
