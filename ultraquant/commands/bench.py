@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import statistics
+import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
@@ -333,7 +334,9 @@ FLUSH_BYTES = 256 << 20
 
 @dataclass
 class PrefillRow:
-    """One (prefix, chunk) point: both routes, device time (graph) and eager time per call."""
+    """One (prefix, chunk) point: both routes' device time (graph, cold L2), eager time per call of
+    back-to-back calls (no flush, no sync: what an eager prefill pays, the larger of host and device
+    time) and host time (CPU time to enqueue one call)."""
 
     ctx: int
     q: int
@@ -342,6 +345,8 @@ class PrefillRow:
     kernel_eager_us: float
     sdpa_eager_us: float
     max_rel_diff: float
+    kernel_host_us: float = 0.0
+    sdpa_host_us: float = 0.0
 
 
 def time_eager(fn: Callable[[], None], calls: int = 5, reps: int = 7) -> float:
@@ -362,22 +367,40 @@ def time_eager(fn: Callable[[], None], calls: int = 5, reps: int = 7) -> float:
     return statistics.median(times)
 
 
-def _time_cold(fn: Callable[[], None], flush: Callable[[], None], flush_graph_us: float,
-               flush_eager_us: float) -> tuple[float, float]:
-    """(graph, eager) microseconds of ``fn`` with the L2 flushed before every call (flush time
-    measured alone and subtracted)."""
+def time_host(fn: Callable[[], None], calls: int = 5, reps: int = 7) -> float:
+    """Median microseconds of CPU time to enqueue one call of ``fn`` (``calls`` back to back after a
+    sync, so the launch queue never fills and nothing waits on the GPU): the host cost per call."""
+    for _ in range(2):
+        fn()
+    times = []
+    for _ in range(reps):
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        times.append((time.perf_counter() - start) * 1e6 / calls)
+    torch.cuda.synchronize()
+    return statistics.median(times)
+
+
+def _time_route(fn: Callable[[], None], flush: Callable[[], None], flush_graph_us: float) -> tuple[float, float, float]:
+    """(graph, eager, host) microseconds per call of ``fn``: graph replay with the L2 flushed before
+    every call (flush time measured alone and subtracted), eager back-to-back calls without a flush
+    (a flush in the eager loop would hide up to its own device time of host work and then be
+    subtracted: host-bound routes read too fast), and the host enqueue time alone."""
     def both() -> None:
         flush()
         fn()
 
-    eager_us = time_eager(both) - flush_eager_us
+    eager_us = time_eager(fn)
+    host_us = time_host(fn)
     try:
         graph_us = time_graph(both, calls=5, reps=7) - flush_graph_us
     except RuntimeError as exc:  # a route that cannot be captured is still timed (eagerly)
         print(f"  graph capture failed ({type(exc).__name__}: {exc}"[:200] + "); using eager time", flush=True)
         torch.cuda.synchronize()
         graph_us = eager_us
-    return graph_us, eager_us
+    return graph_us, eager_us, host_us
 
 
 def suggest_threshold(rows: list[PrefillRow]) -> tuple[int, dict[int, int]]:
@@ -428,7 +451,6 @@ def run_prefill_bench(chunks: tuple[int, ...] = PREFILL_CHUNKS, contexts: tuple[
         scratch.fill_(1)
 
     flush_graph_us = time_graph(flush, calls=5, reps=7)
-    flush_eager_us = time_eager(flush)
     rows: list[PrefillRow] = []
     print(f"prefill routes: Hq={hq} Hk={hk} D={d} block={bs} bf16, one request, cold L2; "
           f"CONTINUATION_THRESHOLD now {plans.CONTINUATION_THRESHOLD}", flush=True)
@@ -449,21 +471,22 @@ def run_prefill_bench(chunks: tuple[int, ...] = PREFILL_CHUNKS, contexts: tuple[
             sdpa()
             ref = out_k[:n].float()
             diff = float((out_d[:n].float() - ref).abs().max() / ref.abs().max().clamp_min(1e-12))
-            k_us, k_eager = _time_cold(kernel, flush, flush_graph_us, flush_eager_us)
-            d_us, d_eager = _time_cold(sdpa, flush, flush_graph_us, flush_eager_us)
-            rows.append(PrefillRow(ctx, n, k_us, d_us, k_eager, d_eager, diff))
+            k_us, k_eager, k_host = _time_route(kernel, flush, flush_graph_us)
+            d_us, d_eager, d_host = _time_route(sdpa, flush, flush_graph_us)
+            rows.append(PrefillRow(ctx, n, k_us, d_us, k_eager, d_eager, diff, k_host, d_host))
             print(f"  ctx {ctx:6d} q {n:5d}: kernel {k_us:9.1f} us  sdpa {d_us:9.1f} us  "
-                  f"(eager {k_eager:9.1f} / {d_eager:9.1f})  diff {diff:.1e}", flush=True)
+                  f"(eager {k_eager:9.1f} / {d_eager:9.1f}, host {k_host:7.1f} / {d_host:7.1f})  diff {diff:.1e}",
+                  flush=True)
     suggested, per_ctx = suggest_threshold(rows)
     eager_rows = [PrefillRow(r.ctx, r.q, r.kernel_eager_us, r.sdpa_eager_us, 0.0, 0.0, 0.0) for r in rows]
     suggested_eager, per_ctx_eager = suggest_threshold(eager_rows)
     print()
     print(f"{'ctx':>6s} {'q':>5s} {'kernel us':>10s} {'sdpa us':>10s} {'faster':>7s} {'eager k':>10s} "
-          f"{'eager s':>10s} {'diff':>8s}")
+          f"{'eager s':>10s} {'host k':>8s} {'host s':>8s} {'diff':>8s}")
     for r in rows:
         faster = "kernel" if r.kernel_us <= r.sdpa_us else "sdpa"
         print(f"{r.ctx:6d} {r.q:5d} {r.kernel_us:10.1f} {r.sdpa_us:10.1f} {faster:>7s} {r.kernel_eager_us:10.1f} "
-              f"{r.sdpa_eager_us:10.1f} {r.max_rel_diff:8.1e}")
+              f"{r.sdpa_eager_us:10.1f} {r.kernel_host_us:8.1f} {r.sdpa_host_us:8.1f} {r.max_rel_diff:8.1e}")
     for ctx in contexts:
         print(f"crossover ctx {ctx}: kernel faster up to q = {per_ctx[ctx]} (eager: {per_ctx_eager[ctx]})")
     print(f"suggested threshold: {suggested} (device time; eager timing suggests {suggested_eager})")
@@ -507,4 +530,5 @@ def command(shapes: str, layouts: str, plot: str | None, json_path: str | None, 
             json.dump(result, f, indent=1)
 
 
-__all__ = ["command", "run_bench", "run_prefill_bench", "suggest_threshold", "time_eager", "time_graph", "SHAPES"]
+__all__ = ["command", "run_bench", "run_prefill_bench", "suggest_threshold", "time_eager", "time_graph", "time_host",
+           "SHAPES"]
