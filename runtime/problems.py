@@ -67,22 +67,14 @@ def _launch(kernel: Kernel, plan: LaunchPlan, dev: Device) -> str | None:
 def _paged(dev: Device, lens: list[int], hk: int, d: int, block_size: int, kv_dtype: torch.dtype,
            gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """A reference-filled cache with a shuffled block table; returns cache, table, lens, raw K, raw V."""
-    need = [-(-n // block_size) for n in lens]
-    nblocks = sum(need) + 1
+    nblocks = sum(-(-n // block_size) for n in lens) + 1
     cache = torch.randint(0, 256, (nblocks, block_size, hk, slot_size(d)), dtype=torch.uint8, generator=gen)
-    free = torch.randperm(nblocks, generator=gen).tolist()
-    table = torch.zeros(len(lens), max(need + [1]), dtype=torch.int32)
-    slots = []
-    for i, n in enumerate(lens):
-        ids = [free.pop() for _ in range(need[i])]
-        table[i, : need[i]] = torch.tensor(ids, dtype=torch.int32)
-        pos = torch.arange(n)
-        slots.append(table[i, pos // block_size].long() * block_size + pos % block_size)
+    table, slots = reference.allocate_blocks(lens, block_size, nblocks, gen)
     total = sum(lens)
     k = torch.randn(total, hk, d, generator=gen).to(kv_dtype)
     v = torch.randn(total, hk, d, generator=gen).to(kv_dtype)
     cache, table, k, v = (t.to(dev) for t in (cache, table, k, v))
-    reference.store_kv(k, v, cache, torch.cat(slots).to(dev))
+    reference.store_kv(k, v, cache, slots.to(dev))
     return cache, table, torch.tensor(lens, dtype=torch.int32, device=dev), k, v
 
 

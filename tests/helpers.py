@@ -28,27 +28,20 @@ def make_paged(seq_lens: list[int], num_kv_heads: int, head_size: int, block_siz
     """Random K/V for each request stored through ``store`` (default: the reference) into a cache
     whose blocks are handed out from a shuffled free list; unused cache bytes are random poison."""
     gen = torch.Generator().manual_seed(seed)
-    need = [(n + block_size - 1) // block_size for n in seq_lens]
-    num_blocks = sum(need) + spare_blocks
-    max_blocks = max(need + [1])
+    num_blocks = sum((n + block_size - 1) // block_size for n in seq_lens) + spare_blocks
     slot = uq.slot_size(head_size)
     shape = (num_blocks, num_kv_heads, block_size, slot) if head_major else (
         num_blocks, block_size, num_kv_heads, slot)
     raw = torch.randint(0, 256, shape, dtype=torch.uint8, generator=gen)
     kv_cache = raw.permute(0, 2, 1, 3) if head_major else raw
-    free = torch.randperm(num_blocks, generator=gen).tolist()
-    block_table = torch.full((len(seq_lens), max_blocks), 0, dtype=torch.int32)
-    keys, values, slots = [], [], []
-    for i, n in enumerate(seq_lens):
-        ids = [free.pop() for _ in range(need[i])]
-        block_table[i, : need[i]] = torch.tensor(ids, dtype=torch.int32)
+    block_table, slot_mapping = R.allocate_blocks(seq_lens, block_size, num_blocks, gen)
+    keys, values = [], []
+    for n in seq_lens:
         keys.append(torch.randn(n, num_kv_heads, head_size, generator=gen).to(dtype))
         values.append(torch.randn(n, num_kv_heads, head_size, generator=gen).to(dtype))
-        pos = torch.arange(n)
-        slots.append(block_table[i, pos // block_size].long() * block_size + pos % block_size)
     key = torch.cat(keys).to(device)
     value = torch.cat(values).to(device)
-    slot_mapping = torch.cat(slots).to(device)
+    slot_mapping = slot_mapping.to(device)
     kv_cache = kv_cache.to(device)
     (store or R.store_kv)(key, value, kv_cache, slot_mapping, encoder=encoder)
     return PagedProblem(kv_cache, block_table.to(device), torch.tensor(seq_lens, dtype=torch.int32, device=device),

@@ -206,6 +206,23 @@ def store_kv(key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor, slo
     kv_cache[idx // geo.block_size, idx % geo.block_size, :, : slots.shape[-1]] = slots
 
 
+def allocate_blocks(seq_lens: list[int], block_size: int, num_blocks: int,
+                    generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """A paged layout like a serving engine's: each request's blocks come from a shuffled free list of
+    ``num_blocks`` (one ``randperm`` of ``generator``). Returns the (B, max_blocks) int32 block table
+    (unused entries 0) and the int64 slot mapping of every token, requests in order. For tests,
+    self-tests and benchmarks that need realistic, non-contiguous block tables."""
+    need = [-(-n // block_size) for n in seq_lens]
+    free = torch.randperm(num_blocks, generator=generator).tolist()
+    table = torch.zeros(len(seq_lens), max(need + [1]), dtype=torch.int32)
+    slots = []
+    for i, n in enumerate(seq_lens):
+        table[i, : need[i]] = torch.tensor([free.pop() for _ in range(need[i])], dtype=torch.int32)
+        pos = torch.arange(n)
+        slots.append(table[i, pos // block_size].long() * block_size + pos % block_size)
+    return table, torch.cat(slots) if slots else torch.zeros(0, dtype=torch.int64)
+
+
 def _request_slots(kv_cache: torch.Tensor, block_table: torch.Tensor, row: int, start: int, stop: int) -> torch.Tensor:
     """(stop - start, Hk, slot_bytes) slots of one request's tokens at positions start..stop-1."""
     bs = kv_cache.shape[1]

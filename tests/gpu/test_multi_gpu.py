@@ -69,20 +69,12 @@ def spy(monkeypatch):
 def problem(lens: list[int], seed: int, hk: int = HK):
     """CPU tensors: raw K/V (bf16), slot mapping into a shuffled block table, a query."""
     g = torch.Generator().manual_seed(seed)
-    need = [-(-n // BS) for n in lens]
-    nblocks = sum(need) + 2
-    free = torch.randperm(nblocks, generator=g).tolist()
-    table = torch.zeros(len(lens), max(need), dtype=torch.int32)
-    slots = []
-    for i, n in enumerate(lens):
-        ids = [free.pop() for _ in range(need[i])]
-        table[i, : need[i]] = torch.tensor(ids, dtype=torch.int32)
-        pos = torch.arange(n)
-        slots.append(table[i, pos // BS].long() * BS + pos % BS)
+    nblocks = sum(-(-n // BS) for n in lens) + 2
+    table, slots = R.allocate_blocks(lens, BS, nblocks, g)
     k = torch.randn(sum(lens), hk, D, generator=g).to(torch.bfloat16)
     v = torch.randn(sum(lens), hk, D, generator=g).to(torch.bfloat16)
     q = torch.randn(len(lens), hk * (HQ // HK), D, generator=g).to(torch.bfloat16)
-    return dict(k=k, v=v, slots=torch.cat(slots), table=table, lens=torch.tensor(lens, dtype=torch.int32),
+    return dict(k=k, v=v, slots=slots, table=table, lens=torch.tensor(lens, dtype=torch.int32),
                 q=q, nblocks=nblocks)
 
 

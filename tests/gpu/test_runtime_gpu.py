@@ -74,21 +74,12 @@ def arch() -> str:
 def paged(lens: list[int], seed: int = 0):
     """A cache filled by the reference store, its shuffled block table, lens and the raw K/V."""
     g = torch.Generator().manual_seed(seed)
-    need = [-(-n // BS) for n in lens]
-    nblocks = sum(need) + 3
+    nblocks = sum(-(-n // BS) for n in lens) + 3
     cache = torch.randint(0, 256, (nblocks, BS, HK, uq.slot_size(D)), dtype=torch.uint8, generator=g)
-    free = torch.randperm(nblocks, generator=g).tolist()
-    table = torch.zeros(len(lens), max(need), dtype=torch.int32)
-    slots = []
-    for i, n in enumerate(lens):
-        ids = [free.pop() for _ in range(need[i])]
-        table[i, : need[i]] = torch.tensor(ids, dtype=torch.int32)
-        pos = torch.arange(n)
-        slots.append(table[i, pos // BS].long() * BS + pos % BS)
+    table, slot_mapping = R.allocate_blocks(lens, BS, nblocks, g)
     k = torch.randn(sum(lens), HK, D, generator=g).to(torch.bfloat16)
     v = torch.randn(sum(lens), HK, D, generator=g).to(torch.bfloat16)
-    cache, table, k, v = (t.cuda() for t in (cache, table, k, v))
-    slot_mapping = torch.cat(slots).cuda()
+    cache, table, k, v, slot_mapping = (t.cuda() for t in (cache, table, k, v, slot_mapping))
     R.store_kv(k, v, cache, slot_mapping)
     return cache, table, torch.tensor(lens, dtype=torch.int32, device="cuda"), k, v, slot_mapping
 
