@@ -2,7 +2,8 @@
 dequant kernel against the float64 reference over the same cache, the layer's routes on a mixed
 batch, and no host sync on either route.
 
-Run on the H200: ``python -m pytest -q -m gpu tests/gpu/test_prefill_routes_gpu.py``.
+Run on the H200: ``python -m pytest -q -m gpu tests/gpu/test_prefill_routes_gpu.py`` (with the bench:
+``python -m pytest -q -m gpu tests/gpu/test_prefill_routes_gpu.py && ultraquant bench --prefill``).
 """
 
 from __future__ import annotations
@@ -95,6 +96,34 @@ def test_routes_make_no_host_sync() -> None:
     finally:
         torch.cuda.set_sync_debug_mode(0)
     check_close(out, p.expected(0.1))
+
+
+def test_sinks_window_routes_make_no_host_sync() -> None:
+    """Sinks + window (gpt-oss style): per-layer SinkRows, several window tiles, the sink key moved
+    before each tile, warm calls enqueue work only."""
+    hq, hk, d, window = 64, 8, 64, 128
+    p = Problem([0, 2000], [600, 600], hq, hk, d, 16, dtype=torch.bfloat16, seed=12,
+                poison_before=[0, 2000 - window + 1]).to("cuda")
+    sinks = _sinks(hq, True)
+    rows = dense.SinkRows.build(sinks, d ** -0.5, hk, d, torch.bfloat16)
+    out = torch.full(p.query.shape, float("nan"), dtype=torch.bfloat16, device="cuda")
+    ws = dense.DenseWorkspace()
+
+    def run() -> None:
+        dense.first_chunks(p.query[:600], p.key[:600], p.value[:600], [0, 600], out[:600], d ** -0.5, sinks=rows,
+                           sliding_window=window, workspace=ws)
+        dense.continuation(p.query[600:], p.key[600:], p.value[600:], p.cache, p.block_table[1:],
+                           p.seq_lens[1:], 2000, out[600:], d ** -0.5, sinks=rows, sliding_window=window,
+                           workspace=ws)
+
+    run()
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        run()
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    check_close(out, p.expected(d ** -0.5, sinks=sinks, sliding_window=window))
 
 
 def test_layer_routes_gpu() -> None:
