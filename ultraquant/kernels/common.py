@@ -64,28 +64,48 @@ def upstream_exponent(amax):
 
 
 @triton.jit
-def e2m1_encode(y, ENCODER: tl.constexpr):
-    """int32 E2M1 codes (0..15) of ``y`` (already divided by the scale).
+def e2m1_encode(x, inv, eb, ENCODER: tl.constexpr):
+    """int32 E2M1 codes of ``y = x * inv`` (``inv = 2**-e`` float32, ``eb = e << 23`` int32, both
+    broadcast per group). Zero and values rounding to zero may come back as ``8`` (negative zero):
+    callers clear those nibbles (:func:`_clear_negative_zero`).
 
     ENCODER 0 / 2: ties to the even code (0.25->0, 0.75->1, 1.25->1, 1.75->2, 2.5->2, 3.5->4, 5->4);
-    ENCODER 1: upstream's rule, ties toward the lower level on the number line. Zero is code 0.
+    ENCODER 1: upstream's rule, ties toward the lower level on the number line. No threshold
+    compares: the grid step is 0.5 below 2, 1 in [2, 4), 2 in [4, 8), so with ``f = 2**floor(log2
+    |y|)`` (at least 1; from x's exponent field minus e) the float ``m = 2**22 * f`` has an ulp of
+    exactly that step and ``s = |y| + m`` (one FFMA) rounds to the grid, ties to even. The code is
+    the step count ``bits(s) - bits(m)`` plus twice the binade index, saturated at 7 (6.0).
+    Upstream's rule differs only on exact ties, where the rounding residual is a quarter of f.
     """
-    a = tl.abs(y)
+    xb = x.to(tl.int32, bitcast=True)
+    f = tl.maximum((xb & 0x7F800000) - eb, 0x3F800000)
+    m = f + (22 << 23)
+    mf = m.to(tl.float32, bitcast=True)
     if ENCODER == 1:
-        neg = y < 0
-        idx = (tl.where(neg, a >= 0.25, a > 0.25).to(tl.int32)
-               + tl.where(neg, a >= 0.75, a > 0.75).to(tl.int32)
-               + tl.where(neg, a >= 1.25, a > 1.25).to(tl.int32)
-               + tl.where(neg, a >= 1.75, a > 1.75).to(tl.int32)
-               + tl.where(neg, a >= 2.5, a > 2.5).to(tl.int32)
-               + tl.where(neg, a >= 3.5, a > 3.5).to(tl.int32)
-               + tl.where(neg, a >= 5.0, a > 5.0).to(tl.int32))
+        a = tl.abs(x) * inv
+        s = a + mf
+        d = (s - mf) - a
+        half = (f - (2 << 23)).to(tl.float32, bitcast=True)
+        tie = tl.where(x < 0, (d == -half).to(tl.int32), -(d == half).to(tl.int32))
+        code = s.to(tl.int32, bitcast=True) - m + ((f >> 22) - 254) + tie
     else:
-        idx = ((a > 0.25).to(tl.int32) + (a >= 0.75).to(tl.int32) + (a > 1.25).to(tl.int32)
-               + (a >= 1.75).to(tl.int32) + (a > 2.5).to(tl.int32) + (a >= 3.5).to(tl.int32)
-               + (a > 5.0).to(tl.int32))
-    sign = ((y < 0) & (idx > 0)).to(tl.int32) << 3
-    return idx | sign
+        s = tl.fma(tl.abs(x), inv, mf)
+        code = s.to(tl.int32, bitcast=True) - m + ((f >> 22) - 254)
+    return tl.minimum(code, 7) | ((xb >> 28) & 8)
+
+
+@triton.jit
+def _clear_negative_zero(b):
+    """int32 bytes of two nibbles each: nibbles equal to 8 (negative zero) become 0 (SWAR)."""
+    return b & ((((b & 0x77) + 0x77) & 0x88) | 0x77)
+
+
+@triton.jit
+def _e2m1_rne_value(a, inv, eb):
+    """float32 ``|a| * inv`` rounded half to even to the E2M1 magnitudes (saturated at 6.0)."""
+    f = tl.maximum((a.to(tl.int32, bitcast=True) & 0x7F800000) - eb, 0x3F800000)
+    mf = (f + (22 << 23)).to(tl.float32, bitcast=True)
+    return tl.minimum(tl.fma(tl.abs(a), inv, mf) - mf, 6.0)
 
 
 @triton.jit
@@ -112,11 +132,20 @@ def scale_f32(byte):
 
 
 @triton.jit
-def _group_sq_err(xg, e, G: tl.constexpr):
-    """float64 squared error of rne-rounding float32 groups ``xg [R, G, 32]`` at exponents e."""
-    code = e2m1_encode(xg * pow2_f32(-e)[:, :, None], 0)
-    q = e2m1_decode_f32(code) * pow2_f32(e)[:, :, None]
-    d = xg.to(tl.float64) - q.to(tl.float64)
+def _max_nan(a, b):
+    """Maximum that returns NaN if either operand is NaN (one FMNMX.NAN), as a reduce combiner."""
+    return tl.maximum(a, b, propagate_nan=tl.PropagateNan.ALL)
+
+
+@triton.jit
+def _group_sq_err(ag, e):
+    """float64 squared error of rne-rounding groups of magnitudes ``ag [R, G, 32]`` at exponents e.
+
+    ``ag - q * 2**e`` is exact in float32 (q a rounded, saturated magnitude), so squaring in float64
+    gives the reference's error terms.
+    """
+    q = _e2m1_rne_value(ag, pow2_f32(-e)[:, :, None], (e << 23)[:, :, None])
+    d = (ag - q * pow2_f32(e)[:, :, None]).to(tl.float64)
     return tl.sum(d * d, axis=2)
 
 
@@ -127,36 +156,35 @@ def quantize_store(x, codes_ptr, scales_ptr, row_mask, R: tl.constexpr, D: tl.co
 
     ``codes_ptr``/``scales_ptr`` are ``[R]`` byte pointers to each row's D/2 code bytes and D/32
     scale bytes; rows where ``row_mask`` is false are not written. Groups whose absmax is 0 or not
-    finite get byte 0 and zero codes, exactly as ultraquant.reference.quantize.
+    finite get byte 0 and zero codes, exactly as ultraquant.reference.quantize. Written for a layout
+    where each thread holds whole rows (see uq_store_kv): groups, nibble pairs and the absmax stay
+    in registers.
     """
     G: tl.constexpr = D // 32
     xg = tl.reshape(x, [R, G, 32])
-    amax = tl.max(tl.abs(xg), axis=2)
-    bad = tl.max((xg != xg).to(tl.int32), axis=2) > 0
-    zero = bad | (amax == 0.0) | (amax == float("inf"))
+    amax = tl.reduce(tl.abs(xg), 2, _max_nan)
+    zero = (amax == 0.0) | ~(amax < float("inf"))
     exp = upstream_exponent(amax)
     if ENCODER == 2:
+        ag = tl.abs(xg)
         best = exp
-        best_err = _group_sq_err(xg, exp, G)
+        best_err = _group_sq_err(ag, exp)
         e_lo = tl.maximum(exp - 1, -126)
-        err = _group_sq_err(xg, e_lo, G)
+        err = _group_sq_err(ag, e_lo)
         better = err < best_err
         best = tl.where(better, e_lo, best)
         best_err = tl.where(better, err, best_err)
         e_hi = tl.minimum(exp + 1, 127)
-        err = _group_sq_err(xg, e_hi, G)
+        err = _group_sq_err(ag, e_hi)
         best = tl.where(err < best_err, e_hi, best)
         exp = best
-    code = e2m1_encode(xg * pow2_f32(-exp)[:, :, None], ENCODER)
-    code = tl.where(zero[:, :, None], 0, code)
-    pairs = tl.reshape(code, [R, D // 2, 2])
-    lo, hi = tl.split(pairs)
-    packed = (lo | (hi << 4)).to(tl.uint8)
-    cols = tl.arange(0, D // 2)
-    tl.store(codes_ptr[:, None] + cols[None, :], packed, mask=row_mask[:, None])
+    code = e2m1_encode(xg, pow2_f32(-exp)[:, :, None], (exp << 23)[:, :, None], ENCODER)
+    lo, hi = tl.split(tl.reshape(code, [R, G, 16, 2]))
+    packed = tl.where(zero[:, :, None], 0, _clear_negative_zero(lo | (hi << 4))).to(tl.uint8)
+    tl.store(codes_ptr[:, None] + tl.arange(0, D // 2)[None, :], tl.reshape(packed, [R, D // 2]),
+             mask=row_mask[:, None])
     byte = tl.where(zero, 0, exp + 127).to(tl.uint8)
-    gcols = tl.arange(0, G)
-    tl.store(scales_ptr[:, None] + gcols[None, :], byte, mask=row_mask[:, None])
+    tl.store(scales_ptr[:, None] + tl.arange(0, G)[None, :], byte, mask=row_mask[:, None])
 
 
 DEQUANT_GATHER = tl.constexpr(os.environ.get("ULTRAQUANT_DEQUANT", "join") == "gather")

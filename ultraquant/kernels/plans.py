@@ -125,11 +125,14 @@ def store_spec(*, head_size: int, key_dtype: torch.dtype | str = "bf16",
                encoder: str = "rne", **_: Any) -> Specialization:
     """The store kernel for one head size, input dtypes, slot_mapping dtype and encoder."""
     d = check_head_size(head_size)
-    # One row per thread up to D=128 (32 rows per warp, 4 warps): the butterfly, group absmax and
-    # nibble packing stay in registers (offline sm_90 SASS: 224 warp instructions per row at D=128
-    # against 749 for the 16-row layout timed at 154 us, benchmarks/NOTES.md). A whole row of D=256/512
-    # in one thread spills; 32 rows (rows over lanes, a row split over the 4 warps) do not.
-    block_r = 128 if d <= 128 else 32
+    # One row per thread (32 rows per warp, 4 warps): the butterfly, group absmax and nibble packing
+    # stay in registers. Offline sm_90 SASS at D=128 (rne): 221 warp instructions per row against 749
+    # for the 16-row layout timed at 154 us (benchmarks/NOTES.md). Where a whole row per thread
+    # spills past the build's local-memory budget (mse at D=128: 1648 B; D>=256) fewer rows are used.
+    if d <= 64 or (d == 128 and encoder != "mse"):
+        block_r = 128
+    else:
+        block_r = 32 if d == 128 else 8
     return Specialization(
         kernel="uq_store_kv",
         signature=_signature(STORE_PARAMS, key=_tname(key_dtype), value=_tname(value_dtype or key_dtype),

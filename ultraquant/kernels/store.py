@@ -31,13 +31,32 @@ def uq_store_kv(key_ptr, value_ptr, cache_ptr, slot_ptr,
     blk = slot // block_size
     off = slot % block_size
     dst = cache_ptr + blk * stride_cb + off * stride_ct + head.to(tl.int64) * stride_ch
-    cols = tl.arange(0, D)
     tok64 = tok.to(tl.int64)
-    k = tl.load(key_ptr + tok64[:, None] * stride_kn + head[:, None] * stride_kh + cols[None, :],
-                mask=valid[:, None], other=0.0).to(tl.float32)
-    k = fwht(k, BLOCK_R, D, LOG2D)
-    quantize_store(k, dst, dst + D // 2, valid, BLOCK_R, D, ENCODER)
-    v = tl.load(value_ptr + tok64[:, None] * stride_vn + head[:, None] * stride_vh + cols[None, :],
-                mask=valid[:, None], other=0.0).to(tl.float32)
     vdst = dst + (D // 2 + D // 32)
-    quantize_store(v, vdst, vdst + D // 2, valid, BLOCK_R, D, ENCODER)
+    if ((stride_kn | stride_kh | stride_vn | stride_vh) & 7) == 0:
+        # Row offsets written as multiples of 8 elements, so the compiler can prove 16-byte aligned
+        # rows and load 8 elements per instruction (AOT builds know nothing about the strides; the
+        # JIT sees them only when divisible by 16). Any other strides take the element-wise branch.
+        koff = (tok64 * (stride_kn >> 3) + head * (stride_kh >> 3)) * 8
+        voff = (tok64 * (stride_vn >> 3) + head * (stride_vh >> 3)) * 8
+        _quantize_rows(key_ptr, value_ptr, koff, voff, dst, vdst, valid, D, LOG2D, ENCODER, BLOCK_R)
+    else:
+        koff = tok64 * stride_kn + head * stride_kh
+        voff = tok64 * stride_vn + head * stride_vh
+        _quantize_rows(key_ptr, value_ptr, koff, voff, dst, vdst, valid, D, LOG2D, ENCODER, BLOCK_R)
+
+@triton.jit
+def _quantize_rows(key_ptr, value_ptr, koff, voff, dst, vdst, valid, D: tl.constexpr, LOG2D: tl.constexpr,
+                   ENCODER: tl.constexpr, R: tl.constexpr):
+    """Load, rotate (K) and quantize ``R`` rows at element offsets ``koff``/``voff`` into their slots.
+
+    The ``[R, D/8, 8]`` loads give each thread whole rows (rows over lanes and warps, 8-element vectors
+    in registers) up to D=128: the butterfly, the group absmax and the nibble pairing never leave the
+    thread (no shuffles); the compiler moves the packed bytes to a coalesced layout for the stores.
+    """
+    cols = tl.arange(0, D // 8)[None, :, None] * 8 + tl.arange(0, 8)[None, None, :]
+    k = tl.load(key_ptr + koff[:, None, None] + cols, mask=valid[:, None, None], other=0.0).to(tl.float32)
+    k = fwht(tl.reshape(k, [R, D]), R, D, LOG2D)
+    quantize_store(k, dst, dst + D // 2, valid, R, D, ENCODER)
+    v = tl.load(value_ptr + voff[:, None, None] + cols, mask=valid[:, None, None], other=0.0).to(tl.float32)
+    quantize_store(tl.reshape(v, [R, D]), vdst, vdst + D // 2, valid, R, D, ENCODER)
