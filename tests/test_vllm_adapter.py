@@ -490,3 +490,26 @@ def test_serving_simulation_through_vllm_classes(vllm_env) -> None:
         assert s.layer.route_counts[kind] > 0, dict(s.layer.route_counts)
     assert s.stats["mixed_steps"] > 0 and s.reused_blocks > 0
     assert s.max_err <= 1e-2 and s.min_cos >= 1 - 1e-2, (s.max_err, s.min_cos)
+
+
+def test_profiling_run_reserves_the_dense_workspace(vllm_env) -> None:
+    """vLLM measures free memory after its profiling run (attn_metadata None): the dense prefill
+    workspace for a max_model_len request must exist by then."""
+    _, _, ub = _modules(vllm_env)
+    config_mod = sys.modules["vllm.config"]
+    real_get = config_mod.get_current_vllm_config_or_none
+    config_mod.get_current_vllm_config_or_none = lambda: SimpleNamespace(
+        scheduler_config=SimpleNamespace(max_num_seqs=3), model_config=SimpleNamespace(max_model_len=40),
+        parallel_config=SimpleNamespace(decode_context_parallel_size=1))
+    try:
+        impl = ub.UltraQuantImpl(4, 64, 0.125, 2, None, None, "ultraquant_4bit", None, "decoder", None)
+    finally:
+        config_mod.get_current_vllm_config_or_none = real_get
+    from ultraquant import dense
+
+    ws = impl.attn._dense_ws = dense.DenseWorkspace()  # fresh: the shared one may be grown by other tests
+    assert ws.reserve(0, torch.float16, "cpu") == 0
+    out = torch.ones(5, 4, 64, dtype=torch.float16)
+    impl.forward(None, out, out, out, torch.zeros(1), None, out)
+    assert not out.any()
+    assert ws.reserve(0, torch.float16, "cpu") >= 2 * impl.attn._dense_elements(39, 40) > 0

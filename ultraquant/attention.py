@@ -290,7 +290,8 @@ class UltraQuantAttention:
         if dtype is not None and dense.supported(self.softcap):
             self._dense_sinks(dtype)
             if max_model_len:
-                self._dense_ws.reserve(self._dense_elements(max_model_len, max_model_len), dtype, device)
+                # The largest need: a continuation whose prefix + chunk is the whole context.
+                self._dense_ws.reserve(self._dense_elements(max_model_len - 1, max_model_len), dtype, device)
 
     def _ready(self, device: torch.device, num_reqs: int) -> bool:
         """Whether :meth:`setup` already covers ``device`` and ``num_reqs`` requests."""

@@ -118,7 +118,10 @@ class UltraQuantImpl(AttentionImpl[UltraQuantVllmMetadata]):
         """Attention of the batch into ``output`` (the cache was updated by do_kv_cache_update)."""
         if output_scale is not None or output_block_scale is not None:
             raise NotImplementedError("UltraQuant attention: fused output quantization is not supported")
-        if attn_metadata is None:  # vLLM's profiling run: no batch
+        if attn_metadata is None:  # vLLM's profiling run: no batch. Reserve the dense prefill
+            # workspace now, so the free memory vLLM measures after this run already excludes it.
+            self.attn.setup(query.device, max_num_reqs=max(256, self._max_num_reqs), dtype=query.dtype,
+                            max_model_len=self._max_model_len or None)
             return output.fill_(0)
         cache = ops_cache_view(kv_cache)
         if not self._warmed and not (query.is_cuda and torch.cuda.is_current_stream_capturing()):
