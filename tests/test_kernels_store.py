@@ -131,3 +131,37 @@ def test_store_plan_is_static(registry):
     assert p.grid == (-(-37 * 4 // p.spec.constexprs["BLOCK_R"]), 1, 1)
     assert p.spec.constexprs["ENCODER"] == 1
     assert p.spec.signature["key_ptr"] == "*bf16"
+
+
+@pytest.mark.parametrize(("head_size", "encoder"), [(256, "rne"), (256, "mse"), (512, "upstream")])
+def test_store_large_heads(triton_backend, head_size, encoder):
+    """D=256/512 run with fewer rows per program (their register budget): same bytes."""
+    n, hk, bs = 5, 2, 16
+    key, value = _random_kv(n, hk, head_size, torch.bfloat16, seed=head_size + 1)
+    got = torch.zeros(1, bs, hk, uq.slot_size(head_size), dtype=torch.uint8)
+    ref = got.clone()
+    slots = torch.randperm(bs, generator=torch.Generator().manual_seed(5))[:n].long()
+    uq.store_kv(key, value, got, slots, encoder=encoder)
+    R.store_kv(key, value, ref, slots, encoder=encoder)
+    assert_store_matches(got, ref, head_size)
+
+
+@pytest.mark.parametrize("encoder", ["rne", "mse"])
+def test_store_many_programs_and_unaligned_strides(triton_backend, encoder):
+    """More rows than one program holds, and K/V row strides that are not multiples of 8 elements
+    (views into wider tensors): the kernel's scalar-load branch must write the same bytes."""
+    n, hk, d, bs = 70, 2, 64, 16
+    key, value = _random_kv(n, hk, d, torch.float32, seed=11)
+    wide_k = torch.zeros(n, hk, d + 3)
+    wide_v = torch.zeros(n, hk, d + 5)
+    wide_k[..., :d], wide_v[..., 1 : d + 1] = key, value
+    key, value = wide_k[..., :d], wide_v[..., 1 : d + 1]
+    assert key.stride(1) % 8 and value.stride(1) % 8
+    nblocks = -(-n // bs) + 1
+    got = torch.randint(0, 256, (nblocks, bs, hk, uq.slot_size(d)), dtype=torch.uint8,
+                        generator=torch.Generator().manual_seed(3))
+    ref = got.clone()
+    slots = torch.randperm(nblocks * bs, generator=torch.Generator().manual_seed(4))[:n].long()
+    uq.store_kv(key, value, got, slots, encoder=encoder)
+    R.store_kv(key, value, ref, slots, encoder=encoder)
+    assert_store_matches(got, ref, d)
