@@ -90,7 +90,9 @@ OPS: tuple[OpRow, ...] = (
     OpRow("store_kv", ("head_size", "dtype"), rename={"dtype": "key_dtype"},
           # slot_mapping is int64 in vLLM, the only slot dtype built by default (an int32 variant has
           # its own key: keys carry the pointer parameters' types).
-          features=tuple({"encoder": e, "slot_dtype": "i64"} for e in ("rne", "upstream", "mse")),
+          # few_rows: the layout of small stores (a decode step's tokens), chosen by plan_store at run time.
+          features=tuple({"encoder": e, "slot_dtype": "i64", "few_rows": f}
+                         for e in ("rne", "upstream", "mse") for f in (False, True)),
           grid="(cdiv(num_tokens * num_kv_heads, BLOCK_R), 1, 1)"),
     OpRow("dequant_kv", ("head_size", "block_size"),
           features=({"out_dtype": "fp32", "original_space": True},),

@@ -43,6 +43,10 @@ shape D 141 us with 2 splits (~2 programs per SM-slot) against 184 with 1, and s
 8-16; D=256 (8 warps, 64-token tiles) ran shape C 159 us with 16 splits against 173 with 33.
 Prefill's split count uses 4 (its programs are larger)."""
 
+STORE_FEW_ROWS_PER_SM = 128
+"""A store with fewer (token, kv head) rows than this per multiprocessor uses the few-rows layout
+(:func:`store_spec`): at one row per thread it would leave SMs idle and run one long chain each."""
+
 CONTINUATION_THRESHOLD = 16
 """Chunks of at most this many new tokens (with a cached prefix) are small continuations, served by
 the prefill kernel; larger ones go to dequant + SDPA (ultraquant.dense). Measured on the H200
@@ -122,14 +126,19 @@ def _signature(params: tuple[tuple[str, str], ...], **types: str) -> dict[str, s
 
 def store_spec(*, head_size: int, key_dtype: torch.dtype | str = "bf16",
                value_dtype: torch.dtype | str | None = None, slot_dtype: torch.dtype | str = "i64",
-               encoder: str = "rne", **_: Any) -> Specialization:
-    """The store kernel for one head size, input dtypes, slot_mapping dtype and encoder."""
+               encoder: str = "rne", few_rows: bool = False, **_: Any) -> Specialization:
+    """The store kernel for one head size, input dtypes, slot_mapping dtype and encoder; ``few_rows``
+    for calls with too few (token, kv head) rows to fill the GPU at one row per thread."""
     d = check_head_size(head_size)
     # One row per thread (32 rows per warp, 4 warps): the butterfly, group absmax and nibble packing
     # stay in registers. Offline sm_90 SASS at D=128 (rne): 221 warp instructions per row against 749
-    # for the 16-row layout timed at 154 us (benchmarks/NOTES.md). Where a whole row per thread
-    # spills past the build's local-memory budget (mse at D=128: 1648 B; D>=256) fewer rows are used.
-    if d <= 64 or (d == 128 and encoder != "mse"):
+    # for the 16-row layout timed at 154 us (benchmarks/NOTES.md); H200: 64 us. Where a whole row per
+    # thread spills past the build's local-memory budget (mse at D=128: 1648 B; D>=256) fewer rows are
+    # used. Few rows (a decode step's store): 16 rows per program, 8 threads per row, because one row
+    # per thread is a long serial chain per program (H200, 64 tokens x 8 heads: 11.5 us vs 7.4).
+    if few_rows:
+        block_r = 16 if d <= 128 else 4
+    elif d <= 64 or (d == 128 and encoder != "mse"):
         block_r = 128
     else:
         block_r = 32 if d == 128 else 8
@@ -309,9 +318,9 @@ def plan_store(key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor, s
                encoder: str = "rne") -> LaunchPlan:
     """Launch of the store kernel for validated arguments (key/value last dim contiguous)."""
     n, hk, d = key.shape
-    spec = store_spec(head_size=d, key_dtype=key.dtype, value_dtype=value.dtype,
-                      slot_dtype=slot_mapping.dtype, encoder=encoder)
     rows = n * hk
+    spec = store_spec(head_size=d, key_dtype=key.dtype, value_dtype=value.dtype, slot_dtype=slot_mapping.dtype,
+                      encoder=encoder, few_rows=rows < STORE_FEW_ROWS_PER_SM * num_sms(key.device))
     args = (key, value, kv_cache, slot_mapping, rows, hk, kv_cache.shape[1],
             key.stride(0), key.stride(1), value.stride(0), value.stride(1),
             kv_cache.stride(0), kv_cache.stride(1), kv_cache.stride(2))
