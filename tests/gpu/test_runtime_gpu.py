@@ -61,11 +61,22 @@ def fresh_runtime(tmp_path, monkeypatch):
     launch.reset()
 
 
+def decode_spec() -> plans.Specialization:
+    """The decode variant this module's calls plan on an NVIDIA GPU."""
+    return plans.decode_spec(head_size=D, gqa=HQ // HK, block_size=BS, target=plans.target_of(torch.device("cuda")))
+
+
+def store_key(encoder: str, rows: int) -> str:
+    """Key of the store variant a call with ``rows`` (token, kv head) rows plans."""
+    few = rows < plans.STORE_FEW_ROWS_PER_SM * plans.num_sms(torch.device("cuda"))
+    return plans.store_spec(head_size=D, key_dtype="bf16", slot_dtype="i64", encoder=encoder, few_rows=few).key()
+
+
 @pytest.fixture(scope="module")
 def arch() -> str:
     a = launch.info(torch.cuda.current_device()).arch
     idx = launch.index()
-    need = plans.decode_spec(head_size=D, gqa=HQ // HK, block_size=BS).key()
+    need = decode_spec().key()
     if need not in idx.entries.get(a, {}):
         pytest.skip(f"no {a} blob for {need} (build them: see docs/runtime.md)")
     return a
@@ -126,8 +137,7 @@ def test_store_bytes_equal_jit(arch, monkeypatch, encoder):
         return c
 
     aot, jit = run_both(monkeypatch, store)
-    assert plans.store_spec(head_size=D, key_dtype="bf16", slot_dtype="i64", encoder=encoder).key() \
-        in launched_keys()
+    assert store_key(encoder, key.shape[0] * HK) in launched_keys()
     assert torch.equal(aot, jit)
 
 
@@ -203,7 +213,7 @@ def test_graph_capture_after_warmup_and_replay_new_lengths(arch, monkeypatch):
     query = torch.randn(len(lens), HQ, D, device="cuda", dtype=torch.bfloat16)
     out = torch.full_like(query, float("nan"))
     monkeypatch.setenv("ULTRAQUANT_BACKEND", "aot")
-    spec = plans.decode_spec(head_size=D, gqa=HQ // HK, block_size=BS)
+    spec = decode_spec()
     stream = torch.cuda.Stream()
     # Without warmup the first use happens inside the capture: a clear error, not a broken graph.
     graph = torch.cuda.CUDAGraph()
@@ -265,7 +275,7 @@ def _entry(data: dict, key: str) -> dict:
 def test_corrupted_blob_is_refused_and_triton_answers(arch, tmp_path, monkeypatch, caplog):
     d = _copy_manifest(tmp_path, arch)
     data = json.loads((d / "manifest.json").read_text())
-    key = plans.decode_spec(head_size=D, gqa=HQ // HK, block_size=BS).key()
+    key = decode_spec().key()
     blob = d / _entry(data, key)["file"]
     raw = bytearray(blob.read_bytes())
     raw[len(raw) // 2] ^= 0xFF
@@ -287,8 +297,7 @@ def test_corrupted_blob_is_refused_and_triton_answers(arch, tmp_path, monkeypatc
 def test_blob_failing_its_selftest_is_disabled_and_triton_answers(arch, tmp_path, monkeypatch, caplog):
     d = _copy_manifest(tmp_path, arch)
     data = json.loads((d / "manifest.json").read_text())
-    rne = plans.store_spec(head_size=D, key_dtype="bf16", slot_dtype="i64", encoder="rne").key()
-    ups = plans.store_spec(head_size=D, key_dtype="bf16", slot_dtype="i64", encoder="upstream").key()
+    rne, ups = store_key("rne", 200 * HK), store_key("upstream", 200 * HK)
     a, b = _entry(data, rne), _entry(data, ups)
     a["file"], a["sha256"] = b["file"], b["sha256"]  # the rne key now holds the upstream kernel
     (d / "manifest.json").write_text(json.dumps(data))

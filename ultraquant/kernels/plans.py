@@ -315,12 +315,15 @@ def decode_splits(batch: int, num_kv_heads: int, max_tokens: int, device: torch.
 
 
 def plan_store(key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor, slot_mapping: torch.Tensor,
-               encoder: str = "rne") -> LaunchPlan:
-    """Launch of the store kernel for validated arguments (key/value last dim contiguous)."""
+               encoder: str = "rne", few_rows: bool | None = None) -> LaunchPlan:
+    """Launch of the store kernel for validated arguments (key/value last dim contiguous).
+    ``few_rows`` picks the layout (see :func:`store_spec`); None: from the row count."""
     n, hk, d = key.shape
     rows = n * hk
+    if few_rows is None:
+        few_rows = rows < STORE_FEW_ROWS_PER_SM * num_sms(key.device)
     spec = store_spec(head_size=d, key_dtype=key.dtype, value_dtype=value.dtype, slot_dtype=slot_mapping.dtype,
-                      encoder=encoder, few_rows=rows < STORE_FEW_ROWS_PER_SM * num_sms(key.device))
+                      encoder=encoder, few_rows=few_rows)
     args = (key, value, kv_cache, slot_mapping, rows, hk, kv_cache.shape[1],
             key.stride(0), key.stride(1), value.stride(0), value.stride(1),
             kv_cache.stride(0), kv_cache.stride(1), kv_cache.stride(2))
