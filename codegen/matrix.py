@@ -95,7 +95,9 @@ OPS: tuple[OpRow, ...] = (
                          for e in ("rne", "upstream", "mse") for f in (False, True)),
           grid="(cdiv(num_tokens * num_kv_heads, BLOCK_R), 1, 1)"),
     OpRow("dequant_kv", ("head_size", "block_size"),
-          features=({"out_dtype": "fp32", "original_space": True},),
+          # fp32 for ultraquant.dequant_kv; bf16/fp16 for the dense prefill route (dequant + SDPA in the
+          # query dtype), so an AOT-only install serves large continuations without Triton.
+          features=tuple({"out_dtype": t, "original_space": True} for t in ("fp32", "bf16", "fp16")),
           grid="(cdiv(max_blocks * block_size, TILE), num_seqs, num_kv_heads)"),
     OpRow("decode_attention", ("head_size", "gqa", "block_size", "dtype"), rename={"dtype": "query_dtype"},
           features=ATTENTION_FEATURES, flag_defaults=ATTENTION_FLAGS, targeted=True,
