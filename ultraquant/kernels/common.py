@@ -9,18 +9,8 @@ normalized Sylvester matrix H in registers (log2 D add/subtract stages, then one
 
 from __future__ import annotations
 
-import os
-
 import triton
 import triton.language as tl
-
-ENCODER_IDS = {"rne": 0, "upstream": 1, "mse": 2}
-"""Constexpr value of each encoder name (see ultraquant.format.ENCODERS)."""
-
-WORD_LOADS = tl.constexpr(os.environ.get("ULTRAQUANT_WORD_LOADS", "0") == "1")
-"""Read slots as int32 words where aligned (D >= 128) when ``ULTRAQUANT_WORD_LOADS=1`` (set before
-import). Off by default: measured 2x slower on the H200 (shape A 1502 us vs 732 us with byte loads;
-the in-register nibble broadcast costs more than the load instructions it saves)."""
 
 
 @triton.jit
@@ -109,12 +99,6 @@ def _e2m1_rne_value(a, inv, eb):
 
 
 @triton.jit
-def e2m1_magnitude(idx):
-    """float32 value of a magnitude index 0..7 (0, .5, 1, 1.5, 2, 3, 4, 6), via the fp16 trick."""
-    return (idx << 9).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32) * 16384.0
-
-
-@triton.jit
 def e2m1_decode_f32(code):
     """Exact float32 value of int32 E2M1 codes, without the scale.
 
@@ -187,79 +171,13 @@ def quantize_store(x, codes_ptr, scales_ptr, row_mask, R: tl.constexpr, D: tl.co
     tl.store(scales_ptr[:, None] + tl.arange(0, G)[None, :], byte, mask=row_mask[:, None])
 
 
-DEQUANT_GATHER = tl.constexpr(os.environ.get("ULTRAQUANT_DEQUANT", "join") == "gather")
-"""Attention kernels decode FP4 with a nibble join + group reshape (default, ``join``) or with
-per-element byte gathers (``ULTRAQUANT_DEQUANT=gather``, set before import: no register shuffles,
-K built directly transposed). Measured on the H200: gather 1194 us vs join 740 us on shape A, so
-join stays the default (benchmarks/NOTES.md)."""
-
-
-FOLD_SCALE14 = tl.constexpr(os.environ.get("ULTRAQUANT_FOLD_SCALE14", "0") == "1")
-"""Tuning knob (set before import): fold the fp16-subnormal factor 2**14 into the per-group scale
-(one multiply per element instead of two). Exact except for scale bytes >= 241 (values >= 2**114),
-which would overflow to inf; off by default until measured."""
-
-
 @triton.jit
-def load_dequant_gather(codes_ptr, scales_ptr, row_mask, R: tl.constexpr, D: tl.constexpr,
-                        TRANSPOSED: tl.constexpr):
-    """Exact float32 values of ``[R]`` rows: ``[R, D]``, or ``[D, R]`` when TRANSPOSED.
-
-    Each element loads its own code byte (``d // 2``, nibble ``d % 2``) and scale byte (``d // 32``):
-    repeated bytes hit L1, and no register shuffles are needed to spread nibbles and scales.
-    """
-    d = tl.arange(0, D)
-    if TRANSPOSED:
-        m = row_mask[None, :]
-        byte = tl.load(codes_ptr[None, :] + (d // 2)[:, None], mask=m, other=0).to(tl.int32)
-        code = (byte >> ((d & 1) * 4)[:, None]) & 0xF
-        sb = tl.load(scales_ptr[None, :] + (d // 32)[:, None], mask=m, other=0).to(tl.int32)
-    else:
-        m = row_mask[:, None]
-        byte = tl.load(codes_ptr[:, None] + (d // 2)[None, :], mask=m, other=0).to(tl.int32)
-        code = (byte >> ((d & 1) * 4)[None, :]) & 0xF
-        sb = tl.load(scales_ptr[:, None] + (d // 32)[None, :], mask=m, other=0).to(tl.int32)
-    return e2m1_decode_f32(code) * scale_f32(sb)
-
-
-@triton.jit
-def _load_words_as_nibbles(ptr32, row_mask, R: tl.constexpr, NW: tl.constexpr):
-    """``[R]`` int32 pointers to NW words each -> ``[R, NW * 8]`` int32 nibbles (little-endian)."""
-    w = tl.load(ptr32[:, None] + tl.arange(0, NW)[None, :], mask=row_mask[:, None], other=0)
-    shifts = tl.arange(0, 8) * 4
-    return tl.reshape((w[:, :, None] >> shifts[None, None, :]) & 0xF, [R, NW * 8])
-
-
-@triton.jit
-def load_dequant(codes_ptr, scales_ptr, row_mask, R: tl.constexpr, D: tl.constexpr,
-                 SHIFT14: tl.constexpr = False):
-    """Load ``[R]`` rows of D/2 code bytes + D/32 scale bytes and return exact float32 ``[R, D]``.
-
-    With SHIFT14 the values come back multiplied by 2**-14 (still exact above 2**-126): the fp16
-    subnormal pattern needs no rescale, one multiply per element instead of two; the attention
-    kernels fold 2**14 into the query and the output. Masked-off rows read as zero (code 0, byte 0).
-    Byte loads by default; with WORD_LOADS and D >= 128 codes and scales are read as int32 words.
-    """
+def load_dequant(codes_ptr, scales_ptr, row_mask, R: tl.constexpr, D: tl.constexpr):
+    """Load ``[R]`` rows of D/2 code bytes + D/32 scale bytes and return exact float32 ``[R, D]``
+    (masked-off rows read as zero). The dequant kernel's decoder; attention decodes to fp16 halves
+    instead (``attention._load_fp16_codes``), because its MMAs take them directly."""
     G: tl.constexpr = D // 32
-    if D >= 128 and WORD_LOADS:
-        cp = codes_ptr.to(tl.pointer_type(tl.int32))
-        sp = scales_ptr.to(tl.pointer_type(tl.int32))
-        codes = tl.reshape(_load_words_as_nibbles(cp, row_mask, R, D // 8), [R, G, 32])
-        sw = tl.load(sp[:, None] + tl.arange(0, G // 4)[None, :], mask=row_mask[:, None], other=0)
-        sb = tl.reshape((sw[:, :, None] >> (tl.arange(0, 4) * 8)[None, None, :]) & 0xFF, [R, G])
-    else:
-        cols = tl.arange(0, D // 2)
-        packed = tl.load(codes_ptr[:, None] + cols[None, :], mask=row_mask[:, None], other=0).to(tl.int32)
-        codes = tl.reshape(tl.join(packed & 0xF, packed >> 4), [R, G, 32])
-        gcols = tl.arange(0, G)
-        sb = tl.load(scales_ptr[:, None] + gcols[None, :], mask=row_mask[:, None], other=0).to(tl.int32)
-    if SHIFT14:
-        h = ((codes & 7) << 9) | ((codes & 8) << 12)
-        vals = h.to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32) * scale_f32(sb)[:, :, None]
-    elif FOLD_SCALE14:
-        h = ((codes & 7) << 9) | ((codes & 8) << 12)
-        sub = h.to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
-        vals = sub * (scale_f32(sb) * 16384.0)[:, :, None]
-    else:
-        vals = e2m1_decode_f32(codes) * scale_f32(sb)[:, :, None]
-    return tl.reshape(vals, [R, D])
+    packed = tl.load(codes_ptr[:, None] + tl.arange(0, D // 2)[None, :], mask=row_mask[:, None], other=0)
+    codes = tl.reshape(tl.join(packed.to(tl.int32) & 0xF, packed.to(tl.int32) >> 4), [R, G, 32])
+    sb = tl.load(scales_ptr[:, None] + tl.arange(0, G)[None, :], mask=row_mask[:, None], other=0).to(tl.int32)
+    return tl.reshape(e2m1_decode_f32(codes) * scale_f32(sb)[:, :, None], [R, D])
