@@ -266,7 +266,8 @@ def run_bench(shapes: list[str], plot: str | None, layouts: list[str], with_stre
         for layout in layouts:
             p = make_decode_problem(s["B"], s["L"], s["Hq"], s["Hk"], s["D"], s["block"],
                                     head_major=layout == "head")
-            splits = plans.decode_splits(s["B"], s["Hk"], p.block_table.shape[1] * s["block"], p.query.device)
+            splits = plans.decode_splits(s["B"], s["Hk"], p.block_table.shape[1] * s["block"], p.query.device,
+                                         s["D"])
             if with_stream:
                 rows.append(_row(f"{name} stream-{layout}", bench_stream(p, s["block"], splits), p.stored_bytes,
                                  ceiling, sdpa_us))
