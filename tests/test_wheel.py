@@ -17,7 +17,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 PYTHON = shutil.which("python3") or "python3"
-# A reduced matrix: one real kernel (dequant, D=64, block 16) keeps the compile part short.
+# A reduced matrix: one real kernel (dequant, D=64, block 16: fp32/bf16/fp16 outputs, 3 blobs) keeps the
+# compile part short.
 MATRIX = ["ARCH=gfx942", "HEAD_SIZES=64", "GQA=1", "BLOCK_SIZES=16", "OPS=dequant_kv", "JOBS=1"]
 
 pytestmark = pytest.mark.slow
@@ -46,7 +47,7 @@ def test_make_kernels_output(wheel):
     _, gen = wheel
     m = json.loads((gen / "gfx942" / "manifest.json").read_text())
     assert m["arch"] == "gfx942" and m["toolchain"]["triton"]["triton"] == "3.6.0"
-    assert [b["op"] for b in m["blobs"]] == ["dequant_kv"]
+    assert [b["op"] for b in m["blobs"]] == ["dequant_kv"] * 3
     assert (gen / "gfx942" / m["blobs"][0]["file"]).read_bytes()[:4] == b"\x7fELF"
 
 
@@ -70,9 +71,9 @@ def test_clean_venv_without_toolchains(wheel, tmp_path):
     cli = str(venv / "bin" / "ultraquant")
     info = _run([cli, "info"], cwd=tmp_path).stdout
     assert "triton     not installed" in info
-    assert "gfx942: 1 in" in info and "_generated" in info
+    assert "gfx942: 3 in" in info and "_generated" in info
     out = _run([cli, "verify"], cwd=tmp_path).stdout
-    assert "OK    gfx942: 1 blobs" in out
+    assert "OK    gfx942: 3 blobs" in out
     # the installed verify still catches a corrupted blob
     installed = Path(_run([str(py), "-c", "import ultraquant, pathlib; "
                            "print(pathlib.Path(ultraquant.__file__).parent / '_generated' / 'gfx942')"],
