@@ -46,3 +46,34 @@ def make_paged(seq_lens: list[int], num_kv_heads: int, head_size: int, block_siz
     (store or R.store_kv)(key, value, kv_cache, slot_mapping, encoder=encoder)
     return PagedProblem(kv_cache, block_table.to(device), torch.tensor(seq_lens, dtype=torch.int32, device=device),
                         keys, values)
+
+
+def layer_batch(q_lens: tuple[int, ...] | list[int], seq_lens: tuple[int, ...] | list[int], *, num_heads: int,
+                num_kv_heads: int, head_size: int, block_size: int, num_blocks: int, seed: int = 0,
+                dtype: torch.dtype = torch.float32, encoder: str = "rne"):
+    """A mixed batch for the attention layer: request i has ``seq_lens[i]`` tokens, of which the last
+    ``q_lens[i]`` are new (their K/V are returned, not stored); the prefix is stored by the reference
+    with ``encoder``. Returns (AttentionMetadata, query, new keys, new values, cache)."""
+    from ultraquant.attention import AttentionMetadata
+
+    g = torch.Generator().manual_seed(seed)
+    cache = torch.randint(0, 256, (num_blocks, block_size, num_kv_heads, uq.slot_size(head_size)), generator=g,
+                          dtype=torch.uint8)
+    table, all_slots = R.allocate_blocks(list(seq_lens), block_size, num_blocks, g)
+    tables = [table[i, : -(-total // block_size)].tolist() for i, total in enumerate(seq_lens)]
+    slots, keys, values = [], [], []
+    start = 0
+    for n, total in zip(q_lens, seq_lens, strict=True):
+        s = all_slots[start : start + total]
+        start += total
+        k = torch.randn(total, num_kv_heads, head_size, generator=g).to(dtype)
+        v = torch.randn(total, num_kv_heads, head_size, generator=g).to(dtype)
+        if total > n:
+            R.store_kv(k[: total - n], v[: total - n], cache, s[: total - n], encoder=encoder)
+        slots.append(s[total - n :])
+        keys.append(k[total - n :])
+        values.append(v[total - n :])
+    md = AttentionMetadata.build(query_lens=list(q_lens), seq_lens=list(seq_lens), block_table=tables,
+                                 slot_mapping=torch.cat(slots))
+    query = torch.randn(sum(q_lens), num_heads, head_size, generator=g).to(dtype)
+    return md, query, torch.cat(keys), torch.cat(values), cache

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from tests.helpers import layer_batch
 from ultraquant import UltraQuantError, ops, reference
 from ultraquant.attention import (
     DEFAULT_CONTINUATION_THRESHOLD,
@@ -79,28 +80,8 @@ def test_threshold_follows_the_kernels_constant(monkeypatch: pytest.MonkeyPatch)
 
 def _batch(seed: int = 0, dtype: torch.dtype = torch.float32, q_lens=(1, 1, 5, 2, 6), seq=(6, 2, 5, 9, 11)):
     """A mixed batch over a cache holding every request's prefix; returns everything a forward needs."""
-    g = torch.Generator().manual_seed(seed)
-    nb = 24
-    cache = torch.randint(0, 256, (nb, BS, HK, slot_size(D)), generator=g, dtype=torch.uint8)
-    perm = torch.randperm(nb, generator=g).tolist()
-    tables, slots, keys, values = [], [], [], []
-    for n, total in zip(q_lens, seq, strict=True):
-        blocks = [perm.pop() for _ in range(-(-total // BS))]
-        tables.append(blocks)
-        pos = torch.arange(total)
-        s = torch.tensor(blocks)[pos // BS] * BS + pos % BS
-        k = torch.randn(total, HK, D, generator=g).to(dtype)
-        v = torch.randn(total, HK, D, generator=g).to(dtype)
-        if total > n:
-            reference.store_kv(k[: total - n], v[: total - n], cache, s[: total - n])
-        slots.append(s[total - n:])
-        keys.append(k[total - n:])
-        values.append(v[total - n:])
-    md = AttentionMetadata.build(query_lens=q_lens, seq_lens=seq, block_table=tables,
-                                 slot_mapping=torch.cat(slots))
-    n_tok = sum(q_lens)
-    query = torch.randn(n_tok, HQ, D, generator=g).to(dtype)
-    return md, query, torch.cat(keys), torch.cat(values), cache
+    return layer_batch(q_lens, seq, num_heads=HQ, num_kv_heads=HK, head_size=D, block_size=BS, num_blocks=24,
+                       seed=seed, dtype=dtype)
 
 
 def test_planned_and_unplanned_prefill_agree_with_the_ops() -> None:

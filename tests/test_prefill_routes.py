@@ -14,6 +14,7 @@ import collections
 import pytest
 import torch
 
+from tests.helpers import layer_batch
 from ultraquant import dense, dispatch, ops, reference
 from ultraquant.attention import AttentionMetadata, UltraQuantAttention
 from ultraquant.errors import UltraQuantError
@@ -308,27 +309,8 @@ HQ, HK, D, BS = 8, 2, 64, 8
 
 def _layer_batch(seed: int = 0):
     """decode(1) | first(6) first(3) | small(2) | large(7) | large(5): metadata, q/k/v and cache."""
-    q_lens = [1, 6, 3, 2, 7, 5]
-    seq = [12, 6, 3, 20, 31, 9]
-    g = torch.Generator().manual_seed(seed)
-    nb = 40
-    cache = torch.randint(0, 256, (nb, BS, HK, slot_size(D)), generator=g, dtype=torch.uint8)
-    perm = torch.randperm(nb, generator=g).tolist()
-    tables, slots, keys, values = [], [], [], []
-    for n, total in zip(q_lens, seq, strict=True):
-        blocks = [perm.pop() for _ in range(-(-total // BS))]
-        tables.append(blocks)
-        pos = torch.arange(total)
-        s = torch.tensor(blocks)[pos // BS] * BS + pos % BS
-        k, v = torch.randn(total, HK, D, generator=g), torch.randn(total, HK, D, generator=g)
-        if total > n:
-            reference.store_kv(k[: total - n], v[: total - n], cache, s[: total - n], encoder="mse")
-        slots.append(s[total - n:])
-        keys.append(k[total - n:])
-        values.append(v[total - n:])
-    md = AttentionMetadata.build(query_lens=q_lens, seq_lens=seq, block_table=tables, slot_mapping=torch.cat(slots))
-    query = torch.randn(sum(q_lens), HQ, D, generator=g)
-    return md, query, torch.cat(keys), torch.cat(values), cache
+    return layer_batch([1, 6, 3, 2, 7, 5], [12, 6, 3, 20, 31, 9], num_heads=HQ, num_kv_heads=HK, head_size=D,
+                       block_size=BS, num_blocks=40, seed=seed, encoder="mse")
 
 
 def _expected(md: AttentionMetadata, query, key, value, cache, scale: float, **opts) -> torch.Tensor:
