@@ -18,7 +18,6 @@ import torch
 
 from . import dispatch, reference, validate
 from .errors import UltraQuantError
-from .format import SlotLayout
 from .kernels import plans
 
 __all__ = ["store_kv", "decode_attention", "dequant_kv", "dequant_kv_packed", "prefill_attention",
@@ -202,15 +201,10 @@ def dequant_kv_packed(kv_cache: torch.Tensor, block_table: torch.Tensor, seq_len
     validate.check_tensor("cu_seqlens", cu_seqlens, dtypes=(torch.int32,), ndim=1, device=kv_cache.device)
     validate.check_shape("cu_seqlens", cu_seqlens, (seq_lens.shape[0] + 1,))
     if _dequant_on_reference(kv_cache.device):
-        lay = SlotLayout(d)
         for b, (start, length) in enumerate(zip(cu_seqlens.tolist()[:-1], seq_lens.tolist(), strict=True)):
             slots = reference._request_slots(kv_cache, block_table, b, 0, length)
-            k_out[start:start + length] = reference.dequantize(
-                slots[..., lay.k_codes:lay.k_scales], slots[..., lay.k_scales:lay.v_codes], rotate=original_space,
-                dtype=torch.float64)
-            v_out[start:start + length] = reference.dequantize(
-                slots[..., lay.v_codes:lay.v_scales], slots[..., lay.v_scales:lay.size], rotate=False,
-                dtype=torch.float64)
+            k_out[start:start + length], v_out[start:start + length] = reference.decode_slots(
+                slots, d, original_space=original_space)
         return
     dispatch.launch(plans.plan_dequant(kv_cache, block_table, seq_lens, cu_seqlens, k_out, v_out, d,
                                        original_space))

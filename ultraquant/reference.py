@@ -181,11 +181,13 @@ def encode_slots(key: torch.Tensor, value: torch.Tensor, encoder: str = "rne") -
     return torch.cat([kc, ks, vc, vs], dim=-1)
 
 
-def decode_slots(slots: torch.Tensor, head_size: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(..., >= slot_size) slot bytes -> K (original space) and V, float64 (..., D)."""
+def decode_slots(slots: torch.Tensor, head_size: int, *,
+                 original_space: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+    """(..., >= slot_size) slot bytes -> K (original space, or the rotated one the cache holds when
+    ``original_space=False``) and V, float64 (..., D)."""
     lay = SlotLayout(head_size)
     k = dequantize(slots[..., lay.k_codes:lay.k_scales], slots[..., lay.k_scales:lay.v_codes],
-                   rotate=True, dtype=torch.float64)
+                   rotate=original_space, dtype=torch.float64)
     v = dequantize(slots[..., lay.v_codes:lay.v_scales], slots[..., lay.v_scales:lay.size],
                    rotate=False, dtype=torch.float64)
     return k, v
