@@ -64,6 +64,26 @@ def _softmax_step(acc, m_i, l_i, q, q_lo, kt, v, toks, tmask, qpos, window, soft
     return acc, m_new, l_i
 
 
+def _nibble_pair(out: str, src: str, mag_shift: int, sign_shift: int) -> str:
+    """PTX: two fp16 subnormal patterns into ``out`` from the nibbles of the two bytes in ``src``'s
+    16-bit lanes: magnitude bits shifted to 11..9, the sign bit to 15."""
+    return (f"shl.b32 a, {src}, {mag_shift}; shl.b32 c, {src}, {sign_shift}; and.b32 a, a, 0x0E000E00; "
+            f"and.b32 c, c, 0x80008000; or.b32 {out}, a, c;")
+
+
+_NIBBLES_FP16_ASM = tl.constexpr(" ".join([
+    "{ .reg .b32 x, y, a, c;",
+    "prmt.b32 x, $4, 0, 0x4140;",  # bytes 0 and 1 of the input word into the two 16-bit lanes
+    "prmt.b32 y, $4, 0, 0x4342;",  # bytes 2 and 3
+    _nibble_pair("$0", "x", 9, 12),  # low nibbles (even elements) of bytes 0, 1
+    _nibble_pair("$1", "y", 9, 12),  # ... of bytes 2, 3
+    _nibble_pair("$2", "x", 5, 8),  # high nibbles (odd elements) of bytes 0, 1
+    _nibble_pair("$3", "y", 5, 8),  # ... of bytes 2, 3
+    "}",
+]))
+"""The PTX of :func:`_nibbles_fp16_ptx` (outputs $0..$3, input word $4)."""
+
+
 @triton.jit
 def _nibbles_fp16_ptx(b, PURE: tl.constexpr = True):
     """NVIDIA: (low, high) nibbles of uint8 ``b`` as fp16 subnormal patterns, 4 bytes per register.
@@ -78,33 +98,7 @@ def _nibbles_fp16_ptx(b, PURE: tl.constexpr = True):
     size (constexpr ``V_IN_LOAD_LAYOUT``).
     """
     return tl.inline_asm_elementwise(
-        asm="""
-        {
-        .reg .b32 x, y, a, c;
-        prmt.b32 x, $4, 0, 0x4140;
-        prmt.b32 y, $4, 0, 0x4342;
-        shl.b32 a, x, 9;
-        shl.b32 c, x, 12;
-        and.b32 a, a, 0x0E000E00;
-        and.b32 c, c, 0x80008000;
-        or.b32 $0, a, c;
-        shl.b32 a, y, 9;
-        shl.b32 c, y, 12;
-        and.b32 a, a, 0x0E000E00;
-        and.b32 c, c, 0x80008000;
-        or.b32 $1, a, c;
-        shl.b32 a, x, 5;
-        shl.b32 c, x, 8;
-        and.b32 a, a, 0x0E000E00;
-        and.b32 c, c, 0x80008000;
-        or.b32 $2, a, c;
-        shl.b32 a, y, 5;
-        shl.b32 c, y, 8;
-        and.b32 a, a, 0x0E000E00;
-        and.b32 c, c, 0x80008000;
-        or.b32 $3, a, c;
-        }
-        """,
+        asm=_NIBBLES_FP16_ASM,
         constraints="=r,=r,=r,=r,r",
         args=[b],
         dtype=(tl.float16, tl.float16),
@@ -234,16 +228,22 @@ def _finish(acc, m_i, l_i, sinks_ptr, heads, rmask, out_rows_ptr, D: tl.constexp
 
 
 @triton.jit
+def _prescale(q, scale, HAS_SOFTCAP: tl.constexpr):
+    """Query times the softmax scale, and times log2(e) unless a soft cap (which works on natural
+    logits) converts the scores to the log2 domain itself."""
+    if HAS_SOFTCAP:
+        return q * scale
+    return q * (scale * 1.4426950408889634)
+
+
+@triton.jit
 def _scale_query(q, scale, HAS_SOFTCAP: tl.constexpr):
     """float32 query rows -> two bf16 MMA operands (hi + lo), pre-scaled, for raw (bf16) keys.
 
     Why two: a bf16 query alone costs about 0.5% relative error in the output (measured against the
     float64 reference); hi + lo carries 16 significant bits for one more MMA per tile.
     """
-    if HAS_SOFTCAP:
-        q = q * scale
-    else:
-        q = q * (scale * 1.4426950408889634)
+    q = _prescale(q, scale, HAS_SOFTCAP)
     q_hi = q.to(tl.bfloat16)
     return q_hi, (q - q_hi.to(tl.float32)).to(tl.bfloat16)
 
@@ -254,13 +254,8 @@ def _paged_query(q, scale, R: tl.constexpr, D: tl.constexpr, LOG2D: tl.constexpr
     split into even/odd elements as fp16 times a per-row power of two ``rowfac`` (each row's largest
     magnitude lands in [2**14, 2**15): fp16 keeps 11 significant bits without overflow for any
     finite query, so no unscaled narrow cast can turn a large query into inf/NaN)."""
-    q = fwht(q, R, D, LOG2D)
-    if HAS_SOFTCAP:
-        q = q * scale
-    else:
-        q = q * (scale * 1.4426950408889634)
-    amax = tl.max(tl.abs(q), axis=1)
-    e = tl.maximum(((amax.to(tl.int32, bitcast=True) >> 23) & 0xFF) - 127, -100)
+    q = _prescale(fwht(q, R, D, LOG2D), scale, HAS_SOFTCAP)
+    e = tl.maximum(_floor_log2(tl.max(tl.abs(q), axis=1)), -100)
     q = q * pow2_f32(14 - e)[:, None]
     q_e, q_o = tl.split(tl.reshape(q, [R, D // 2, 2]))
     return q_e.to(tl.float16), q_o.to(tl.float16), pow2_f32(e - 14)
