@@ -68,8 +68,7 @@ def e2m1_encode(x, inv, eb, ENCODER: tl.constexpr):
     Upstream's rule differs only on exact ties, where the rounding residual is a quarter of f.
     """
     xb = x.to(tl.int32, bitcast=True)
-    f = tl.maximum((xb & 0x7F800000) - eb, 0x3F800000)
-    m = f + (22 << 23)
+    f, m = _grid_magic(x, eb)
     mf = m.to(tl.float32, bitcast=True)
     if ENCODER == 1:
         a = tl.abs(x) * inv
@@ -91,10 +90,19 @@ def _clear_negative_zero(b):
 
 
 @triton.jit
+def _grid_magic(x, eb):
+    """int32 bits ``(f, m)`` for ``y = x * 2**-e`` (``eb = e << 23``): ``f`` = 2**floor(log2 |y|), at
+    least 1.0; ``m`` = f * 2**22, the float whose ulp is the E2M1 grid step at |y| (see
+    :func:`e2m1_encode`)."""
+    f = tl.maximum((x.to(tl.int32, bitcast=True) & 0x7F800000) - eb, 0x3F800000)
+    return f, f + (22 << 23)
+
+
+@triton.jit
 def _e2m1_rne_value(a, inv, eb):
     """float32 ``|a| * inv`` rounded half to even to the E2M1 magnitudes (saturated at 6.0)."""
-    f = tl.maximum((a.to(tl.int32, bitcast=True) & 0x7F800000) - eb, 0x3F800000)
-    mf = (f + (22 << 23)).to(tl.float32, bitcast=True)
+    _, m = _grid_magic(a, eb)
+    mf = m.to(tl.float32, bitcast=True)
     return tl.minimum(tl.fma(tl.abs(a), inv, mf) - mf, 6.0)
 
 
