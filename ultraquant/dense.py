@@ -158,12 +158,12 @@ class DenseWorkspace:
 
     def fits(self, elements: int, dtype: torch.dtype) -> bool:
         """Whether a call taking ``elements`` of ``dtype`` stays within the cap."""
-        return elements * _itemsize(dtype) <= self.cap_bytes
+        return elements * dtype.itemsize <= self.cap_bytes
 
     def take(self, elements: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
         """The first ``elements`` of the buffer as a flat, uninitialized tensor (grown if needed)."""
         if not self.fits(elements, dtype):
-            raise UltraQuantError(f"dense workspace: {elements * _itemsize(dtype)} bytes exceed the cap of "
+            raise UltraQuantError(f"dense workspace: {elements * dtype.itemsize} bytes exceed the cap of "
                                   f"{self.cap_bytes} (ULTRAQUANT_DENSE_WORKSPACE_MB); route this call to the kernel")
         buf = self._bufs.get((device, dtype))
         if buf is None or buf.numel() < elements:
@@ -175,7 +175,7 @@ class DenseWorkspace:
         """Allocate now (e.g. before a serving engine measures free memory) room for ``elements`` of
         ``dtype``, clipped to the cap; returns the bytes the buffer holds."""
         device = torch.device(device)
-        elements = min(elements, self.cap_bytes // _itemsize(dtype))
+        elements = min(elements, self.cap_bytes // dtype.itemsize)
         buf = self._bufs.get((device, dtype))
         if elements > 0 and (buf is None or buf.numel() < elements):
             self._grow(elements, dtype, device)
@@ -184,7 +184,7 @@ class DenseWorkspace:
 
     def _grow(self, elements: int, dtype: torch.dtype, device: torch.device) -> None:
         """Replace the (device, dtype) buffer by one of at least ``elements`` (granule-rounded, capped)."""
-        size = min(-(-elements // self.GRANULE) * self.GRANULE, self.cap_bytes // _itemsize(dtype))
+        size = min(-(-elements // self.GRANULE) * self.GRANULE, self.cap_bytes // dtype.itemsize)
         self._bufs.pop((device, dtype), None)  # free the old buffer before allocating the new one
         self._bufs[(device, dtype)] = torch.empty(max(size, elements), dtype=dtype, device=device)
 
@@ -210,15 +210,18 @@ class DenseWorkspace:
         return hit[1]
 
 
+def _window_visible(rows: int, keys: int, last0: int, window: int, sink: int, device: torch.device) -> torch.Tensor:
+    """(rows, sink + keys) boolean window mask (True: visible): ``sink`` leading columns every query
+    sees, then key j (0-based after them) is visible to query i when ``last0 + i - window < j <=
+    last0 + i`` (``last0``: the last key query 0 sees)."""
+    last = last0 + torch.arange(rows, device=device)[:, None]
+    j = torch.arange(-sink, keys, device=device)[None, :]
+    return (j < 0) | ((j <= last) & (j > last - window))
+
+
 def _band(tile: int, window: int, sink: int, device: torch.device) -> torch.Tensor:
     """The boolean form of :meth:`DenseWorkspace.band` (True: visible)."""
-    i = torch.arange(tile, device=device)[:, None]
-    j = torch.arange(-sink, tile + window - 1, device=device)[None, :]
-    return (j < 0) | ((j >= i) & (j < i + window))
-
-
-def _itemsize(dtype: torch.dtype) -> int:
-    return dtype.itemsize
+    return _window_visible(tile, tile + window - 1, window - 1, window, sink, device)
 
 
 SHARED = DenseWorkspace()
@@ -344,10 +347,8 @@ def _attend(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, off: int,
         lo, hi = max(0, first), q_pos0 + i1 - k_pos0
         if lo == first:  # not clipped: the common band
             mask = band[:i1 - i0, :off + hi - lo]
-        else:  # the tile's keys start at the sequence start: query i sees keys up to lo + i
-            i = torch.arange(i0, i1, device=q.device)[:, None]
-            j = torch.arange(-off, hi - lo, device=q.device)[None, :]
-            mask = (j < 0) | ((j <= i + q_pos0 - k_pos0) & (j > i + q_pos0 - k_pos0 - window))
+        else:  # the tile's keys start at the sequence start (lo = 0): query i0 + r sees keys up to its position
+            mask = _window_visible(i1 - i0, hi - lo, i0 + q_pos0 - k_pos0, window, off, q.device)
         if off and lo:  # the sink key goes into row lo (key lo - 1: no later tile sees it)
             keys[lo].copy_(sinks.key_value[0])
             values[lo].copy_(sinks.key_value[1])
