@@ -77,6 +77,18 @@ def test_continuations_gpu(case: tuple) -> None:
     check_close(out, p.expected(d ** -0.5, sinks=sinks, sliding_window=window))
 
 
+def run_warm_without_sync(run) -> None:
+    """Call ``run`` once to warm up (kernel compiles, workspace), then again with CUDA's sync debug
+    mode set to error: the warm call must only enqueue work."""
+    run()
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        run()
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+
+
 def test_routes_make_no_host_sync() -> None:
     """Both dense routes enqueue work only (the dequant length is computed on the device)."""
     p = Problem([0, 2000], [300, 600], 32, 8, 128, 64, dtype=torch.bfloat16, seed=9).to("cuda")
@@ -88,13 +100,7 @@ def test_routes_make_no_host_sync() -> None:
         dense.continuation(p.query[300:], p.key[300:], p.value[300:], p.cache, p.block_table[1:],
                            p.seq_lens[1:], 2000, out[300:], 0.1, workspace=ws)
 
-    run()  # warm-up: kernel compile, workspace
-    torch.cuda.synchronize()
-    torch.cuda.set_sync_debug_mode("error")
-    try:
-        run()
-    finally:
-        torch.cuda.set_sync_debug_mode(0)
+    run_warm_without_sync(run)
     check_close(out, p.expected(0.1))
 
 
@@ -116,13 +122,7 @@ def test_sinks_window_routes_make_no_host_sync() -> None:
                            p.seq_lens[1:], 2000, out[600:], d ** -0.5, sinks=rows, sliding_window=window,
                            workspace=ws)
 
-    run()
-    torch.cuda.synchronize()
-    torch.cuda.set_sync_debug_mode("error")
-    try:
-        run()
-    finally:
-        torch.cuda.set_sync_debug_mode(0)
+    run_warm_without_sync(run)
     check_close(out, p.expected(d ** -0.5, sinks=sinks, sliding_window=window))
 
 

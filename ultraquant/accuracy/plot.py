@@ -22,18 +22,17 @@ def save_plot(doc: dict, path: Path | str) -> Path:
         step = r["kl_position_bin"]
         xs = [(i + 0.5) * step for i in range(len(r["kl_by_position"]))]
         ax_pos.plot(xs, r["kl_by_position"], marker=".", label=f"{r['name']} (mean {r['mean_kl']:.3f})")
-    ax_layer.set_yscale("log")
-    ax_layer.set_xlabel("layer")
-    ax_layer.set_ylabel("1 - cos(attn output, attn output with bf16 K/V)")
-    ax_layer.set_title("Attention error each layer's cache adds")
-    ax_layer.grid(True, which="both", alpha=0.3)
-    ax_layer.legend(fontsize=8)
-    ax_pos.set_yscale("log")
-    ax_pos.set_xlabel("position in the window")
-    ax_pos.set_ylabel("mean KL(bf16 || format) of the next token")
-    ax_pos.set_title("Next-token KL vs the bf16 cache")
-    ax_pos.grid(True, which="both", alpha=0.3)
-    ax_pos.legend(fontsize=8)
+    for ax, xlabel, ylabel, title in (
+            (ax_layer, "layer", "1 - cos(attn output, attn output with bf16 K/V)",
+             "Attention error each layer's cache adds"),
+            (ax_pos, "position in the window", "mean KL(bf16 || format) of the next token",
+             "Next-token KL vs the bf16 cache")):
+        ax.set_yscale("log")
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel(ylabel)
+        ax.set_title(title)
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=8)
     meta = doc.get("meta", {})
     fig.suptitle(f"{meta.get('model', 'model')}: {meta.get('tokens', '?')} tokens of "
                  f"{meta.get('text', 'text')}, windows of {meta.get('context', '?')}", fontsize=10)

@@ -40,8 +40,10 @@ DECODE_BLOCKS_PER_SM = {128: 8, 512: 2}
 """Programs per multiprocessor the decode split count aims for, by head size bound (D <= key). Timed
 on the H200 (v7, benchmarks/NOTES.md): D=128 (64-token tiles, 136 registers, 3 resident blocks) ran
 shape D 141 us with 2 splits (~2 programs per SM-slot) against 184 with 1, and shape A 263-270 us with
-8-16; D=256 (8 warps, 64-token tiles) ran shape C 159 us with 16 splits against 173 with 33.
-Prefill's split count uses 4 (its programs are larger)."""
+8-16; D=256 (8 warps, 64-token tiles) ran shape C 159 us with 16 splits against 173 with 33."""
+
+PREFILL_BLOCKS_PER_SM = 4
+"""Programs per multiprocessor the prefill split count aims for (its programs hold more rows)."""
 
 STORE_FEW_ROWS_PER_SM = 128
 """A store with fewer (token, kv head) rows than this per multiprocessor uses the few-rows layout
@@ -283,7 +285,7 @@ def prefill_splits(programs: int, max_tokens: int, device: torch.device) -> int:
     forced = os.environ.get("ULTRAQUANT_PREFILL_SPLITS")
     if forced:
         return max(1, int(forced))
-    want = (num_sms(device) * 4) // max(1, programs)
+    want = (num_sms(device) * PREFILL_BLOCKS_PER_SM) // max(1, programs)
     return max(1, min(want, _cdiv(max_tokens, MIN_SPLIT_TOKENS)))
 
 
