@@ -148,7 +148,7 @@ SKIPS: tuple[Skip, ...] = (
     Skip(("dequant_kv", *ATTENTION_OPS), lambda c, a: not _pow2(c.get("block_size", 1)),
          "block size must be a power of two (Triton tiles are powers of two)"),
     Skip(("decode_attention_flydsl", "decode_attention_flydsl_mx"), lambda c, a: _flydsl_unsupported(c),
-         "FlyDSL decode: head size 128/256, GQA 1..16, block size a multiple of 16, bf16/fp16 query "
+         "FlyDSL decode: head size 128/256/512, GQA 1..16, block size a multiple of 16, bf16/fp16 query "
          "(see codegen/flydsl/backend.py unsupported())"),
 )
 """Every config that is deliberately not built, with why. Nothing else may drop a config."""
@@ -202,16 +202,41 @@ class Selection:
     block_sizes: tuple[int, ...] = DEFAULT_BLOCK_SIZES
     dtypes: tuple[str, ...] = DEFAULT_DTYPES
     ops: tuple[str, ...] | None = None
+    attention: tuple[Config, ...] | None = None
+    """Model builds (codegen/models.py): the exact attention configs to build, each ``{head_size, gqa,
+    block_size, dtype, has_sinks, has_window, has_softcap}``; rows with a ``gqa`` axis build only these.
+    ``None``: every combination of the axes and the row's feature sets."""
+    preset: str = "custom"
+    """What the selection was made from: ``popular``, ``models`` (config files), ``full`` or ``custom``."""
+    models: tuple[str, ...] = ()
+    tp: tuple[int, ...] = ()
 
     def values(self, axis: str) -> tuple[Any, ...]:
         return {"head_size": self.head_sizes, "gqa": self.gqa, "block_size": self.block_sizes,
                 "dtype": self.dtypes}[axis]
 
+    def admits(self, row: OpRow, config: Config) -> bool:
+        """Whether ``config`` of ``row`` is one of the selected attention configs (always, without a list)."""
+        if self.attention is None or "gqa" not in row.axes:
+            return True
+        return attention_key(config) in {attention_key(c) for c in self.attention}
+
     def as_dict(self) -> dict[str, Any]:
         """JSON form recorded in the manifest."""
-        return {"head_sizes": list(self.head_sizes), "gqa": list(self.gqa),
-                "block_sizes": list(self.block_sizes), "dtypes": list(self.dtypes),
-                "ops": list(self.ops) if self.ops is not None else None}
+        out = {"head_sizes": list(self.head_sizes), "gqa": list(self.gqa),
+               "block_sizes": list(self.block_sizes), "dtypes": list(self.dtypes),
+               "ops": list(self.ops) if self.ops is not None else None, "preset": self.preset}
+        if self.attention is not None:
+            out.update(models=list(self.models), tp=list(self.tp),
+                       attention=[dict(sorted(c.items())) for c in self.attention])
+        return out
+
+
+def attention_key(config: Config) -> tuple[Any, ...]:
+    """The identity of an attention config across the matrix's spelling (``query_dtype``) and a model's (``dtype``)."""
+    dtype = config.get("query_dtype", config.get("dtype"))
+    return (config["head_size"], config["gqa"], config["block_size"], dtype, bool(config.get("has_sinks")),
+            bool(config.get("has_window")), bool(config.get("has_softcap")))
 
 
 def parse_int_list(text: str | None, name: str, default: tuple[int, ...]) -> tuple[int, ...]:
@@ -271,6 +296,8 @@ def expand(rows: Sequence[OpRow], selection: Selection, arch: str, backends_for_
             for feats in row.features:
                 axes = {row.rename.get(a, a): v for a, v in zip(row.axes, values, strict=True)}
                 config = {**axes, **row.flag_defaults, **feats}
+                if not selection.admits(row, config):
+                    continue
                 if row.targeted:
                     config["target"] = "cuda" if arch.startswith("sm_") else "hip"
                 reason = _skip_reason(skips, row.op, config, arch)

@@ -24,6 +24,8 @@ The window length, soft cap value and scale are run-time arguments: they never s
 
 from __future__ import annotations
 
+import functools
+import hashlib
 import json
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -31,6 +33,8 @@ from pathlib import Path
 from typing import Any
 
 from ultraquant.errors import UltraQuantError
+
+from . import matrix
 
 POPULAR = "popular"
 """Preset name: every model of :data:`POPULAR_FILE`."""
@@ -274,3 +278,73 @@ def describe(facts: ModelFacts, tp: Sequence[int] = DEFAULT_TP) -> str:
                              ("window", facts.window_layers), ("full", facts.full_layers)) if on]
     return (f"{facts.name}: D={facts.head_size} Hq={facts.num_heads} Hk={facts.num_kv_heads} {facts.dtype} "
             f"GQA {' '.join(per_tp)} layers {'+'.join(feats)}")
+
+
+FULL = "full"
+"""``MATRIX=full``: every combination of the matrix axes (``codegen/matrix.py`` defaults)."""
+
+
+def make_selection(*, models: str = "", tp: str = "", matrix_name: str = "", head_sizes: str = "", gqa: str = "",
+                   block_sizes: str = "", dtypes: str = "", ops: str = "") -> matrix.Selection:
+    """The build selection from the command line's strings (``make kernels`` variables).
+
+    - ``MODELS=<config.json>[,...]|popular [TP=...] [BLOCK_SIZES=...] [DTYPES=...]``: exactly what those
+      models need (HEAD_SIZES/GQA are derived, so giving them too is an error);
+    - ``MATRIX=full`` (optionally narrowed by ``HEAD_SIZES= GQA= BLOCK_SIZES= DTYPES=``): the product of axes;
+    - ``HEAD_SIZES=``/``GQA=`` alone: that hand-picked product (preset ``custom``);
+    - nothing: ``MODELS=popular``.
+    ``OPS=`` narrows every mode. Nothing is widened silently: conflicting knobs raise.
+    """
+    axes_given = bool(head_sizes.strip() or gqa.strip())
+    op_list = matrix.parse_str_list(ops, "OPS", None)
+    if matrix_name.strip() and matrix_name.strip() != FULL:
+        raise UltraQuantError(f"MATRIX: only 'full' is known, got {matrix_name!r}")
+    if matrix_name.strip() or (axes_given and not models.strip()):
+        if models.strip() or tp.strip():
+            raise UltraQuantError("MATRIX=full builds the axes' product: MODELS/TP do not apply to it")
+        narrowed = axes_given or block_sizes.strip() or dtypes.strip()
+        return matrix.Selection(
+            head_sizes=matrix.parse_int_list(head_sizes, "HEAD_SIZES", matrix.DEFAULT_HEAD_SIZES),
+            gqa=matrix.parse_int_list(gqa, "GQA", matrix.DEFAULT_GQA),
+            block_sizes=matrix.parse_int_list(block_sizes, "BLOCK_SIZES", matrix.DEFAULT_BLOCK_SIZES),
+            dtypes=matrix.parse_str_list(dtypes, "DTYPES", matrix.DEFAULT_DTYPES),
+            ops=op_list, preset="custom" if narrowed else FULL)
+    if axes_given:
+        raise UltraQuantError("HEAD_SIZES/GQA are derived from MODELS; for a hand-picked matrix use "
+                              "MATRIX=full HEAD_SIZES=... GQA=...")
+    facts = resolve(models.strip() or POPULAR)
+    degrees = matrix.parse_int_list(tp, "TP", DEFAULT_TP)
+    blocks = matrix.parse_int_list(block_sizes, "BLOCK_SIZES", (VLLM_BLOCK_SIZE,))
+    needs = derive(facts, degrees, blocks)
+    forced = matrix.parse_str_list(dtypes, "DTYPES", None)
+    attention = needs.attention
+    if forced is not None:  # DTYPES= serves the models in other dtypes (vLLM --dtype)
+        retyped = (tuple(sorted({**c, "dtype": d}.items())) for c in needs.attention for d in forced)
+        attention = tuple(dict(t) for t in dict.fromkeys(retyped))
+    return matrix.Selection(
+        head_sizes=needs.head_sizes, gqa=needs.gqa, block_sizes=needs.block_sizes,
+        dtypes=forced or needs.dtypes, ops=op_list, attention=attention,
+        preset=POPULAR if (models.strip() or POPULAR) == POPULAR else "models",
+        models=tuple(f.name for f in facts), tp=degrees)
+
+
+def selection_label(selection: dict[str, Any]) -> str:
+    """Short name of a manifest's ``selection`` for wheel versions and ``ultraquant info``:
+    ``popular`` / ``full`` when it is exactly that preset, else the preset plus a hash of the selection."""
+    preset = str(selection.get("preset") or "custom")
+    canonical = json.dumps(selection, sort_keys=True, separators=(",", ":"))
+    if preset in (POPULAR, FULL) and canonical == _preset_canonical().get(preset):
+        return preset
+    return f"{preset}.{hashlib.sha256(canonical.encode()).hexdigest()[:8]}"
+
+
+@functools.cache
+def _preset_canonical() -> dict[str, str]:
+    out = {}
+    for name, kw in ((POPULAR, {}), (FULL, {"matrix_name": FULL})):
+        try:
+            out[name] = json.dumps(make_selection(**kw).as_dict(), sort_keys=True, separators=(",", ":"))
+        except (UltraQuantError, OSError):  # a broken popular table must not break the label of others
+            continue
+    return out
+

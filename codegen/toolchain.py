@@ -49,8 +49,9 @@ TRITON_LLD = "triton"
 _VERSION_RE = re.compile(r"(?:LLD|LLVM version)\s+(\d+)\.")
 
 
-class ToolchainError(UltraQuantError):
-    """A tool the selected rows need is missing; the message says what to install and how."""
+class ToolchainError(UltraQuantError, RuntimeError):
+    """A tool the selected rows need is missing; the message says what to install and how (also a
+    RuntimeError, what the FlyDSL compile path catches when it can go on without a linker)."""
 
 
 @dataclass(frozen=True)
