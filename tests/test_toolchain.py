@@ -7,7 +7,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from ultraquant.codegen import toolchain as tc
 
 
