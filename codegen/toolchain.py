@@ -2,13 +2,14 @@
 
 FlyDSL links each kernel with ``<ROCM_PATH>/llvm/bin/ld.lld -shared in.o -o out.hsaco``, and the ISA
 checks disassemble the blob with ``llvm-objdump``. :func:`find_lld` looks, in order, at
-``$ULTRAQUANT_LLD``, ``ld.lld``/``ld.lld-NN`` on ``PATH``, Debian's ``/usr/lib/llvm-NN``, a ROCm
-install (``$ROCM_PATH``, ``/opt/rocm``), the Python environment's own ``bin/`` (a pip-installed
-linker), and last Triton's in-process linker (``triton._C.libtriton.amd.link_hsaco``, the LLD 22 that
-Triton links its own HSACO with) behind a small ``ld.lld`` wrapper script. Measured: FlyDSL decode
-blobs for gfx942 and gfx950 linked by that wrapper are byte-identical to Debian lld-19's except the
-``.comment`` linker string (benchmarks/NOTES.md). Nothing here installs anything: apt is
-``ultraquant build --install-system-deps`` (``make kernels APT=1``), and a miss raises
+``$ULTRAQUANT_LLD`` (``triton`` forces the last option), ``ld.lld-NN``/``ld.lld`` on ``PATH``,
+Debian's ``/usr/lib/llvm-NN``, a ROCm install (``$ROCM_PATH``, ``/opt/rocm``), the Python
+environment's own ``bin/`` (a pip-installed linker), and last Triton's in-process linker
+(``triton._C.libtriton.amd.link_hsaco``, the LLD 22 that Triton links its own HSACO with) behind a
+small ``ld.lld`` wrapper script. Measured: FlyDSL decode blobs for gfx942 and gfx950 linked by that
+wrapper are byte-identical to Debian lld-19's except the ``.comment`` linker string
+(benchmarks/NOTES.md). Nothing here installs anything: apt is ``ultraquant build
+--install-system-deps`` (``make kernels APT=1``), and a miss raises
 :class:`ToolchainError` with one paragraph saying what to install and how.
 """
 
@@ -166,6 +167,11 @@ def install_hint(what: str, rejected: Iterable[str] = ()) -> str:
 
 def find_lld(python: str = sys.executable, *, allow_triton: bool = True) -> Tool:
     """An ``ld.lld`` FlyDSL can use (LLVM >= 19), else Triton's linker behind a wrapper, else raise."""
+    if os.environ.get("ULTRAQUANT_LLD") == TRITON_LLD:  # forced: Triton's linker even when another exists
+        if not _triton_linker(python):
+            raise ToolchainError(install_hint("Triton's in-process linker (ULTRAQUANT_LLD=triton), which "
+                                              f"{python} lacks"))
+        return Tool(triton_lld_wrapper(python), 0, TRITON_LLD)
     tool, rejected = _first("ld.lld", MIN_LLD, "ULTRAQUANT_LLD", LLD_VERSIONS)
     if tool is not None:
         return tool

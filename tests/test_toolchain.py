@@ -76,3 +76,13 @@ def test_triton_wrapper(bare, tmp_path) -> None:
     failed = subprocess.run([t.path, "-shared", str(garbage), "-o", str(tmp_path / "out")], capture_output=True,
                             text=True)
     assert failed.returncode != 0
+
+
+def test_triton_forced_even_with_lld_present(bare, monkeypatch) -> None:
+    _fake(bare, "ld.lld-19", "Debian LLD 19.1.7")
+    monkeypatch.setenv("ULTRAQUANT_LLD", tc.TRITON_LLD)
+    with pytest.raises(tc.ToolchainError, match="ULTRAQUANT_LLD=triton"):
+        tc.find_lld(python="/nonexistent/python")
+    pytest.importorskip("triton")
+    if tc._triton_linker(sys.executable):
+        assert tc.find_lld().origin == tc.TRITON_LLD
