@@ -53,7 +53,8 @@ def config_groups(blobs: list[dict[str, Any]]) -> list[str]:
         g["ops"].add(b.get("op", "?"))
     return [f"D={d} block {bs} {dt} {feat}: GQA {','.join(map(str, sorted(g['gqa'])))} "
             f"({', '.join(sorted(g['ops']))})"
-            for (d, bs, dt, feat), g in sorted(groups.items(), key=lambda kv: tuple(map(str, kv[0])))]
+            for (d, bs, dt, feat), g in sorted(groups.items(), key=lambda kv: (kv[0][0], kv[0][1] or 0,
+                                                                            str(kv[0][2]), kv[0][3]))]
 
 
 def _selection_text(sel: dict[str, Any]) -> str:
