@@ -1,5 +1,5 @@
 # UltraQuant: every target sets up what it needs on a fresh machine.
-#   make test                 venv + dev install (CPU torch), ruff, pytest
+#   make test                 venv + dev install (CPU torch), ruff, import layers, pytest
 #   make kernels ARCH=gfx942  AOT blobs for the popular models into generated/<arch>/ (docs/codegen.md)
 PYTHON ?= python3
 VENV   ?= .venv
@@ -21,6 +21,7 @@ env: $(VENV)/.installed
 
 lint: env
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/lint-imports
 
 test: env lint
 	$(PY) -m pytest -q tests
@@ -28,8 +29,12 @@ test: env lint
 # Decode/store timings on a CUDA GPU vs the read ceiling and bf16 SDPA (docs/kernels.md).
 #   make bench [BENCH_ARGS="--shapes A,B,C,D --plot decode_latency.png"]
 .PHONY: bench
-bench: env
-	$(VENV)/bin/ultraquant bench $(BENCH_ARGS)
+# The Python that runs it: the venv's when there is one (after `make env`), else $(PYTHON) (a GPU
+# server whose system Python has its CUDA torch); BENCH_PY=... picks another.
+BENCH_PY ?= $(if $(wildcard $(PY)),$(PY),$(PYTHON))
+bench:
+	@$(BENCH_PY) -c "import torch" 2>/dev/null || { echo "make bench: $(BENCH_PY) has no torch; run it on a CUDA GPU machine with BENCH_PY=<a python with CUDA torch> (or make env first)" >&2; exit 1; }
+	PYTHONPATH=. $(BENCH_PY) -m ultraquant.cli bench $(BENCH_ARGS)
 
 # --- AOT kernels (docs/codegen.md) -------------------------------------------------------------
 #   make kernels ARCH=gfx942                      the `popular` preset: common open models at TP 1,2,4,8

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from ultraquant.codegen import matrix, models, wheel
 
 from ultraquant.cli import main
+from ultraquant.codegen import matrix, models, wheel
 from ultraquant.errors import UltraQuantError
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -183,5 +183,9 @@ def test_makefile_passes_one_selection_to_kernels_and_wheel() -> None:
     default = next(s for s in dry("kernels", "ARCH=gfx942").splitlines() if "ultraquant build" in s)
     assert "--model" not in default and "--matrix" not in default  # the CLI's default: popular
     assert "--install-system-deps" in dry("kernels", "ARCH=gfx942", "APT=1")
-    assert ".venv/bin/ultraquant bench" in dry("bench")
+    bench = dry("bench")
+    assert "-m ultraquant.cli bench" in bench and "has no torch" in bench
+    if (ROOT / ".venv" / "bin" / "python").exists():  # the venv's Python when there is one
+        assert "PYTHONPATH=. .venv/bin/python -m ultraquant.cli bench" in bench
+    assert "PYTHONPATH=. /x/python -m ultraquant.cli bench" in dry("bench", "BENCH_PY=/x/python")
     assert "--out accuracy-out" in dry("accuracy")

@@ -6,8 +6,8 @@ from __future__ import annotations
 import json
 
 import pytest
-from ultraquant.codegen import models as m
 
+from ultraquant.codegen import models as m
 from ultraquant.errors import UltraQuantError
 
 

@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 import pytest
+
 from ultraquant.codegen import toolchain as tc
 
 
