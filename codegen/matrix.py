@@ -7,9 +7,11 @@ the launch rule text copied into the manifest. :data:`SKIPS` lists every config 
 with the reason; skipped configs are recorded in the manifest too, so the runtime can tell "this
 config is unsupported" from "this arch was not built".
 
-Defaults cover the common models (head sizes 64/128/256/512, GQA 1/4/5/6/8/16, block sizes
-16/32/64/128); ``make kernels HEAD_SIZES=... GQA=... BLOCK_SIZES=... DTYPES=... OPS=...`` narrows or
-extends them (any value may be given: out-of-range ones are skipped with their reason).
+What is built comes from a :class:`Selection`: by default the exact attention configs of the
+``popular`` models or of given config.json files (codegen/models.py, ``Selection.attention``), or
+with ``MATRIX=full`` every combination of the axes below (head sizes 64/128/256/512, GQA
+1/4/5/6/8/16, block sizes 16/32/64/128), which ``HEAD_SIZES=... GQA=... BLOCK_SIZES=... DTYPES=...
+OPS=...`` narrow or extend (any value may be given: out-of-range ones are skipped with their reason).
 """
 
 from __future__ import annotations
