@@ -217,21 +217,14 @@ class ModelNeeds:
     skipped_tp: tuple[str, ...] = ()
     """``"<model>: TP=<n> ..."`` for degrees vLLM would refuse for that model."""
 
-    @property
-    def head_sizes(self) -> tuple[int, ...]:
-        return tuple(sorted({c["head_size"] for c in self.attention}))
+    def values(self, key: str) -> tuple[Any, ...]:
+        """The sorted distinct values of one config key (``head_size``, ``gqa``, ``block_size``, ``dtype``)."""
+        return tuple(sorted({c[key] for c in self.attention}))
 
-    @property
-    def gqa(self) -> tuple[int, ...]:
-        return tuple(sorted({c["gqa"] for c in self.attention}))
-
-    @property
-    def block_sizes(self) -> tuple[int, ...]:
-        return tuple(sorted({c["block_size"] for c in self.attention}))
-
-    @property
-    def dtypes(self) -> tuple[str, ...]:
-        return tuple(sorted({c["dtype"] for c in self.attention}))
+    head_sizes = property(lambda self: self.values("head_size"))
+    gqa = property(lambda self: self.values("gqa"))
+    block_sizes = property(lambda self: self.values("block_size"))
+    dtypes = property(lambda self: self.values("dtype"))
 
 
 def derive(models: Iterable[ModelFacts], tp: Sequence[int] = DEFAULT_TP,
