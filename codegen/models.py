@@ -28,7 +28,7 @@ import functools
 import hashlib
 import json
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -74,6 +74,8 @@ class ModelFacts:
     full_layers: bool
     """Some layers attend to the whole context."""
     notes: tuple[str, ...] = field(default=(), compare=False)
+    from_preset: bool = field(default=False, compare=False)
+    """From the ``popular`` table: a TP degree it cannot use leaves it out instead of failing the build."""
 
     def features(self) -> list[dict[str, bool]]:
         """The feature sets (matrix flags) of the model's layer kinds."""
@@ -193,7 +195,7 @@ def load_config(path: str | Path) -> ModelFacts:
 def popular() -> list[ModelFacts]:
     """Facts of every model of the ``popular`` preset."""
     table = json.loads(POPULAR_FILE.read_text())["models"]
-    return [facts_from_config(cfg, name) for name, cfg in table.items()]
+    return [replace(facts_from_config(cfg, name), from_preset=True) for name, cfg in table.items()]
 
 
 def resolve(models: str | Sequence[str]) -> list[ModelFacts]:
@@ -232,7 +234,7 @@ def derive(models: Iterable[ModelFacts], tp: Sequence[int] = DEFAULT_TP,
     """Every attention config ``models`` need at tensor-parallel degrees ``tp`` and ``block_sizes``.
 
     A degree a model cannot be sharded to is recorded in ``skipped_tp``; a model with no usable degree
-    at all is an error (nothing could serve it).
+    at all is an error (nothing could serve it), except a ``popular`` model, which is left out.
     """
     if not tp or any(t < 1 for t in tp):
         raise UltraQuantError(f"TP: expected positive tensor-parallel degrees, got {list(tp)}")
@@ -254,8 +256,13 @@ def derive(models: Iterable[ModelFacts], tp: Sequence[int] = DEFAULT_TP,
                     c = {"head_size": m.head_size, "gqa": g, "block_size": int(bs), "dtype": m.dtype, **feats}
                     seen.setdefault(tuple(sorted(c.items())), c)
         if not usable:
-            raise UltraQuantError(f"{m.name}: none of TP={','.join(map(str, tp))} can shard it "
-                                  f"({m.num_heads} query heads, {m.num_kv_heads} kv heads)")
+            why = (f"{m.name}: none of TP={','.join(map(str, tp))} can shard it "
+                   f"({m.num_heads} query heads, {m.num_kv_heads} kv heads)")
+            if not m.from_preset:
+                raise UltraQuantError(why)
+            skipped.append(why + "; left out of the preset")
+    if not seen:
+        raise UltraQuantError("no model of the selection can be sharded to TP=" + ",".join(map(str, tp)))
     return ModelNeeds(tuple(seen[k] for k in sorted(seen)), tuple(skipped))
 
 
