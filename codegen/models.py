@@ -330,12 +330,14 @@ def make_selection(*, models: str = "", tp: str = "", matrix_name: str = "", hea
 
 def selection_label(selection: dict[str, Any]) -> str:
     """Short name of a manifest's ``selection`` for wheel versions and ``ultraquant info``:
-    ``popular`` / ``full`` when it is exactly that preset, else the preset plus a hash of the selection."""
+    ``popular`` / ``full`` when it is exactly that preset, else the preset with 8 hex digits of the
+    selection's hash appended (``models3fa9c1d2``)."""
     preset = str(selection.get("preset") or "custom")
     canonical = json.dumps(selection, sort_keys=True, separators=(",", ":"))
     if preset in (POPULAR, FULL) and canonical == _preset_canonical().get(preset):
         return preset
-    return f"{preset}.{hashlib.sha256(canonical.encode()).hexdigest()[:8]}"
+    # one alphanumeric word: a wheel's local version would strip leading zeros from an all-digit segment
+    return f"{preset}{hashlib.sha256(canonical.encode()).hexdigest()[:8]}"
 
 
 @functools.cache

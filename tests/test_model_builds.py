@@ -5,6 +5,7 @@ wheel user without build tools meets (no tracebacks)."""
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -44,14 +45,14 @@ def test_selection_modes(configs) -> None:
     custom = models.make_selection(head_sizes="128", gqa="4", block_sizes="16")
     assert custom.preset == "custom" and custom.attention is None and custom.gqa == (4,)
     label = models.selection_label(custom.as_dict())
-    assert label.startswith("custom.") and label != models.selection_label(
+    assert label.startswith("custom") and label != models.selection_label(
         models.make_selection(head_sizes="128", gqa="8", block_sizes="16").as_dict())
     mine = models.make_selection(models=f"{a},{b}", tp="1,16", block_sizes="16,64")
     assert mine.preset == "models" and mine.models == ("llama", "gpt-oss.json") and mine.tp == (1, 16)
     # Llama at TP 1 (GQA 4) and 16 (GQA 2); gpt-oss cannot shard to 16 kv-wise? 64 q / 16 = 4, kv 1: GQA 4
     assert sorted({(c["head_size"], c["gqa"]) for c in mine.attention}) == [(64, 4), (64, 8), (128, 2), (128, 4)]
-    assert models.selection_label(mine.as_dict()).startswith("models.")
-    assert models.selection_label(models.make_selection(tp="1").as_dict()).startswith("popular.")
+    assert models.selection_label(mine.as_dict()).startswith("models")
+    assert re.fullmatch(r"popular[0-9a-f]{8}", models.selection_label(models.make_selection(tp="1").as_dict()))
     fp16 = models.make_selection(models=str(a), dtypes="bf16,fp16")
     assert {c["dtype"] for c in fp16.attention} == {"bf16", "fp16"} and fp16.dtypes == ("bf16", "fp16")
     for kw, match in ((dict(models=str(a), head_sizes="128"), "derived from MODELS"),
@@ -121,7 +122,8 @@ def test_wheel_selection_check_and_label(tmp_path, configs) -> None:
         (tmp_path / arch).mkdir()
         (tmp_path / arch / "manifest.json").write_text(json.dumps({"selection": sel}))
     label = wheel.check_selection(tmp_path, ["gfx942", "sm_90"], sel)
-    assert label.startswith("models.") and wheel.local_version(["gfx942", "sm_90"], "popular") == "gfx942.sm90.popular"
+    assert re.fullmatch(r"models[0-9a-f]{8}", label)
+    assert wheel.local_version(["gfx942", "sm_90"], "popular") == "gfx942.sm90.popular"
     wider = models.make_selection(models=str(a), tp="1,2").as_dict()
     with pytest.raises(UltraQuantError, match="was built for another selection"):
         wheel.check_selection(tmp_path, ["gfx942"], wider)
@@ -142,7 +144,7 @@ def test_info_lists_configs(tmp_path, monkeypatch, configs) -> None:
     monkeypatch.setenv("ULTRAQUANT_GENERATED", str(tmp_path))
     res = CliRunner().invoke(main, ["info"])
     assert res.exit_code == 0, res.output
-    assert "sm_90: 24 in" in res.output and "built for  models." in res.output and "llama, gpt-oss.json" in res.output
+    assert "sm_90: 24 in" in res.output and "built for  models" in res.output and "llama, gpt-oss.json" in res.output
     assert "configs    D=128 block 16 bf16 plain: GQA 4 (decode_attention, prefill_attention)" in res.output
     assert "configs    D=64 block 16 bf16 sinks+window: GQA 8" in res.output
 
