@@ -230,6 +230,8 @@ class Selection:
     """What the selection was made from: ``popular``, ``models`` (config files), ``full`` or ``custom``."""
     models: tuple[str, ...] = ()
     tp: tuple[int, ...] = ()
+    notes: tuple[str, ...] = field(default=(), compare=False)
+    """What the derivation left out (a model at a TP degree vLLM cannot shard it to); not recorded."""
 
     def values(self, axis: str) -> tuple[Any, ...]:
         return {"head_size": self.head_sizes, "gqa": self.gqa, "block_size": self.block_sizes,

@@ -325,7 +325,7 @@ def make_selection(*, models: str = "", tp: str = "", matrix_name: str = "", hea
         head_sizes=needs.head_sizes, gqa=needs.gqa, block_sizes=needs.block_sizes,
         dtypes=forced or needs.dtypes, ops=op_list, attention=attention,
         preset=POPULAR if (models.strip() or POPULAR) == POPULAR else "models",
-        models=tuple(f.name for f in facts), tp=degrees)
+        models=tuple(f.name for f in facts), tp=degrees, notes=needs.skipped_tp)
 
 
 def selection_label(selection: dict[str, Any]) -> str:

@@ -128,6 +128,12 @@ def command(arch_list: str, models: str, tp: str, matrix_name: str, head_sizes: 
         selection = make_selection(models=models, tp=tp, matrix_name=matrix_name, head_sizes=head_sizes,
                                    gqa=gqa, block_sizes=block_sizes, dtypes=dtypes, ops=ops)
         click.echo(_selection_summary(selection), err=True)
+        if selection.notes:
+            shown = selection.notes if dry_run else ()
+            click.echo(f"  {len(selection.notes)} model/TP pairs vLLM cannot shard are left out"
+                       + ("" if dry_run else " (--dry-run lists them)"), err=True)
+            for note in shown:
+                click.echo(f"  left out: {note}", err=True)
         if install_deps or install_system_deps:
             _install_deps(archs, matrix.OPS, selection.ops, install_system_deps)
         _preflight(archs, matrix.OPS, selection.ops)
