@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 
 import click
@@ -25,6 +26,9 @@ def command(shapes: str, layouts: str, plot: str | None, json_path: str | None, 
     """Time decode and store on this GPU against the read ceiling and bf16 SDPA (needs CUDA)."""
     if not torch.cuda.is_available():
         raise click.ClickException("ultraquant bench needs a CUDA GPU")
+    if importlib.util.find_spec("triton") is None:
+        raise click.ClickException("ultraquant bench also times Triton kernels (the read ceiling, the JIT "
+                                   "decode): pip install triton")
     if prefill:
         result = run_prefill_bench()
         if json_path:

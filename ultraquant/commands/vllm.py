@@ -2,7 +2,9 @@
 
 Prints the vLLM version the adapter targets, the installed one, whether the
 ``vllm.general_plugins`` entry point is in the installed metadata, whether registering the backend
-works here, the cache geometry for a model's head configuration, and the serve command line.
+works here, the cache geometry for a model's head configuration, and the serve command line. With
+``--model <config.json>`` the head configuration comes from the model (at ``--tp``), and it also
+prints the exact ``make kernels`` line that builds the blobs this deployment asks for.
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ from __future__ import annotations
 import importlib.metadata
 import importlib.util
 import json
+from pathlib import Path
 
 import click
 
@@ -67,18 +70,56 @@ def status(head_size: int, num_kv_heads: int, block_size: int, register: bool) -
     }
 
 
+def make_line(model: str, tp: int, block_size: int, arch: str) -> str:
+    """The ``make kernels`` command that builds what serving ``model`` at ``tp`` and ``block_size`` needs."""
+    blocks = "" if block_size == 16 else f" BLOCK_SIZES={block_size}"
+    return f"make kernels ARCH={arch} MODELS={model} TP={tp}{blocks}"
+
+
+def _local_arch() -> str | None:
+    """This machine's GPU arch name as the build spells it, if there is a GPU."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return None
+    props = torch.cuda.get_device_properties(torch.cuda.current_device())
+    name = getattr(props, "gcnArchName", "") or f"sm_{props.major}{props.minor}"
+    return name.split(":")[0]
+
+
 @click.command()
+@click.option("--model", "model_path", default=None, type=click.Path(path_type=Path),
+              help="A Hugging Face config.json (or a model folder holding one): head size and kv heads from it.")
+@click.option("--tp", default=1, show_default=True, type=click.IntRange(min=1),
+              help="Tensor-parallel degree the model is served at (with --model).")
+@click.option("--arch", default=None, help="Arch for the make line [default: this GPU's, else all three].")
 @click.option("--head-size", default=128, show_default=True, help="The model's head size D.")
 @click.option("--num-kv-heads", default=8, show_default=True, help="KV heads per GPU (after tensor parallel).")
 @click.option("--block-size", default=16, show_default=True, help="vLLM --block-size (tokens per block).")
 @click.option("--no-register", is_flag=True, help="Do not call register() (it imports vLLM).")
 @click.option("--json", "as_json", is_flag=True, help="Print the facts as JSON.")
-def command(head_size: int, num_kv_heads: int, block_size: int, no_register: bool, as_json: bool) -> None:
-    """Check the vLLM plugin and show the cache geometry and serve command."""
+def command(model_path: Path | None, tp: int, arch: str | None, head_size: int, num_kv_heads: int,
+            block_size: int, no_register: bool, as_json: bool) -> None:
+    """Check the vLLM plugin and show the cache geometry, serve command and (with --model) the build line."""
+    model_facts = None
     try:
+        if model_path is not None:
+            from ultraquant.codegen.models import load_config
+
+            model_facts = load_config(model_path)
+            gqa = model_facts.gqa(tp)
+            head_size, num_kv_heads = model_facts.head_size, model_facts.num_heads // tp // gqa
         st = status(head_size, num_kv_heads, block_size, register=not no_register)
     except UltraQuantError as exc:
         raise click.BadParameter(str(exc)) from exc
+    if model_facts is not None:
+        folder = model_path if model_path.is_dir() else model_path.parent
+        st["model"] = {"name": model_facts.name, "head_size": model_facts.head_size,
+                       "heads": model_facts.num_heads, "kv_heads": model_facts.num_kv_heads, "tp": tp,
+                       "gqa": gqa, "notes": list(model_facts.notes)}
+        st["make"] = make_line(str(model_path), tp, block_size, arch or _local_arch() or "gfx942,gfx950,sm_90")
+        st["serve"] = st["serve"].replace("vllm serve MODEL", f"vllm serve {folder}") + \
+            (f" --tensor-parallel-size {tp}" if tp > 1 else "")
     if as_json:
         click.echo(json.dumps(st, indent=2))
         return
@@ -92,6 +133,14 @@ def command(head_size: int, num_kv_heads: int, block_size: int, no_register: boo
     click.echo(f"block sizes    {', '.join(map(str, st['block_sizes']))}"
                + ("" if st["block_supported"] else f"  (--block-size {block_size} is NOT one of them)"))
     click.echo(f"head sizes     {', '.join(map(str, st['head_sizes']))}")
+    if "model" in st:
+        m = st["model"]
+        click.echo(f"model          {m['name']}: D={m['head_size']}, {m['heads']} query / {m['kv_heads']} kv heads; "
+                   f"at TP={m['tp']}: {num_kv_heads} kv heads per GPU, GQA {m['gqa']}")
+        for note in m["notes"]:
+            click.echo(f"  note         {note}")
     click.echo(f"one block      {tuple(st['cache_block_shape'])} uint8, {st['bytes_per_token']} B per token "
                "per layer")
+    if "make" in st:
+        click.echo(f"build          {st['make']}")
     click.echo(f"serve          {st['serve']}")
