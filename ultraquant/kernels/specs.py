@@ -104,6 +104,34 @@ PREFILL_PARAMS: tuple[tuple[str, str], ...] = (
     ("stride_cb", "i32"), ("stride_ct", "i32"), ("stride_ch", "i32"), ("stride_btb", "i32"),
 )
 
+def pow2_at_least(n: int) -> int:
+    return 1 << max(0, (n - 1).bit_length())
+
+
+def _tname(dtype: torch.dtype | str) -> str:
+    if isinstance(dtype, str):
+        return dtype
+    return DTYPE_NAMES[dtype]
+
+
+def slot_alignment(head_size: int, strides: tuple[int, ...] | None = None) -> int:
+    """Bytes every slot start is a multiple of: gcd(16, cache strides); without strides, the dense
+    layout's gcd(16, slot_size(D)) (D=64: 4, D=128: 8, D>=256: 16). A constexpr of the attention
+    kernels (the compiler vectorizes slot loads with it)."""
+    g = 16
+    for s in strides if strides is not None else (slot_size(head_size),):
+        g = math.gcd(g, int(s))
+    return max(1, g)
+
+
+def target_of(device: torch.device) -> str:
+    """Code-generation target of a device: ``"cuda"`` (NVIDIA: inline PTX allowed), ``"hip"`` (AMD)
+    or ``"portable"`` (CPU: the Triton interpreter). Codegen passes the same names per arch."""
+    if device.type != "cuda":
+        return "portable"
+    return "hip" if torch.version.hip else "cuda"
+
+
 ALIGNABLE: dict[str, tuple[str, ...]] = {
     "uq_store_kv": ("stride_kn", "stride_kh", "stride_vn", "stride_vh"),
     "uq_dequant_kv": ("stride_kn", "stride_kh", "stride_vn", "stride_vh"),
@@ -136,34 +164,6 @@ def _positions(kernel: str, params: tuple[str, ...]) -> tuple[tuple[str, int], .
         got = _POSITIONS[(kernel, params)] = tuple((n, params.index(n)) for n in params
                                                    if n in ALIGNABLE.get(kernel, ()))
     return got
-
-
-def pow2_at_least(n: int) -> int:
-    return 1 << max(0, (n - 1).bit_length())
-
-
-def _tname(dtype: torch.dtype | str) -> str:
-    if isinstance(dtype, str):
-        return dtype
-    return DTYPE_NAMES[dtype]
-
-
-def slot_alignment(head_size: int, strides: tuple[int, ...] | None = None) -> int:
-    """Bytes every slot start is a multiple of: gcd(16, cache strides); without strides, the dense
-    layout's gcd(16, slot_size(D)) (D=64: 4, D=128: 8, D>=256: 16). A constexpr of the attention
-    kernels (the compiler vectorizes slot loads with it)."""
-    g = 16
-    for s in strides if strides is not None else (slot_size(head_size),):
-        g = math.gcd(g, int(s))
-    return max(1, g)
-
-
-def target_of(device: torch.device) -> str:
-    """Code-generation target of a device: ``"cuda"`` (NVIDIA: inline PTX allowed), ``"hip"`` (AMD)
-    or ``"portable"`` (CPU: the Triton interpreter). Codegen passes the same names per arch."""
-    if device.type != "cuda":
-        return "portable"
-    return "hip" if torch.version.hip else "cuda"
 
 
 def _signature(params: tuple[tuple[str, str], ...], **types: str) -> dict[str, str]:
