@@ -104,6 +104,8 @@ PREFILL_PARAMS: tuple[tuple[str, str], ...] = (
     ("stride_cb", "i32"), ("stride_ct", "i32"), ("stride_ch", "i32"), ("stride_btb", "i32"),
 )
 
+
+
 def pow2_at_least(n: int) -> int:
     return 1 << max(0, (n - 1).bit_length())
 
