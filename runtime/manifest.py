@@ -78,8 +78,6 @@ class Entry:
     shared: int
     params: tuple[Param, ...]
     constexprs: dict[str, Any] = field(default_factory=dict, hash=False, compare=False)
-    divisible: tuple[str, ...] = ()
-    """Integer parameters the key assumes are multiples of 16 (``Specialization.divisible``)."""
     global_scratch: int = 0
     num_ctas: int = 1
     alternate_of: str = ""
@@ -90,6 +88,13 @@ class Entry:
     def signature(self) -> dict[str, str]:
         """Visible parameters name -> Triton type, as in :class:`~ultraquant.kernels.specs.Specialization`."""
         return {p.name: p.type for p in self.params if not p.hidden}
+
+    @property
+    def divisible(self) -> tuple[str, ...]:
+        """Integer parameters the binary assumes are multiples of 16 (for a Triton blob, its
+        ``Specialization.divisible``; the manifest's ``divisible`` field says the same)."""
+        return tuple(p.name for p in self.params
+                     if not p.hidden and not p.type.startswith("*") and p.divisibility > 1)
 
 
 def _first(d: dict[str, Any], *names: str, default: Any = None) -> Any:
@@ -109,9 +114,8 @@ def parse_entry(raw: dict[str, Any], arch: str, directory: Path) -> Entry:
             Param(name=p["name"], type=p["type"], size=int(p["size"]), offset=int(p["offset"]),
                   hidden=bool(p.get("hidden", False)), divisibility=int(p.get("divisibility", 1)))
             for p in _first(raw, "params", "parameters"))
-        divisible = tuple(raw.get("divisible", ()))
         key = raw.get("key") or _spec_key(kernel, raw.get("constexprs", {}),
-                                          {p.name: p.type for p in params if not p.hidden}, divisible)
+                                          {p.name: p.type for p in params if not p.hidden})
         warp = 64 if arch.startswith("gfx") else 32
         return Entry(
             arch=raw.get("arch", arch),
@@ -127,7 +131,6 @@ def parse_entry(raw: dict[str, Any], arch: str, directory: Path) -> Entry:
             shared=int(_first(raw, "shared", default=_first(launch, "shared", "dynamic_shared", default=0))),
             params=params,
             constexprs=dict(raw.get("constexprs", {})),
-            divisible=divisible,
             global_scratch=max([int(_first(raw, "global_scratch_size", default=_first(
                 raw.get("resources", {}), "global_scratch_size", default=0)))]
                 + [int(p.get("scratch_bytes", 0)) for p in _first(raw, "params", "parameters")]),
@@ -151,11 +154,10 @@ def _skipped_key(row: dict[str, Any]) -> str | None:
         return None
 
 
-def _spec_key(kernel: str, constexprs: dict[str, Any], signature: dict[str, str],
-              divisible: tuple[str, ...] = ()) -> str:
+def _spec_key(kernel: str, constexprs: dict[str, Any], signature: dict[str, str]) -> str:
     from ultraquant.kernels.specs import Specialization
 
-    return Specialization(kernel=kernel, signature=signature, constexprs=constexprs, divisible=divisible).key()
+    return Specialization(kernel=kernel, signature=signature, constexprs=constexprs).key()
 
 
 class ManifestIndex:
