@@ -48,7 +48,8 @@ def verify_device(device: Any = None, *, keys: list[str] | None = None) -> tuple
         except BlobError as exc:
             rows.append(Row(key, entry.path.name, "REFUSED", str(exc), (time.perf_counter() - t0) * 1e3))
             continue
-        spec = Specialization(kernel=entry.kernel, signature=entry.signature, constexprs=entry.constexprs)
+        spec = Specialization(kernel=entry.kernel, signature=entry.signature, constexprs=entry.constexprs,
+                              divisible=entry.divisible)
         v = selftest.run(kernel, spec, d)
         rows.append(Row(key, entry.path.name, "pass" if v.ok else "FAIL", v.detail,
                         (time.perf_counter() - t0) * 1e3))

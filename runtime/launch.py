@@ -26,13 +26,13 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from ultraquant import config
 from ultraquant.errors import UltraQuantError
 from ultraquant.kernels.plans import LaunchPlan
-from ultraquant.kernels.specs import Specialization
+from ultraquant.kernels.specs import ALIGNABLE, ARG_DIVISOR, Specialization
 
 from . import selftest
 from .driver import DeviceInfo, device_info
@@ -49,9 +49,9 @@ class Miss:
     reason: str
 
 
-StateKey = tuple[int, str, tuple, tuple]
+StateKey = tuple[int, str, tuple, tuple, tuple]
 _STATE: dict[StateKey, Kernel | Miss] = {}
-"""(device, kernel, constexpr items, parameter types) -> resolution: cheaper to build per call than
+"""(device, kernel, constexpr items, parameter types, divisible) -> resolution: cheaper to build per call than
 the key string (which names the same things)."""
 _KEYS: dict[StateKey, str] = {}
 _DEVICES: dict[int, DeviceInfo] = {}
@@ -118,7 +118,7 @@ def _capturing() -> bool:
 
 def state_key(spec: Specialization, dev: int) -> StateKey:
     """The per-call lookup key of ``spec`` on ``dev`` (see ``_STATE``)."""
-    return dev, spec.kernel, tuple(spec.constexprs.items()), tuple(spec.signature.values())
+    return dev, spec.kernel, tuple(spec.constexprs.items()), tuple(spec.signature.values()), spec.divisible
 
 
 def resolve(spec: Specialization, dev: int, *, allow_selftest: bool = True) -> Kernel | Miss:
@@ -139,12 +139,15 @@ def resolve(spec: Specialization, dev: int, *, allow_selftest: bool = True) -> K
         reasons: list[str] = []
         st = None
         for kernel in (*index().alternates(d.arch, spec.kernel), spec.kernel):
-            cand = spec if kernel == spec.kernel else Specialization(
-                kernel=kernel, signature=dict(spec.signature), constexprs=dict(spec.constexprs))
-            entry, reason = index().lookup(d.arch, cand.key())
+            entry, reason, cand = None, "", spec
+            for cand in spec.runnable_as(kernel):
+                entry, why = index().lookup(d.arch, cand.key())
+                if entry is not None:
+                    break
+                reason = reason or why
             if entry is None:
                 if kernel == spec.kernel:  # an alternate that was not built is no news
-                    reasons.append(reason)
+                    reasons.append(reason + _divisibility_hint(spec, d.arch))
                 continue
             if entry.signature != dict(spec.signature):
                 ours = [f"{n}:{t}" for n, t in spec.signature.items()]
@@ -164,6 +167,16 @@ def resolve(spec: Specialization, dev: int, *, allow_selftest: bool = True) -> K
             _STATE[skey] = st
             _KEYS[skey] = key
         return st
+
+
+def _divisibility_hint(spec: Specialization, arch: str) -> str:
+    """Why a call missed a blob that exists for the usual strides (``ALIGNABLE``), or ``""``."""
+    usual = replace(spec, divisible=tuple(n for n in spec.signature if n in ALIGNABLE.get(spec.kernel, ())))
+    if usual.divisible == spec.divisible or index().lookup(arch, usual.key())[0] is None:
+        return ""
+    odd = [n for n in usual.divisible if n not in spec.divisible]
+    return (f"; a blob exists for strides that are multiples of {ARG_DIVISOR}, and this call's "
+            f"{', '.join(odd)} are not (the Triton JIT serves it)")
 
 
 def _load_and_test(entry: Entry, spec: Specialization, d: DeviceInfo, allow_selftest: bool) -> Kernel | Miss:

@@ -89,6 +89,13 @@ class Entry:
         """Visible parameters name -> Triton type, as in :class:`~ultraquant.kernels.specs.Specialization`."""
         return {p.name: p.type for p in self.params if not p.hidden}
 
+    @property
+    def divisible(self) -> tuple[str, ...]:
+        """Integer parameters the binary assumes are multiples of 16 (for a Triton blob, its
+        ``Specialization.divisible``; the manifest's ``divisible`` field says the same)."""
+        return tuple(p.name for p in self.params
+                     if not p.hidden and not p.type.startswith("*") and p.divisibility > 1)
+
 
 def _first(d: dict[str, Any], *names: str, default: Any = None) -> Any:
     for n in names:

@@ -54,8 +54,8 @@ def _rel_err(got: torch.Tensor, want: torch.Tensor) -> float:
 def _launch(kernel: Kernel, plan: LaunchPlan, dev: Device) -> str | None:
     """Launch ``plan`` through ``kernel`` and wait; the reason it cannot be used, if any."""
     e = kernel.entry
-    stand_in = Specialization(kernel=e.kernel, signature=plan.spec.signature, constexprs=plan.spec.constexprs)
-    if e.key != plan.spec.key() and not (e.alternate_of == plan.spec.kernel and e.key == stand_in.key()):
+    if e.kernel != plan.spec.kernel and e.alternate_of != plan.spec.kernel or \
+            e.key not in {s.key() for s in plan.spec.runnable_as(e.kernel)}:
         return f"the self-test problem planned {plan.spec.key()}, not this blob's {kernel.entry.key}"
     kernel.launch(plan.args, plan.grid)
     if torch.device(dev).type == "cuda":

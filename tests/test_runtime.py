@@ -7,12 +7,14 @@ argument bytes through the pointer array exactly as the real driver would).
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import hashlib
 import json
 import logging
 import struct
 
 import pytest
+import torch
 
 from ultraquant.errors import UltraQuantError
 from ultraquant.kernels import specs
@@ -619,3 +621,73 @@ def test_flydsl_alternate_is_preferred_and_a_failing_one_falls_back(rt, tmp_path
     assert launch.try_launch(plan(_decode_like()), 1) is True
     assert rt.launches[-1]["block"] == 128  # its self-test failed on device 1: the Triton blob
     assert tested == [("uq_decode_flydsl", 0), ("uq_decode_flydsl", 1), ("uq_decode", 1)]
+
+
+# --- alignment facts in the key (issue 14, gate 0) -----------------------------------------------------
+
+def _aligned(s: Specialization, names=("stride",)) -> Specialization:
+    return dataclasses.replace(s, divisible=tuple(names))
+
+
+@pytest.fixture
+def alignable(monkeypatch):
+    """Make uq_test's ``stride`` one of the row strides plans prove divisible by 16."""
+    monkeypatch.setitem(specs.ALIGNABLE, "uq_test", ("stride",))
+    monkeypatch.setattr(specs, "_POSITIONS", {})
+
+
+def test_fit_divisible_keeps_only_the_strides_the_values_prove(alignable):
+    fit_divisible = specs.fit_divisible
+    assert fit_divisible(spec(), args()).divisible == ("stride",)
+    odd = (*args()[:3], (1 << 40) + 8, *args()[4:])
+    assert fit_divisible(spec(), odd).divisible == ()
+    assert fit_divisible(spec(), args()).key() == spec().key() + "|div16=stride"
+
+
+def test_decode_plan_key_carries_the_query_and_output_strides():
+    from ultraquant.format import slot_size
+    from ultraquant.kernels import plans
+
+    b, hq, hk, d, bs = 2, 8, 2, 128, 16
+    cache = torch.zeros(5, bs, hk, slot_size(d), dtype=torch.uint8)
+    table = torch.zeros(b, 2, dtype=torch.int32)
+    lens = torch.full((b,), 20, dtype=torch.int32)
+    q = torch.zeros(b, hq, d, dtype=torch.bfloat16)
+    p = plans.plan_decode(q, cache, table, lens, 0.1, None, None, None, torch.empty_like(q))
+    assert p.spec.divisible == specs.ALIGNABLE["uq_decode"]
+    assert p.spec.key() == specs.decode_spec(head_size=d, gqa=hq // hk, block_size=bs, align=8).key()
+    padded = torch.zeros(b, hq, d + 8, dtype=torch.bfloat16)[..., :d]  # rows of 136 elements: 8 mod 16
+    p2 = plans.plan_decode(padded, cache, table, lens, 0.1, None, None, None, torch.empty_like(q))
+    assert p2.spec.divisible == ("stride_qb", "stride_ob", "stride_oh")
+    assert p2.spec.key() != p.spec.key() and p2.spec.constexprs == p.spec.constexprs
+
+
+def _divisible_manifest(root, s: Specialization):
+    d = write_manifest(root, specs=[s])
+    m = json.loads((d / "manifest.json").read_text())
+    for prm in m["blobs"][0]["params"]:
+        if prm["name"] in s.divisible:
+            prm["divisibility"] = 16
+    m["blobs"][0]["divisible"] = list(s.divisible)
+    (d / "manifest.json").write_text(json.dumps(m))
+
+
+def test_odd_strides_miss_the_aligned_blob_with_a_reason(rt, tmp_path, alignable, monkeypatch):
+    fit_divisible = specs.fit_divisible
+    _divisible_manifest(tmp_path / "gen", _aligned(spec()))
+    assert launch.try_launch(plan(s=fit_divisible(spec(), args())), 0) is True
+    odd = (*args()[:3], (1 << 40) + 8, *args()[4:])
+    st = launch.resolve(fit_divisible(spec(), odd), 0)
+    assert isinstance(st, launch.Miss) and "this call's stride are not" in st.reason
+    assert launch.try_launch(plan(s=fit_divisible(spec(), odd), a=odd), 0) is False
+    assert len(rt.launches) == 1
+    # A plan that claims what its values break is caught at launch (the packer), never run.
+    assert launch.try_launch(plan(s=_aligned(spec()), a=odd), 0) is False and len(rt.launches) == 1
+    monkeypatch.setenv("ULTRAQUANT_REQUIRE_AOT", "1")
+    with pytest.raises(UltraQuantError, match="'stride' = .* not a multiple of 16"):
+        launch.try_launch(plan(s=_aligned(spec()), a=odd), 0)
+
+
+def test_a_blob_without_alignment_assumptions_serves_aligned_calls(rt, tmp_path, alignable):
+    write_manifest(tmp_path / "gen")  # built before the alignment entered the key
+    assert launch.try_launch(plan(s=_aligned(spec())), 0) is True and len(rt.launches) == 1

@@ -13,7 +13,16 @@ import torch
 
 from ..config import Tuning
 from .heuristics import STORE_FEW_ROWS_PER_SM, cdiv, decode_splits, num_sms, prefill_splits
-from .specs import Specialization, decode_spec, dequant_spec, prefill_spec, slot_alignment, store_spec, target_of
+from .specs import (
+    Specialization,
+    decode_spec,
+    dequant_spec,
+    fit_divisible,
+    prefill_spec,
+    slot_alignment,
+    store_spec,
+    target_of,
+)
 from .workspace import _dummy_f32, _dummy_i32, decode_workspace
 
 NO_TUNING = Tuning()
@@ -43,7 +52,7 @@ def plan_store(key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor, s
     args = (key, value, kv_cache, slot_mapping, rows, hk, kv_cache.shape[1],
             key.stride(0), key.stride(1), value.stride(0), value.stride(1),
             kv_cache.stride(0), kv_cache.stride(1), kv_cache.stride(2))
-    return LaunchPlan(spec, args, (max(1, cdiv(rows, spec.constexprs["BLOCK_R"])), 1, 1))
+    return LaunchPlan(fit_divisible(spec, args), args, (max(1, cdiv(rows, spec.constexprs["BLOCK_R"])), 1, 1))
 
 
 def plan_dequant(kv_cache: torch.Tensor, block_table: torch.Tensor, seq_lens: torch.Tensor,
@@ -58,7 +67,7 @@ def plan_dequant(kv_cache: torch.Tensor, block_table: torch.Tensor, seq_lens: to
             kv_cache.stride(0), kv_cache.stride(1), kv_cache.stride(2), block_table.stride(0),
             k_out.stride(0), k_out.stride(1), v_out.stride(0), v_out.stride(1))
     grid = (max(1, cdiv(max_tokens, tile)), block_table.shape[0], kv_cache.shape[2])
-    return LaunchPlan(spec, args, grid)
+    return LaunchPlan(fit_divisible(spec, args), args, grid)
 
 
 def plan_decode(query: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tensor,
@@ -83,7 +92,7 @@ def plan_decode(query: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.
             float(scale), float(softcap or 0.0), int(sliding_window or 0), splits,
             query.stride(0), query.stride(1), out.stride(0), out.stride(1),
             kv_cache.stride(0), kv_cache.stride(1), kv_cache.stride(2), block_table.stride(0))
-    return LaunchPlan(spec, args, (b, hk, splits), notes={"num_splits": splits})
+    return LaunchPlan(fit_divisible(spec, args), args, (b, hk, splits), notes={"num_splits": splits})
 
 
 def plan_prefill(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor,
@@ -114,4 +123,4 @@ def plan_prefill(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, kv
             query.stride(0), query.stride(1), key.stride(0), key.stride(1), value.stride(0), value.stride(1),
             out.stride(0), out.stride(1), kv_cache.stride(0), kv_cache.stride(1), kv_cache.stride(2),
             block_table.stride(0))
-    return LaunchPlan(spec, args, (tiles, hk, splits), notes={"num_splits": splits})
+    return LaunchPlan(fit_divisible(spec, args), args, (tiles, hk, splits), notes={"num_splits": splits})
