@@ -101,6 +101,7 @@ VLLM_PY        := $(VLLM_VENV)/bin/python
 VLLM_MODEL     ?= $(VLLM_CACHE)/smollm2-135m-instruct-safetensors
 VLLM_TEST_DEPS ?= "gguf>=0.17" "accelerate>=1.0" "pytest>=8"
 VLLM_KV_GIB    ?= 1
+VLLM_RESULTS   ?=
 .PHONY: test-vllm vllm-env
 
 $(VLLM_BASE)/.installed:
@@ -130,4 +131,4 @@ $(VLLM_MODEL)/.converted: $(VLLM_BASE)/.installed | $(VLLM_VENV)/.installed
 
 test-vllm: $(VLLM_VENV)/.installed $(VLLM_MODEL)/.converted
 	ULTRAQUANT_ENGINE_TESTS=1 ULTRAQUANT_VLLM_MODEL=$(VLLM_MODEL) VLLM_CPU_KVCACHE_SPACE=$(VLLM_KV_GIB) \
-		$(VLLM_PY) -m pytest -q -s -p no:cacheprovider tests/engine
+		ULTRAQUANT_ENGINE_RESULTS=$(VLLM_RESULTS) $(VLLM_PY) -m pytest -q -s -p no:cacheprovider tests/engine

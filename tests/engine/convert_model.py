@@ -10,6 +10,7 @@ dequantizes the GGUF on load but refuses ``save_pretrained`` on a GGUF-quantized
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -19,6 +20,8 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from transformers.utils import logging as hf_logging
 
 from ultraquant.accuracy.model import find_gguf
+
+os.environ.setdefault("TQDM_DISABLE", "1")  # the GGUF dequantization progress bar floods CI logs
 
 
 def convert(out: Path) -> None:

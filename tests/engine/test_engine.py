@@ -41,14 +41,15 @@ DUMP_LAYER = "model.layers.2.self_attn.attn"  # vLLM 0.32 keeps layers 0, 1, 28,
 HEAD_SIZE, NUM_KV_HEADS = 64, 3                  # SmolLM2-135M
 
 FIRST_TOKENS = 4
-"""Greedy tokens that must agree with the default cache (measured: 5, 5 and 9 on the three prompts)."""
+"""Greedy tokens that must agree with the default cache (measured: 10, 5 and 9 of 12 on the three prompts)."""
 
 MAX_REGRET = 1.5
 """Most nats an UltraQuant token may lie below the default model's top token at its position.
 
-Measured on the three prompts (36 tokens): 33 are the default model's top token, the other three
-0.12, 0.50 and 0.62 nats below it: close calls that a 4-bit cache may flip. 1.5 nats (the default
-model giving the chosen token at least 22% of its top token's probability) leaves 2.4x that margin,
+Measured on the three prompts (36 tokens): 32 are the default model's top token, the other four
+0.12, 0.50, 0.62 and 0.62 nats below it: close calls that a 4-bit cache may flip (the bf16 logit
+margins there are ~0.4). 1.5 nats (the default model giving the chosen token at least 22% of its
+top token's probability) leaves 2.4x the largest,
 while a token the default model finds implausible (the garbage of a backend that misreads the cache)
 is several nats below its top token."""
 
@@ -67,7 +68,9 @@ REQUEST_TIMEOUT = 300
 
 
 def _env(**extra: str) -> dict[str, str]:
+    """The engines' environment: a user's (tests/conftest.py sets TRITON_INTERPRET for the kernels)."""
     env = dict(os.environ)
+    env.pop("TRITON_INTERPRET", None)
     env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     env.update(extra)
     return env
@@ -101,6 +104,11 @@ def runs(model_dir: str, tmp_path_factory: pytest.TempPathFactory) -> dict[str, 
     uq = _run_ok(_engine(model_dir, uq_out, "ultraquant_4bit", "--dump-layer", DUMP_LAYER, "--dump", str(dump)),
                  uq_out)
     ref = _run_ok(_engine(model_dir, ref_out, "auto", "--score", str(uq_out)), ref_out)
+    results = os.environ.get("ULTRAQUANT_ENGINE_RESULTS")
+    if results:  # `make test-vllm VLLM_RESULTS=benchmarks/results/...json`: keep the runs' numbers
+        regrets = _regrets(ref)
+        Path(results).write_text(json.dumps({"default": ref, "ultraquant_4bit": uq, "regret_nats": regrets},
+                                            indent=1))
     for name, run in (("default", ref), ("ultraquant_4bit", uq)):
         print(f"\n{name}: {run['kv_tokens']} KV tokens in {run['kv_space_gib']} GiB, startup {run['startup_s']} s, "
               f"generate {run['generate_s']} s")
@@ -116,8 +124,8 @@ def _regrets(ref: dict) -> list[list[float]]:
 def test_offline_first_tokens_agree(runs: dict) -> None:
     for u, r in zip(runs["uq"]["prompts"], runs["ref"]["prompts"], strict=True):
         assert u["prompt_token_ids"] == r["prompt_token_ids"]
-        agree = next((i for i, (a, b) in enumerate(zip(u["token_ids"], r["token_ids"])) if a != b),
-                     len(u["token_ids"]))
+        pairs = zip(u["token_ids"], r["token_ids"], strict=True)
+        agree = next((i for i, (a, b) in enumerate(pairs) if a != b), len(u["token_ids"]))
         print(f"{u['prompt']!r}: {agree} first tokens agree")
         assert agree >= FIRST_TOKENS, (u["text"], r["text"])
     assert "Paris" in runs["uq"]["prompts"][0]["text"]
