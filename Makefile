@@ -126,7 +126,7 @@ $(VLLM_VENV)/.installed: $(VLLM_BASE)/.installed pyproject.toml
 vllm-env: $(VLLM_VENV)/.installed
 
 $(VLLM_MODEL)/.converted: $(VLLM_BASE)/.installed | $(VLLM_VENV)/.installed
-	$(VLLM_PY) tests/engine/convert_model.py $(VLLM_MODEL)
+	TQDM_DISABLE=1 $(VLLM_PY) tests/engine/convert_model.py $(VLLM_MODEL)
 	touch $@
 
 test-vllm: $(VLLM_VENV)/.installed $(VLLM_MODEL)/.converted

