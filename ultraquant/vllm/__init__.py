@@ -21,8 +21,8 @@ pieces (names, cache shape, metadata mapping) live in :mod:`ultraquant.vllm.spec
 from __future__ import annotations
 
 import logging
-import os
 
+from .. import config
 from .spec import (
     BACKEND_CLASS,
     BACKEND_NAME,
@@ -99,7 +99,7 @@ def cpu_platform_plugin() -> str | None:
     Returns None (vLLM then picks its platform as usual) with ``ULTRAQUANT_VLLM_CPU_PLATFORM=0``, on
     GPU builds of vLLM, and where vLLM would pick another CPU platform (e.g. AMD Zen's).
     """
-    if os.environ.get(CPU_PLATFORM_ENV, "1").strip().lower() in ("0", "false", "no", "off"):
+    if not config.get().vllm_cpu_platform:  # ULTRAQUANT_VLLM_CPU_PLATFORM=0
         return None
     try:
         from vllm.platforms import cpu_platform_plugin as detect_cpu
