@@ -173,7 +173,7 @@ def _load_and_test(entry: Entry, spec: Specialization, d: DeviceInfo, allow_self
             f"UltraQuant kernel {key} is not loaded on cuda:{dev} and the current stream is capturing a "
             "CUDA graph; call ultraquant.warmup(...) for this model's configs (or run one eager step) "
             "before capture")
-    cached = selftest.CACHE.get(entry.sha256, d)
+    cached = selftest.cached(entry, d)
     if cached is not None and not cached.ok:
         return _note_miss(dev, key, f"blob disabled: its self-test failed on this GPU earlier "
                           f"({cached.detail}); delete {selftest.CACHE.path} to retest", warn=True)

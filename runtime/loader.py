@@ -35,6 +35,9 @@ def read_blob(entry: Entry) -> bytes:
     if image is not None:
         return image
     try:
+        if entry.path.resolve().parent != entry.path.parent.resolve():  # a link out of the blob folder
+            raise BlobError(f"{entry.key}: {entry.path.name} resolves to {entry.path.resolve()}, outside "
+                            f"the blob folder {entry.path.parent}")
         image = entry.path.read_bytes()
     except OSError as exc:
         raise BlobError(f"{entry.key}: cannot read {entry.path}: {exc}") from None
