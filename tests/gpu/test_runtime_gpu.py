@@ -309,6 +309,10 @@ def test_blob_failing_its_selftest_is_disabled_and_triton_answers(arch, tmp_path
     v[0, 0, :8] = torch.tensor([6.0, 0.75, 1.75, 2.5, 3.5, 5.0, 0.25, 1.25], dtype=torch.bfloat16)
     got = torch.zeros(int(slots.max()) // BS + 1, BS, HK, uq.slot_size(D), dtype=torch.uint8, device="cuda")
     want = torch.zeros_like(got)
+    # Issue 17 item 5: the upstream blob first passes its self-test under its own key; that verdict
+    # must not carry over to the rne key pointing at the same bytes.
+    uq.store_kv(k, v, torch.zeros_like(got), slots, encoder="upstream")
+    assert isinstance(launch.state()[(torch.cuda.current_device(), ups)], loader.Kernel)
     uq.store_kv(k, v, got, slots)
     R.store_kv(k, v, want, slots)
     torch.cuda.synchronize()
@@ -317,7 +321,7 @@ def test_blob_failing_its_selftest_is_disabled_and_triton_answers(arch, tmp_path
     st = launch.state()[(torch.cuda.current_device(), rne)]
     assert isinstance(st, launch.Miss) and "self-test failed" in st.reason and "V/untouched" in st.reason
     dev = launch.info(torch.cuda.current_device())
-    verdict = selftest.CACHE.get(b["sha256"], dev)
+    verdict = selftest.cached(launch.index().entries[dev.arch][rne], dev)
     assert verdict is not None and not verdict.ok
 
 
