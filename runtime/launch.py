@@ -238,11 +238,11 @@ def warmup(configs: Iterable[Any], device: Any = None) -> dict[str, str]:
 
     ``configs`` holds :class:`~ultraquant.kernels.specs.Specialization` or
     :class:`~ultraquant.kernels.plans.LaunchPlan` objects, or dicts of model parameters that
-    :func:`model_specializations` turns into them. Returns config key ->
+    :func:`model_specializations` turns into exactly the variants the calls on ``device`` plan. Returns config key ->
     ``"aot"`` or the miss reason. Under ``ULTRAQUANT_REQUIRE_AOT=1`` a miss raises."""
     dev = device_of(device)
     report: dict[str, str] = {}
-    for spec in _specs(configs):
+    for spec in _specs(configs, dev):
         st = resolve(spec, dev)
         report[spec.key()] = "aot" if isinstance(st, Kernel) else st.reason
         cfg = config.get()
@@ -252,41 +252,91 @@ def warmup(configs: Iterable[Any], device: Any = None) -> dict[str, str]:
     return report
 
 
-def _specs(configs: Iterable[Any]) -> Iterable[Specialization]:
+def _specs(configs: Iterable[Any], dev: int) -> Iterable[Specialization]:
     for c in configs:
         if isinstance(c, Specialization):
             yield c
         elif isinstance(c, LaunchPlan):
             yield c.spec
         elif isinstance(c, dict):
-            yield from model_specializations(c)
+            yield from model_specializations(c, dev)
         else:
             raise UltraQuantError("configs: expected Specialization, LaunchPlan or dict, got "
                                   f"{type(c).__name__}")
 
 
-def model_specializations(config: dict[str, Any]) -> list[Specialization]:
-    """Every kernel variant a model config needs: ``head_size``, ``block_size``, ``gqa`` (or
-    ``num_q_heads`` and ``num_kv_heads``), optional ``dtype`` (for all tensors) or per-tensor dtypes,
-    ``has_sinks``/``has_window``/``has_softcap``, ``encoder``, and ``ops`` (default: all four)."""
-    from ultraquant.kernels.specs import SPECIALIZERS
+MODEL_KEYS = ("head_size", "block_size", "gqa", "num_q_heads", "num_kv_heads", "dtype", "query_dtype", "key_dtype",
+              "out_dtype", "slot_dtype", "has_sinks", "has_window", "has_softcap", "encoder", "cache_strides", "ops")
+"""Keys a model-config dict of :func:`warmup` may hold."""
 
-    cfg = dict(config)
-    dtype = cfg.pop("dtype", None)
-    if dtype is not None:
-        for name in ("key_dtype", "query_dtype", "out_dtype"):
-            cfg.setdefault(name, dtype)
-    if "gqa" not in cfg and "num_q_heads" in cfg and "num_kv_heads" in cfg:
-        cfg["gqa"] = int(cfg["num_q_heads"]) // int(cfg["num_kv_heads"])
-    ops = cfg.pop("ops", tuple(SPECIALIZERS))
-    out = []
+
+def _torch_device(device: Any) -> Any:
+    import torch
+
+    if device is None:
+        return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+    if isinstance(device, int):
+        return torch.device("cuda", device)
+    return torch.device(device)
+
+
+def _dtype_name(value: Any, what: str) -> str:
+    from ultraquant.kernels.specs import DTYPE_NAMES
+
+    name = DTYPE_NAMES.get(value, value)
+    if name not in ("bf16", "fp16", "fp32"):
+        raise UltraQuantError(f"configs: {what} {value!r} is not one of bf16, fp16, fp32 (or a torch dtype)")
+    return name
+
+
+def model_specializations(model: dict[str, Any], device: Any = None) -> list[Specialization]:
+    """Every kernel variant the public ops plan for a model config on ``device`` (default: the current
+    GPU): the same spec functions the calls use, so warmup loads exactly what they will launch.
+
+    ``model``: ``head_size``, ``block_size``, ``gqa`` (or ``num_q_heads`` and ``num_kv_heads``),
+    ``dtype`` (or ``query_dtype``/``key_dtype``/``out_dtype``), optional ``slot_dtype`` (default int64,
+    vLLM's), ``has_sinks``/``has_window``/``has_softcap``, ``encoder``, ``cache_strides`` (the cache's
+    first three strides when it is not the dense layout) and ``ops`` (default: all four). Stores get
+    both layouts (a decode step's few rows, a prefill's many); dequant the query dtype (the dense
+    prefill route's); decode/prefill the device's target and ``ULTRAQUANT_DECODE_*`` tuning."""
+    from ultraquant.kernels import plans, specs
+
+    unknown = sorted(set(model) - set(MODEL_KEYS))
+    if unknown:
+        raise UltraQuantError(f"configs: unknown model keys {unknown} (known: {', '.join(MODEL_KEYS)})")
+    ops = tuple(model.get("ops", specs.SPECIALIZERS))
     for op in ops:
-        if op not in SPECIALIZERS:
-            raise UltraQuantError(f"configs: unknown op {op!r} (ops are {', '.join(SPECIALIZERS)})")
+        if op not in specs.SPECIALIZERS:
+            raise UltraQuantError(f"configs: unknown op {op!r} (ops are {', '.join(specs.SPECIALIZERS)})")
+    dtype = model.get("dtype", "bf16")
+    q = _dtype_name(model.get("query_dtype", dtype), "query_dtype")
+    k = _dtype_name(model.get("key_dtype", q), "key_dtype")
+    o = _dtype_name(model.get("out_dtype", q), "out_dtype")
+    flags = tuple(bool(model.get(f, False)) for f in ("has_sinks", "has_window", "has_softcap"))
+    strides = model.get("cache_strides")
+    strides = None if strides is None else tuple(int(x) for x in strides)
+    dev = _torch_device(device)
+    out: list[Specialization] = []
+    for op in ops:
         try:
-            out.append(SPECIALIZERS[op](**cfg))
-        except TypeError as exc:
-            raise UltraQuantError(f"configs: {op} needs more of the model config ({exc})") from None
+            d = int(model["head_size"])
+            if op == "store_kv":
+                out += [specs.store_spec(head_size=d, key_dtype=k, slot_dtype=model.get("slot_dtype", "i64"),
+                                         encoder=model.get("encoder", "rne"), few_rows=few) for few in (True, False)]
+                continue
+            bs = int(model["block_size"])
+            if op == "dequant_kv":
+                out.append(specs.dequant_spec(head_size=d, block_size=bs, out_dtype=q))
+                continue
+            gqa = int(model["gqa"]) if "gqa" in model else int(model["num_q_heads"]) // int(model["num_kv_heads"])
+            if op == "decode_attention":
+                out.append(plans.decode_call_spec(d, gqa, bs, q, o, *flags, strides, dev, config.get().tuning))
+            else:
+                out.append(plans.prefill_call_spec(d, gqa, bs, q, k, o, *flags, strides, dev))
+        except KeyError as exc:
+            raise UltraQuantError(f"configs: {op} needs more of the model config (missing {exc})") from None
+        except (TypeError, ValueError) as exc:
+            raise UltraQuantError(f"configs: {op}: bad model config ({exc})") from None
     return out
 
 

