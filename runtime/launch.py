@@ -58,6 +58,8 @@ _DEVICES: dict[int, DeviceInfo] = {}
 _INDEX: ManifestIndex | None = None
 _LOGGED: set[tuple[int, str]] = set()
 _LOCK = threading.RLock()
+_EPOCH = [0]
+"""Bumped by :func:`reset`: a :class:`Prepared` launcher holding a kernel from an older epoch resolves again."""
 
 
 def index() -> ManifestIndex:
@@ -76,6 +78,7 @@ def reset(manifest_index: ManifestIndex | None = None) -> None:
     Loaded modules stay loaded (never unloaded: a captured graph may still point at them)."""
     global _INDEX
     with _LOCK:
+        _EPOCH[0] += 1
         _STATE.clear()
         _KEYS.clear()
         _LOGGED.clear()
@@ -209,28 +212,65 @@ def try_launch(plan: LaunchPlan, device: Any = None) -> bool:
     torch's current stream of that device), ``False`` when the caller must use another path (Triton
     JIT, or the reference); under ``ULTRAQUANT_BACKEND=aot`` or ``ULTRAQUANT_REQUIRE_AOT=1`` a miss
     raises instead. Never synchronizes."""
+    dev = device_of(device) if device is not None else plan_device(plan)
+    return launch_prepared(plan.spec, None if dev is None else state_key(plan.spec, dev), dev, plan.args, plan.grid)
+
+
+def launch_prepared(spec: Specialization, skey: StateKey | None, dev: int | None, args: tuple[Any, ...],
+                    grid: tuple[int, int, int]) -> bool:
+    """:func:`try_launch` of a plan whose device and :func:`state_key` the caller already knows (the
+    ops cache both per call signature): the per-call work is one dict lookup and the launch."""
     cfg = config.get()
     if cfg.backend == "triton" or cfg.backend == "reference":
         return False
-    dev = device_of(device) if device is not None else plan_device(plan)
     if dev is None:
         if _strict(cfg):
-            raise UltraQuantError(f"ULTRAQUANT_BACKEND={cfg.backend}/REQUIRE_AOT: {plan.spec.kernel} was called "
+            raise UltraQuantError(f"ULTRAQUANT_BACKEND={cfg.backend}/REQUIRE_AOT: {spec.kernel} was called "
                                   "with tensors that are not on a GPU; blobs run on GPUs only")
         return False
-    st = _STATE.get(state_key(plan.spec, dev))
+    st = _STATE.get(skey)
     if st is None:
-        st = resolve(plan.spec, dev)
-    if isinstance(st, Kernel):
+        st = resolve(spec, dev)
+    if st.__class__ is not Miss:
         try:
-            st.launch(plan.args, plan.grid)
+            st.launch(args, grid)
             return True
         except MisalignedArgument as exc:
-            st = _note_miss(dev, f"{plan.spec.key()} (alignment)", str(exc), warn=False)
+            st = _note_miss(dev, f"{spec.key()} (alignment)", str(exc), warn=False)
     if _strict(cfg):
         raise UltraQuantError(f"ULTRAQUANT_BACKEND={cfg.backend}, REQUIRE_AOT={int(cfg.require_aot)}: no usable blob "
                               f"on cuda:{dev}: {st.reason}")
     return False
+
+
+class Prepared:
+    """The AOT launch of one specialization on one device, for a caller that plans once and launches
+    many times (the ops' per-signature cache): after the first launch it holds the loaded kernel, so a
+    call is the kernel's launch alone, while :func:`reset` or a config change sends it through
+    :func:`launch_prepared` (resolution, misses, strict mode) again."""
+
+    __slots__ = ("spec", "skey", "dev", "kernel", "epoch", "config")
+
+    def __init__(self, spec: Specialization, dev: int | None) -> None:
+        self.spec, self.dev = spec, dev
+        self.skey = None if dev is None else state_key(spec, dev)
+        self.kernel: Kernel | None = None
+        self.epoch, self.config = -1, None
+
+    def __call__(self, args: tuple[Any, ...], grid: tuple[int, int, int]) -> bool:
+        """Launch from the blob (True) or report a miss (False; raises when strict), as :func:`try_launch`."""
+        k = self.kernel
+        if k is not None and self.epoch == _EPOCH[0] and self.config is config.get():
+            try:
+                k.launch(args, grid)
+                return True
+            except MisalignedArgument:  # this call's pointers: launch_prepared words the miss
+                pass
+        self.epoch, self.config = _EPOCH[0], config.get()
+        launched = launch_prepared(self.spec, self.skey, self.dev, args, grid)
+        st = _STATE.get(self.skey) if launched else None
+        self.kernel = st if isinstance(st, Kernel) else None
+        return launched
 
 
 def warmup(configs: Iterable[Any], device: Any = None) -> dict[str, str]:
