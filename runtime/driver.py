@@ -1,7 +1,7 @@
 """ctypes bindings to the vendor driver APIs: just what loading and launching a code object needs.
 
 Why ctypes and not a C extension: a wheel that ships only Python plus blobs has no C++ ABI to match,
-so one wheel serves every Python and torch version (see shared docs/runtime-lessons.md).
+so one wheel serves every Python and torch version (docs/runtime.md, "Why ctypes").
 
 * CUDA: ``libcuda.so.1`` (the driver API). Modules are loaded into the device's *primary* context,
   the one PyTorch's runtime API uses, so pointers and streams from torch are valid for our kernels.
