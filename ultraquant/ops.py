@@ -95,8 +95,10 @@ MAX_SIGNATURES = 4096
 """Signatures kept before the cache starts over (shapes a server sees are few; this bounds a sweep)."""
 
 
-def _t(t: object) -> tuple:
-    """The static facts of a tensor argument (None stays None)."""
+def _t(t: object) -> tuple | None:
+    """The static facts of an optional tensor argument (None stays None). The required ones are
+    spelled out in the callers (one flat tuple, no call per tensor); what the plans and validation
+    ignore (seq_lens' and slot_mapping's strides: read as contiguous) is left out."""
     return None if t is None else (t.__class__, t.shape, t.stride(), t.dtype, t.device)
 
 
@@ -164,7 +166,10 @@ def store_kv(key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor, slo
         torch.ops.ultraquant.store_kv(key, value, kv_cache, slot_mapping, encoder)
         return
     try:
-        sig = ("store", _t(key), _t(value), _t(kv_cache), _t(slot_mapping), encoder)
+        sig = ("store", key.__class__, key.shape, key.stride(), key.dtype, key.device,
+               value.__class__, value.shape, value.stride(), value.dtype, value.device,
+               kv_cache.__class__, kv_cache.shape, kv_cache.stride(), kv_cache.dtype, kv_cache.device,
+               slot_mapping.__class__, slot_mapping.shape, slot_mapping.dtype, slot_mapping.device, encoder)
         prepared = _prepared(sig)
     except (AttributeError, TypeError):  # not tensors (validation words it) or unhashable options
         sig = prepared = None
@@ -229,7 +234,11 @@ def decode_attention(query: torch.Tensor, kv_cache: torch.Tensor, block_table: t
                                                   sliding_window, None if softcap is None else float(softcap), out)
         return out
     try:
-        sig = ("decode", _t(query), _t(kv_cache), _t(block_table), _t(seq_lens), _t(sinks), _t(out),
+        sig = ("decode", query.__class__, query.shape, query.stride(), query.dtype, query.device,
+               kv_cache.__class__, kv_cache.shape, kv_cache.stride(), kv_cache.dtype, kv_cache.device,
+               block_table.__class__, block_table.shape, block_table.stride(), block_table.dtype,
+               block_table.device, seq_lens.__class__, seq_lens.shape, seq_lens.dtype, seq_lens.device,
+               _t(sinks), _t(out),
                scale.__class__, scale, sliding_window.__class__, sliding_window, softcap.__class__, softcap)
         prepared = _prepared(sig)
     except (AttributeError, TypeError):
