@@ -195,6 +195,9 @@ def parse_entry(raw: dict[str, Any], arch: str, directory: Path) -> Entry:
             alternate_of=str(raw.get("alternate_of") or ""),
             priority=_int(raw.get("priority", 0)),
         )
+        if entry.num_warps < 1 or entry.threads < 1 or entry.shared < 0 or entry.num_ctas < 1:
+            raise ValueError(f"launch geometry num_warps={entry.num_warps} threads={entry.threads} "
+                             f"shared={entry.shared} num_ctas={entry.num_ctas}")
         check_layout(entry.params, entry.key)
         return entry
     except (KeyError, TypeError, ValueError, AttributeError) as exc:

@@ -264,6 +264,14 @@ def test_manifest_file_names_must_be_plain_names_inside_the_folder(rt, tmp_path,
         launch.try_launch(plan(), 0)
 
 
+def test_a_blob_that_is_a_link_loop_is_refused(rt, tmp_path):
+    d = write_manifest(tmp_path / "gen")
+    (d / "uq_test_0.cubin").unlink()
+    (d / "uq_test_0.cubin").symlink_to(d / "uq_test_0.cubin")
+    assert launch.try_launch(plan(), 0) is False and not rt.loads
+    assert "uq_test_0.cubin" in launch.state()[(0, spec().key())].reason
+
+
 def test_a_blob_linked_out_of_the_folder_is_refused(rt, tmp_path):
     d = write_manifest(tmp_path / "gen")
     outside = tmp_path / "outside.cubin"
@@ -306,6 +314,8 @@ def _break(d, how):
         b["constexprs"] = [1, 2]
     elif how == "arch a number":
         m["arch"] = 90
+    elif how == "negative threads":
+        b["threads"] = -128
     elif how == "skipped garbage":
         m["skipped"] = 5
         m["blobs"] = []
@@ -314,7 +324,7 @@ def _break(d, how):
 
 BROKEN = ["truncated", "top-level list", "blobs not a list", "entry a string", "params not a list",
           "param not an object", "size a string", "num_warps null", "sha256 a number", "unknown param type",
-          "constexprs a list", "arch a number", "skipped garbage"]
+          "constexprs a list", "arch a number", "negative threads", "skipped garbage"]
 
 
 @pytest.mark.parametrize("how", BROKEN)
