@@ -15,7 +15,7 @@ import ultraquant as uq
 from tests.test_runtime import FakeDriver, rt, write_manifest  # noqa: F401  (rt: fixture)
 from ultraquant import ops, validate
 from ultraquant.errors import UltraQuantError
-from ultraquant.kernels import plans, registry
+from ultraquant.kernels import plans, registry, specs
 from ultraquant.runtime import launch
 
 HQ, HK, D, BS = 8, 2, 64, 16
@@ -48,6 +48,11 @@ def problem(b=2, seed=0):
     return dict(q=torch.randn(b, HQ, D, generator=g), cache=cache,
                 bt=torch.arange(4 * b, dtype=torch.int32).reshape(b, 4) % 8,
                 lens=torch.full((b,), 20, dtype=torch.int32), out=torch.empty(b, HQ, D))
+
+
+def arg(name: str) -> int:
+    """Position of a decode kernel parameter in a plan's args."""
+    return [n for n, _ in specs.DECODE_PARAMS].index(name)
 
 
 def decode(p, **kw):
@@ -84,7 +89,7 @@ def test_anything_that_changes_the_launch_plans_again(recorded, monkeypatch):
     decode(p, softcap=30.0)
     decode(problem(b=3))
     assert counts["plan_decode"] == 5
-    assert [lp.args[9] for lp in launches[:2]] == [0.125, 0.25]
+    assert [lp.args[arg("scale")] for lp in launches[:2]] == [0.125, 0.25]
     monkeypatch.setenv("ULTRAQUANT_DECODE_SPLITS", "3")  # a config change: every signature plans anew
     decode(p)
     assert counts["plan_decode"] == 6 and launches[-1].grid[2] == 3
@@ -145,7 +150,7 @@ def test_out_none_gets_a_fresh_buffer_each_call(recorded):
     p = problem()
     a = uq.decode_attention(p["q"], p["cache"], p["bt"], p["lens"], 0.125)
     b = uq.decode_attention(p["q"], p["cache"], p["bt"], p["lens"], 0.125)
-    assert a is not b and launches[0].args[5] is a and launches[1].args[5] is b
+    assert a is not b and launches[0].args[arg("out_ptr")] is a and launches[1].args[arg("out_ptr")] is b
 
 
 def test_the_aot_launcher_follows_runtime_resets(rt, tmp_path, monkeypatch):  # noqa: F811
