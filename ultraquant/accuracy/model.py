@@ -134,7 +134,8 @@ def load_gguf(path: Path | str | None = None) -> tuple[LlamaWeights, BPETokenize
         raise UltraQuantError("model: untied output head is not supported")
     weights = LlamaWeights(cfg, embed, tensors["output_norm.weight"], layers)
     tok = BPETokenizer([str(x) for x in _field(reader, "tokenizer.ggml.tokens")],
-                       [str(x) for x in _field(reader, "tokenizer.ggml.merges")])
+                       [str(x) for x in _field(reader, "tokenizer.ggml.merges")],
+                       str(_field(reader, "tokenizer.ggml.pre")))
     return weights, tok
 
 
