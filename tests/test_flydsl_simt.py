@@ -89,3 +89,39 @@ def test_gfx950_mx_kernel_matches_its_emulation():
     torch.testing.assert_close(got, emu.to(torch.bfloat16).float(), rtol=2**-7, atol=1e-3)
     cos = torch.nn.functional.cosine_similarity(got.flatten().double(), expect.flatten().double(), dim=0)
     assert cos > 0.9999
+
+
+class _InterpretedBlob:
+    """Looks like a loaded FlyDSL mx blob to the runtime self-test, but runs the kernel's IR here."""
+
+    def __init__(self, kernel: simt.Kernel, key: str) -> None:
+        self.kernel, self.entry = kernel, type("Entry", (), {"key": key})()
+
+    def launch(self, args, grid) -> None:
+        self.kernel.launch_tensors(tuple(grid), list(args))
+
+
+def test_self_test_problem_fails_the_old_mx_kernel_and_passes_the_fixed_one():
+    """Issue 15: the first-use self-test is the gate on hardware. Its decode problem (block-scaled
+    query, keys weighted at K positions 16-63), run through the interpreter with the scaled MFMA's
+    operand maps from AMD's sources, fails the old mx kernel (FP8 query packed like FP4) and passes
+    the fixed one."""
+    from ultraquant.codegen.flydsl import backend as fb
+    from ultraquant.codegen.flydsl.compiler import compile_decode
+    from ultraquant.runtime import problems
+
+    from ultraquant.kernels import plans
+    from ultraquant.kernels.flydsl import operand_maps as om
+
+    cfg = {"head_size": 128, "gqa": 4, "block_size": 16}
+    spec = plans.decode_spec(**cfg, query_dtype="bf16")
+    key = fb.flydsl_key(spec, fb.KERNEL_MX)
+    verdicts = {}
+    for name, qmap in (("fixed", om.FP8), ("old", om.FP4)):
+        ir = simt.lowered_ir(lambda qmap=qmap: compile_decode("gfx950", "k", cfg, mx=True, need_linker=False,
+                                                              waves=W, mx_query_map=qmap))
+        blob = _InterpretedBlob(simt.Kernel(ir, lanes=64 * W), key)
+        verdicts[name] = problems.decode_problem(blob, spec, "cpu")
+    print(verdicts)
+    assert verdicts["fixed"][0], verdicts
+    assert not verdicts["old"][0], verdicts

@@ -32,6 +32,7 @@ from flydsl.expr import arith, const_expr, gpu, range_constexpr, rocdl
 from flydsl.expr.typing import T
 
 from ultraquant.kernels import layout_emulation as lay
+from ultraquant.kernels.flydsl import operand_maps as om
 from ultraquant.kernels.layout_emulation import LOG2E, MFMA_K, TILE, WAVE, DecodeConfig
 
 F32_NEG_INF = float("-inf")
@@ -129,39 +130,62 @@ def _vselect(cond, a, b):
     return fx.Vector(arith.select(cond, a, b))
 
 
-def _fp8_run(vals):
-    """32 float32 query values of one (head, 32-group) -> (vector<8xi32> FP8 e4m3 B operand, scale).
+def _f32_bits(x):
+    return fx.Int32(arith.bitcast(T.i32, _raw(fx.Float32(x))))
 
-    The shared exponent rule is :func:`ultraquant.kernels.layout_emulation.fp8_group_exponent` on the
-    group's absmax bits: the smallest power of two that brings the absmax to <= 448. The scale operand
-    is its E8M0 byte (``e + 127``) in byte 0 (opsel 0).
+
+def _pow2(e):
+    """2**e as a float32 built from its bits (e in [-126, 127])."""
+    return fx.Float32(arith.bitcast(T.f32, _raw((e + 127) << 23)))
+
+
+def _xor_max(x, masks):
+    for m in masks:
+        x = arith.maxnumf(x, _xor(x, m))
+    return x
+
+
+def _fp8_query(vals, g, plan):
+    """One chunk of the rotated query (32 float32 of this lane, in the FP8 lane layout) -> two
+    FP8 e4m3 terms, hi and lo (lo quantizes what hi missed), as (vector<8xi32> B operand, scale byte).
+
+    Every 32-element K block gets its own exponent (:func:`layout_emulation.fp8_group_exponent` on
+    its absmax: the smallest power of two that brings it to <= 448), shared by the lanes holding its
+    halves (``plan``: :func:`layout_emulation.fp8_block_plan`); the scale operand of lane group g is
+    K block g's E8M0 byte (``e + 127``, byte 0 = opsel 0), fetched from a lane that holds it.
     """
-    amax = fx.Float32(0.0)
-    for v in vals:
-        amax = arith.maxnumf(amax, fx.Float32(_raw_abs(v)))
-    bits = fx.Int32(arith.bitcast(T.i32, _raw(amax)))
-    e = lay.fp8_group_exponent(bits, _select)
-    inv = fx.Float32(arith.bitcast(T.f32, _raw((127 - e) << 23)))
-    words = []
-    for k in range(8):
-        q = [fx.Float32(vals[4 * k + t]) * inv for t in range(4)]
-        lo = rocdl.cvt_pk_fp8_f32(T.i32, _raw(q[0]), _raw(q[1]), _raw(fx.Int32(0)), False)
-        words.append(fx.Int32(rocdl.cvt_pk_fp8_f32(T.i32, _raw(q[2]), _raw(q[3]), lo, True)))
-    return fx.Vector.from_elements(words, dtype=fx.Int32), e + 127, words, e
-
-
-def _fp8_two_term(vals):
-    """The query group as FP8 hi + FP8 lo terms (two scaled MFMAs): lo quantizes what hi missed,
-    with its own power-of-two scale, so the query keeps ~7 significant bits instead of 4."""
-    hi, hi_byte, words, e = _fp8_run(vals)
-    scale = fx.Float32(arith.bitcast(T.f32, _raw((e + 127) << 23)))
-    deq = []
-    for w in words:
-        for half in (False, True):
-            pair = fx.Vector(rocdl.cvt_pk_f32_fp8(T.vec(2, T.f32), _raw(w), half))
-            deq += [fx.Float32(pair[0]) * scale, fx.Float32(pair[1]) * scale]
-    lo, lo_byte, _, _ = _fp8_run([fx.Float32(v) - d for v, d in zip(vals, deq, strict=True)])
-    return (hi, hi_byte), (lo, lo_byte)
+    classes, share, picks = plan
+    terms = []
+    for _term in range(2):
+        exps = []
+        for cls in classes:
+            amax = fx.Float32(0.0)
+            for e in cls:
+                amax = arith.maxnumf(amax, fx.Float32(_raw_abs(vals[e])))
+            exps.append(lay.fp8_group_exponent(_f32_bits(_xor_max(amax, [m for m in share])), _select))
+        q = [None] * 32
+        deq = [None] * 32
+        for cls, ex in zip(classes, exps, strict=True):
+            inv = _pow2(fx.Int32(0) - ex)
+            for e in cls:
+                q[e] = fx.Float32(vals[e]) * inv
+        words = []
+        for k in range(8):
+            lo = rocdl.cvt_pk_fp8_f32(T.i32, _raw(q[4 * k]), _raw(q[4 * k + 1]), _raw(fx.Int32(0)), False)
+            words.append(fx.Int32(rocdl.cvt_pk_fp8_f32(T.i32, _raw(q[4 * k + 2]), _raw(q[4 * k + 3]), lo, True)))
+        for cls, ex in zip(classes, exps, strict=True):
+            scale = _pow2(ex)
+            for e in cls:
+                pair = fx.Vector(rocdl.cvt_pk_f32_fp8(T.vec(2, T.f32), _raw(words[e // 4]), (e % 4) >= 2))
+                deq[e] = fx.Float32(pair[e % 2]) * scale
+        # lane group g's scale operand: K block g's exponent, from the lane (g ^ mask) that holds it
+        sbyte = fx.Int32(0)
+        for mask, ci, gg in picks:
+            f = _pow2(exps[ci]) if mask == 0 else _xor(_pow2(exps[ci]), mask)
+            sbyte = _select(g == gg, (_f32_bits(f) >> 23) & 0xFF, sbyte)
+        terms.append((fx.Vector.from_elements(words, dtype=fx.Int32), sbyte))
+        vals = [fx.Float32(v) - d for v, d in zip(vals, deq, strict=True)]
+    return terms
 
 
 def _raw_abs(v):
@@ -189,7 +213,8 @@ _DTYPES = {"bf16": (fx.BFloat16, 2), "fp16": (fx.Float16, 2), "fp32": (fx.Float3
 
 
 def build_decode(cfg: DecodeConfig, arch: str, *, name: str, query_dtype: str = "bf16",
-                 out_dtype: str = "bf16", mx: bool = False, waves: int = 1):
+                 out_dtype: str = "bf16", mx: bool = False, waves: int = 1,
+                 mx_query_map: om.OperandMap = om.FP8):
     """Return the ``@flyc.jit`` launcher of the decode kernel for ``cfg`` on ``arch``.
 
     Grid (B, Hk, num_splits), ``waves`` waves per workgroup: they take the split's 16-token tiles round
@@ -203,7 +228,9 @@ def build_decode(cfg: DecodeConfig, arch: str, *, name: str, query_dtype: str = 
     ``mx`` (gfx950 only): QK with ``v_mfma_scale_f32_16x16x128_f8f6f4`` (A = the FP4 K codes and
     their UE8M0 scales as stored; B = the rotated query as two FP8 e4m3 terms, hi and lo, each with
     one power-of-two scale per (head, 32-group) chosen so nothing exceeds 448: two scaled MFMAs per
-    128 head-dim elements) and V decoded by ``v_cvt_scalef32_pk_bf16_fp4``.
+    128 head-dim elements) and V decoded by ``v_cvt_scalef32_pk_bf16_fp4``. ``mx_query_map``: the FP8
+    operand layout the query is packed for (:data:`operand_maps.FP8`; another map builds a kernel
+    with that belief, which the interpreter tests use to show what a wrong layout does).
     """
     if mx and arch != "gfx950":
         raise ValueError("the mx decode path needs gfx950 (scaled FP4 MFMA, FP4 conversions)")
@@ -218,6 +245,12 @@ def build_decode(cfg: DecodeConfig, arch: str, *, name: str, query_dtype: str = 
     has_sinks, has_window, has_softcap = cfg.has_sinks, cfg.has_window, cfg.has_softcap
     inv_sqrt_d = 1.0 / math.sqrt(D)
     QUARTER = D // 4  # output elements per lane: O[r][QUARTER * g : QUARTER * (g + 1)]
+    qmap = mx_query_map if mx else lay.QUERY_MAP_BF16
+    for part in range(0, 32, 16 // _DTYPES[query_dtype][1]):  # each vector load reads contiguous d
+        run = [qmap.coord(0, part + e, 1) for e in range(16 // _DTYPES[query_dtype][1])]
+        if run != list(range(run[0], run[0] + len(run))):
+            raise ValueError(f"query map {qmap.fmt}: elements {part}.. are not contiguous in d")
+    plan = lay.fp8_block_plan(qmap) if mx else None
 
     def merge(acc, m, l_, acc2, m2, l2):
         m_new = arith.maxnumf(m, m2)
@@ -256,32 +289,32 @@ def build_decode(cfg: DecodeConfig, arch: str, *, name: str, query_dtype: str = 
             lo, hi, t_begin, t_end = lay.split_tiles(seq_len, num_splits, split, None)
         t_end = _select(t_end > t_begin, t_end, t_begin)
 
-        # ---- 1. query prologue: load, rotate (FWHT in the B layout), round to bf16 operands
+        # ---- 1. query prologue: load in the QK B layout (qmap), rotate (FWHT), make the operands
         head_ok = r < G
         qh = kvh * G + _select(head_ok, r, fx.Int32(G - 1))
         q_row = b * stride_qb + qh * stride_qh
-        x = []  # x[c][e]: lane holds q[r][128c + 32g + e]
+        per_load = 16 // q_bytes
+        x = []  # x[c][e]: lane holds q[r][lay.query_dim(qmap, c, lane, e)]
         for c in range_constexpr(CH):
-            base = (q_row + 128 * c + 32 * g) * q_bytes
             run = []
-            per_load = 16 // q_bytes
             for part in range_constexpr(32 // per_load):
-                v = _load(q_ptr, base + part * 16, QT, per_load, 16)
+                v = _load(q_ptr, (q_row + lay.query_dim(qmap, c, lane, part * per_load)) * q_bytes, QT, per_load, 16)
                 for e in range_constexpr(per_load):
                     run.append(_select(head_ok, fx.Float32(v[e].to(fx.Float32)), fx.Float32(0.0)))
             x.append(run)
-        for s in (1, 2, 4, 8, 16):  # bits 0..4 of d: inside the lane's 32-run
-            for c in range_constexpr(CH):
-                for e in range_constexpr(32):
-                    if const_expr(e & s == 0):
-                        a0, b0 = x[c][e], x[c][e + s]
-                        x[c][e], x[c][e + s] = a0 + b0, a0 - b0
-        for mask, bit in ((16, 1), (32, 2)):  # bits 5, 6: lane groups g ^ 1, g ^ 2
-            upper = (g & bit) != 0
-            for c in range_constexpr(CH):
-                for e in range_constexpr(32):
-                    o = _xor(x[c][e], mask)
-                    x[c][e] = _select(upper, o - x[c][e], x[c][e] + o)
+        for kind, s in lay.fwht_stages(qmap):  # bits 0..6 of d, in order: in the lane or across lanes
+            if const_expr(kind == "elem"):
+                for c in range_constexpr(CH):
+                    for e in range_constexpr(32):
+                        if const_expr(e & s == 0):
+                            a0, b0 = x[c][e], x[c][e + s]
+                            x[c][e], x[c][e + s] = a0 + b0, a0 - b0
+            else:
+                upper = (lane & s) != 0
+                for c in range_constexpr(CH):
+                    for e in range_constexpr(32):
+                        o = _xor(x[c][e], s)
+                        x[c][e] = _select(upper, o - x[c][e], x[c][e] + o)
         for s in [1 << k for k in range(CH.bit_length() - 1)]:  # bits 7+: across the lane's chunks
             for c in range_constexpr(CH):
                 if const_expr(c & s == 0):
@@ -289,7 +322,7 @@ def build_decode(cfg: DecodeConfig, arch: str, *, name: str, query_dtype: str = 
                         a0, b0 = x[c][e], x[c + s][e]
                         x[c][e], x[c + s][e] = a0 + b0, a0 - b0
         if const_expr(mx):
-            q_mx = [_fp8_two_term([x[c][e] * inv_sqrt_d for e in range(32)]) for c in range(CH)]
+            q_mx = [_fp8_query([x[c][e] * inv_sqrt_d for e in range(32)], g, plan) for c in range(CH)]
         else:
             q_ops = [[_bf16_pack([x[c][4 * j + i] * inv_sqrt_d for i in range(MFMA_K)]) for j in range(8)]
                      for c in range(CH)]
