@@ -23,13 +23,13 @@ from __future__ import annotations
 import argparse
 import json
 import re
-import tempfile
 from pathlib import Path
 
 from ultraquant.codegen.archs import get_arch
 from ultraquant.codegen.elf import read_code_object
 from ultraquant.codegen.flydsl import backend as fb
 from ultraquant.codegen.flydsl import isa
+
 from ultraquant.format import slot_size
 
 GPUS = {
@@ -149,9 +149,7 @@ def run(out: Path) -> list[dict]:
                                                                "query_dtype": "bf16"})
         binary, info = backend.compile(spec, get_arch(arch))
         res = read_code_object(binary).kernels[spec.kernel].resources
-        with tempfile.TemporaryDirectory():
-            text = isa.disassemble(binary, arch)
-        prof = loop_profile(main_loop(text))
+        prof = loop_profile(main_loop(isa.disassemble(binary, arch)))
         row = {"arch": arch, "gpu": GPUS[arch]["name"], "kernel": spec.kernel, "head_size": d,
                "waves_per_block": info["num_warps"], "vgpr": res["vgpr"], "agpr": res.get("agpr", 0),
                "lds": res.get("lds_static", 0), "loop": prof,

@@ -6,6 +6,7 @@ with it under ``.build/venv``. See docs/codegen.md.
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import time
@@ -40,7 +41,10 @@ def _install_deps(archs, rows, ops) -> None:
             subprocess.run([sys.executable, "-m", "pip", "install", "-q", *backend.requirements()], check=True)
         missing = [p for p in backend.system_packages()
                    if subprocess.run(["dpkg", "-s", p], capture_output=True).returncode != 0]
-        if missing:
+        if missing and os.geteuid() != 0:
+            click.echo(f"not root: install the Debian packages {' '.join(missing)} yourself "
+                       f"(the {name} compile and ISA checks need them)", err=True)
+        elif missing:
             subprocess.run(["apt-get", "update", "-q"], check=True)
             subprocess.run(["apt-get", "install", "-y", "-q", *missing], check=True)
 
@@ -59,12 +63,13 @@ def _install_deps(archs, rows, ops) -> None:
 @click.option("--no-cache", is_flag=True, help="Compile everything (and do not fill the cache).")
 @click.option("-j", "--jobs", default=0, type=int, help="Parallel compiles (default: CPU count).")
 @click.option("--install-deps", is_flag=True, help="First install what the used backends need.")
+@click.option("--deps-only", is_flag=True, help="With --install-deps: install them and build nothing.")
 @click.option("--dry-run", is_flag=True, help="Only print what would be built (counts, cache hits, skips).")
 @click.option("--timings", type=click.Path(path_type=Path), default=None,
               help="Append one JSON line per compile (arch, op, key, seconds) to this file.")
 def command(arch_list: str, head_sizes: str, gqa: str, block_sizes: str, dtypes: str, ops: str,
             out_dir: Path, cache_dir: Path, no_cache: bool, jobs: int, install_deps: bool,
-            dry_run: bool, timings: Path | None) -> None:
+            deps_only: bool, dry_run: bool, timings: Path | None) -> None:
     """Compile every specialization of the matrix for each arch into OUT/<arch>/ + manifest.json."""
     from ultraquant.codegen import matrix
     from ultraquant.codegen.archs import parse_arch_list
@@ -92,6 +97,8 @@ def command(arch_list: str, head_sizes: str, gqa: str, block_sizes: str, dtypes:
             return
         if install_deps:
             _install_deps(archs, matrix.OPS, selection.ops)
+        if deps_only:
+            return
         start = time.monotonic()
         results = build(BuildOptions(archs=archs, selection=selection, out_dir=out_dir,
                                      cache_dir=None if no_cache else cache_dir, jobs=jobs, timings=timings,
