@@ -262,6 +262,41 @@ def build_decode(cfg: DecodeConfig, arch: str, *, name: str, query_dtype: str = 
 
     SLOT_BYTES = ROWS * D * 4 + 2 * ROWS * 4  # one wave's (acc, m, l) in LDS
 
+    def fetch(tile, valid, seq_len, bt_ptr, bt_row, cache_ptr, kv_base, stride_cb, stride_ct, r, g):
+        """Issue every global load of one 16-token tile: its block-table entry, then lane (r, g)'s K
+        codes and scale bytes (token t0 + r) and V codes and scale bytes (tokens t0 + 4g + i). Rows past
+        the sequence re-read its last token; ``valid`` (True, or a flag that is false for an empty split)
+        false reads page 0, row 0, so no address depends on a block-table entry past the sequence.
+        Returns the values flat:
+        K words [c][4], K scales [c], V words [i][VB/4], V scales [i] (Int32)."""
+        t0 = tile * TILE
+        page = _load(bt_ptr, (bt_row + fx.Int64(t0 // BS)) * 4, fx.Int32, 1, 4)[0]
+        if valid is not True:
+            page = _select(valid, page, fx.Int32(0))
+        within = t0 % BS
+        last_row = within + (seq_len - 1 - t0)
+        page_base = fx.Int64(page) * fx.Int64(stride_cb) + kv_base
+
+        def row_base(row):
+            row = _select(row < last_row, row, last_row)
+            if valid is not True:
+                row = _select(valid, row, fx.Int32(0))
+            return page_base + fx.Int64(row) * fx.Int64(stride_ct)
+
+        k_base = row_base(within + r)
+        kw, ks, vw, vs = [], [], [], []
+        for c in range_constexpr(CH):
+            kw += [fx.Int32(w) for w in _load(cache_ptr, k_base + fx.Int64(lay.k_code_offset(c, g)), fx.Int32, 4, 8)]
+            ks.append(fx.Int32(_load(cache_ptr, k_base + fx.Int64(lay.k_scale_offset(D, c, g)), fx.Uint8, 1, 1)[0])
+                      & 0xFF)
+        for i in range_constexpr(MFMA_K):
+            v_base = row_base(within + 4 * g + i)
+            vw += [fx.Int32(w) for w in _load(cache_ptr, v_base + fx.Int64(lay.v_code_offset(D, r)), fx.Int32,
+                                              VB // 4, 4)]
+            vs.append(fx.Int32(_load(cache_ptr, v_base + fx.Int64(lay.v_scale_offset(D, r)), fx.Uint8, 1, 1)[0])
+                      & 0xFF)
+        return kw + ks + vw + vs
+
     @flyc.kernel(name=name, known_block_size=(WAVE * W, 1, 1))
     def decode_kernel(
         q_ptr: fx.Pointer, cache_ptr: fx.Pointer, bt_ptr: fx.Pointer, seqlen_ptr: fx.Pointer,
@@ -333,39 +368,40 @@ def build_decode(cfg: DecodeConfig, arch: str, *, name: str, query_dtype: str = 
         kv_base = fx.Int64(kvh) * fx.Int64(stride_ch)
         bt_row = fx.Int64(b) * fx.Int64(stride_btb)
         zero4 = fx.Vector.filled(MFMA_K, 0.0, fx.Float32)
-        init = [fx.Float32(F32_NEG_INF), fx.Float32(0.0)] + [zero4] * NB
         # the W waves of the workgroup take the split's tiles round robin (uniform trip count; a
-        # wave's surplus last step is fully masked and re-reads the split's first tile)
+        # wave's surplus last step is fully masked and re-reads the split's first tile). Software
+        # pipelined: step s computes the tile fetched by step s - 1 while its own loads (tile s + 1,
+        # or tile s again past the end: cache hits) are in flight.
         n_iter = (t_end - t_begin + (W - 1)) // W
+        first_w = t_begin + wave
+        first = _select(first_w < t_end, first_w, t_begin)
+        fetch_args = (seq_len, bt_ptr, bt_row, cache_ptr, kv_base, stride_cb, stride_ct, r, g)
+        init = ([fx.Float32(F32_NEG_INF), fx.Float32(0.0)] + [zero4] * NB
+                + fetch(first, n_iter > 0, *fetch_args))
         for step, st in range(0, n_iter, 1, init=init):
             tile_w = t_begin + fx.Int32(step) * W + wave
             tile_ok = tile_w < t_end
             tile = _select(tile_ok, tile_w, t_begin)
             m_run, l_run = fx.Float32(st[0]), fx.Float32(st[1])
             o_acc = [fx.Vector(st[2 + nb]) for nb in range_constexpr(NB)]
+            cur = [fx.Int32(v) for v in st[2 + NB:]]
+            next_w = tile_w + W
+            nxt = fetch(_select(next_w < t_end, next_w, tile), True, *fetch_args)
             t0 = tile * TILE
-            page = _load(bt_ptr, (bt_row + fx.Int64(t0 // BS)) * 4, fx.Int32, 1, 4)[0]
-            within = t0 % BS
-            last_row = within + (seq_len - 1 - t0)  # rows past the sequence re-read its last token
-            page_base = fx.Int64(page) * fx.Int64(stride_cb) + kv_base
 
             # ---- 2. QK: A = K rows (token t0 + r), B = rotated Q
-            k_row = _select(within + r < last_row, within + r, last_row)
-            k_base = page_base + fx.Int64(k_row) * fx.Int64(stride_ct)
             acc = zero4
             for c in range_constexpr(CH):
-                words = _load(cache_ptr, k_base + fx.Int64(lay.k_code_offset(c, g)), fx.Int32, 4, 8)
-                sbyte = fx.Int32(_load(cache_ptr, k_base + fx.Int64(lay.k_scale_offset(D, c, g)),
-                                       fx.Uint8, 1, 1)[0]) & 0xFF
+                words = cur[4 * c : 4 * c + 4]
+                sbyte = cur[4 * CH + c]
                 if const_expr(mx):  # one scaled MFMA: A = 32 FP4 codes (4 dwords) + their scale
-                    a_op = fx.Vector.from_elements([fx.Int32(w) for w in words] + [fx.Int32(0)] * 4,
-                                                   dtype=fx.Int32)
+                    a_op = fx.Vector.from_elements(words + [fx.Int32(0)] * 4, dtype=fx.Int32)
                     for term in range_constexpr(2):  # hi then lo query term, same K operand
                         acc = fx.Vector(rocdl.mfma_scale_f32_16x16x128_f8f6f4(
                             T.vec(4, T.f32), [a_op, q_mx[c][term][0], acc, 4, 0, 0, sbyte, 0, q_mx[c][term][1]]))
                 else:
                     for j in range_constexpr(8):
-                        w = fx.Int32(words[j // 2])
+                        w = words[j // 2]
                         nibs = [(w >> (16 * (j % 2) + 4 * i)) & 0xF for i in range(MFMA_K)]
                         acc = _mfma(_fp4_operand(nibs, sbyte), q_ops[c][j], acc)
 
@@ -395,16 +431,12 @@ def build_decode(cfg: DecodeConfig, arch: str, *, name: str, query_dtype: str = 
             # ---- 4. PV: A = V^T (rows d = (D/16) m + nb), B = P^T
             vwords = []
             vscales = []
-            for i in range_constexpr(MFMA_K):
+            for i in range_constexpr(MFMA_K):  # V codes and scales of tokens not visible are zeroed
                 tok = t0 + 4 * g + i
                 vis = (tok >= lo) & (tok < hi) & tile_ok
-                row = _select(within + 4 * g + i < last_row, within + 4 * g + i, last_row)
-                v_base = page_base + fx.Int64(row) * fx.Int64(stride_ct)
-                vw = _load(cache_ptr, v_base + fx.Int64(lay.v_code_offset(D, r)), fx.Int32, VB // 4, 4)
-                vs = fx.Int32(_load(cache_ptr, v_base + fx.Int64(lay.v_scale_offset(D, r)),
-                                    fx.Uint8, 1, 1)[0]) & 0xFF
-                vwords.append([_select(vis, fx.Int32(w), fx.Int32(0)) for w in vw])
-                vscales.append(_select(vis, vs, fx.Int32(0)))
+                base = 5 * CH + (VB // 4) * i
+                vwords.append([_select(vis, w, fx.Int32(0)) for w in cur[base : base + VB // 4]])
+                vscales.append(_select(vis, cur[5 * CH + VB + i], fx.Int32(0)))
             alpha4 = fx.Vector.from_elements([alpha] * MFMA_K, dtype=fx.Float32)
             new_o = []
             if const_expr(mx):  # hardware FP4 -> bf16: one cvt per (token, byte) = d pair (nb, nb+1)
@@ -423,7 +455,7 @@ def build_decode(cfg: DecodeConfig, arch: str, *, name: str, query_dtype: str = 
                         [_i16(lay.fp4_bf16_bits(nibs[i], vscales[i], _select)) for i in range(MFMA_K)],
                         dtype=fx.Int16)
                 new_o.append(_mfma(a_op, p_ops, o_acc[nb] * alpha4))
-            results = yield [m_new, l_new] + new_o
+            results = yield [m_new, l_new] + new_o + nxt
 
         # ---- 5. epilogue. Lane (r, g) holds O[r][QUARTER*g + NB*i + nb] = o[nb][i].
         m_fin, l_fin = fx.Float32(results[0]), fx.Float32(results[1])
