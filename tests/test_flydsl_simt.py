@@ -1,4 +1,4 @@
-"""Run the FlyDSL decode kernels' own lowered IR on the CPU (codegen/flydsl/simt.py) and compare
+"""Run the FlyDSL decode kernels' own lowered IR on the CPU (tests/flydsl_sim/simt.py) and compare
 with the reference and with the lane-layout emulation.
 
 Needs flydsl (the build venv of ``make kernels``; no linker); skipped where it is not installed. Each case
@@ -15,12 +15,12 @@ import torch
 
 from tests.test_flydsl_layout import _cache
 from ultraquant import reference as ref
-from ultraquant.kernels import layout_emulation as lay
+from ultraquant.kernels.flydsl import layout as lay
 
 if importlib.util.find_spec("flydsl") is None:
     pytest.skip("flydsl is not installed (make kernels installs it in the build venv)", allow_module_level=True)
 
-from ultraquant.codegen.flydsl import simt  # noqa: E402
+from tests.flydsl_sim import simt  # noqa: E402
 
 # No linker needed: the interpreter takes the IR FlyDSL dumps before the final link.
 
@@ -92,10 +92,12 @@ def test_gfx950_mx_kernel_matches_its_emulation():
 
 
 class _InterpretedBlob:
-    """Looks like a loaded FlyDSL mx blob to the runtime self-test, but runs the kernel's IR here."""
+    """Looks like a loaded FlyDSL mx blob (a stand-in of ``uq_decode``) to the runtime self-test, but
+    runs the kernel's IR here."""
 
-    def __init__(self, kernel: simt.Kernel, key: str) -> None:
-        self.kernel, self.entry = kernel, type("Entry", (), {"key": key})()
+    def __init__(self, kernel: simt.Kernel, key: str, name: str) -> None:
+        self.kernel = kernel
+        self.entry = type("Entry", (), {"key": key, "kernel": name, "alternate_of": "uq_decode"})()
 
     def launch(self, args, grid) -> None:
         self.kernel.launch_tensors(tuple(grid), list(args))
@@ -108,19 +110,18 @@ def test_self_test_problem_fails_the_old_mx_kernel_and_passes_the_fixed_one():
     the fixed one."""
     from ultraquant.codegen.flydsl import backend as fb
     from ultraquant.codegen.flydsl.compiler import compile_decode
+    from ultraquant.kernels import specs
+    from ultraquant.kernels.flydsl import operand_maps as om
     from ultraquant.runtime import problems
 
-    from ultraquant.kernels import plans
-    from ultraquant.kernels.flydsl import operand_maps as om
-
     cfg = {"head_size": 128, "gqa": 4, "block_size": 16}
-    spec = plans.decode_spec(**cfg, query_dtype="bf16")
+    spec = specs.decode_spec(**cfg, query_dtype="bf16")
     key = fb.flydsl_key(spec, fb.KERNEL_MX)
     verdicts = {}
     for name, qmap in (("fixed", om.FP8), ("old", om.FP4)):
         ir = simt.lowered_ir(lambda qmap=qmap: compile_decode("gfx950", "k", cfg, mx=True, need_linker=False,
                                                               waves=W, mx_query_map=qmap))
-        blob = _InterpretedBlob(simt.Kernel(ir, lanes=64 * W), key)
+        blob = _InterpretedBlob(simt.Kernel(ir, lanes=64 * W), key, fb.KERNEL_MX)
         verdicts[name] = problems.decode_problem(blob, spec, "cpu")
     print(verdicts)
     assert verdicts["fixed"][0], verdicts

@@ -29,7 +29,6 @@ from ultraquant.codegen.archs import get_arch
 from ultraquant.codegen.elf import read_code_object
 from ultraquant.codegen.flydsl import backend as fb
 from ultraquant.codegen.flydsl import isa
-
 from ultraquant.format import slot_size
 
 GPUS = {

@@ -2,7 +2,7 @@
 
 Imports flydsl: only the compile subprocess (:mod:`codegen.flydsl.compile_kernel`) loads this module.
 Every address and permutation comes from the formula functions of
-:mod:`ultraquant.kernels.layout_emulation`, the module whose pure-PyTorch emulation of this exact
+:mod:`ultraquant.kernels.flydsl.layout`, the module whose pure-PyTorch emulation of this exact
 lane layout is tested against the reference on the CPU (docs/flydsl.md has the derivation).
 
 One wave (64 lanes) computes one split of one (request, kv head): all GQA query heads of the kv head
@@ -31,9 +31,9 @@ from flydsl._mlir.dialects import llvm
 from flydsl.expr import arith, const_expr, gpu, range_constexpr, rocdl
 from flydsl.expr.typing import T
 
-from ultraquant.kernels import layout_emulation as lay
+from ultraquant.kernels.flydsl import layout as lay
 from ultraquant.kernels.flydsl import operand_maps as om
-from ultraquant.kernels.layout_emulation import LOG2E, MFMA_K, TILE, WAVE, DecodeConfig
+from ultraquant.kernels.flydsl.layout import LOG2E, MFMA_K, TILE, WAVE, DecodeConfig
 
 F32_NEG_INF = float("-inf")
 
@@ -149,9 +149,9 @@ def _fp8_query(vals, g, plan):
     """One chunk of the rotated query (32 float32 of this lane, in the FP8 lane layout) -> two
     FP8 e4m3 terms, hi and lo (lo quantizes what hi missed), as (vector<8xi32> B operand, scale byte).
 
-    Every 32-element K block gets its own exponent (:func:`layout_emulation.fp8_group_exponent` on
+    Every 32-element K block gets its own exponent (:func:`ultraquant.kernels.flydsl.layout.fp8_group_exponent` on
     its absmax: the smallest power of two that brings it to <= 448), shared by the lanes holding its
-    halves (``plan``: :func:`layout_emulation.fp8_block_plan`); the scale operand of lane group g is
+    halves (``plan``: :func:`ultraquant.kernels.flydsl.layout.fp8_block_plan`); the scale operand of lane group g is
     K block g's E8M0 byte (``e + 127``, byte 0 = opsel 0), fetched from a lane that holds it.
     """
     classes, share, picks = plan

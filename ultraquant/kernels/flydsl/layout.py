@@ -31,9 +31,9 @@ from dataclasses import dataclass
 
 import torch
 
-from ..errors import UltraQuantError
-from ..format import GROUP, SlotLayout, check_head_size
-from .flydsl import operand_maps as om
+from ...errors import UltraQuantError
+from ...format import GROUP, SlotLayout, check_head_size
+from . import operand_maps as om
 
 WAVE = 64
 """Lanes per wavefront (CDNA)."""
