@@ -633,7 +633,7 @@ def run_decode(config: dict[str, Any], arch: str, query: torch.Tensor, kv_cache:
                kernel: Kernel | None = None, waves: int = 1, mx_query_map=None) -> torch.Tensor:
     """Compile the decode kernel for ``config`` (DecodeConfig fields) and run it here, with the very
     arguments and workspace ``ultraquant.kernels.plans.plan_decode`` would pass. Returns ``out``."""
-    from .compiler import compile_decode
+    from ultraquant.codegen.flydsl.compiler import compile_decode
 
     qdt = {torch.bfloat16: "bf16", torch.float16: "fp16"}[query.dtype]
     if kernel is None:
