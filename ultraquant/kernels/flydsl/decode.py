@@ -440,6 +440,9 @@ def build_decode(cfg: DecodeConfig, arch: str, *, name: str, query_dtype: str = 
             alpha4 = fx.Vector.from_elements([alpha] * MFMA_K, dtype=fx.Float32)
             new_o = []
             if const_expr(mx):  # hardware FP4 -> bf16: one cvt per (token, byte) = d pair (nb, nb+1)
+                # the conversion reads only the exponent field of this f32 scale: byte 0 (+0.0) scales
+                # by 2**-127, not 0 (operand_maps.e8m0_value). Zero only because the codes are zero then:
+                # the encoder writes byte 0 for all-zero groups, and masked tokens' codes are zeroed above.
                 vsf = [fx.Float32(arith.bitcast(T.f32, _raw(fx.Int32(vs << 23)))) for vs in vscales]
             for nb in range_constexpr(NB):
                 if const_expr(mx):
