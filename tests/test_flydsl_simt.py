@@ -37,15 +37,17 @@ def _check(got: torch.Tensor, expect: torch.Tensor, emu: torch.Tensor) -> None:
     torch.testing.assert_close(got, emu.to(torch.bfloat16).float(), rtol=2**-7, atol=1e-3)
 
 
-def test_gfx942_kernel_runs_like_the_reference():
+@pytest.mark.parametrize("pipelined", [True, False])
+def test_gfx942_kernel_runs_like_the_reference(pipelined):
     """Also memory safety: block-table entries past each sequence are poisoned (-1, 2**30); the
-    interpreter raises on any read outside a buffer, so touching them would fail the test."""
+    interpreter raises on any read outside a buffer, so touching them would fail the test. Both loop
+    structures (the unpipelined one is the build's fallback when the pipelined one spills)."""
     d, g, hk, bs, lens, splits = 128, 8, 2, 16, [37, 0, 100], 3
     q, cache, bt, seq = _cache(d, g, hk, bs, lens, seed=1)
     bt[0, 3:] = -1
     bt[1, :] = 2**30
     got = simt.run_decode({"head_size": d, "gqa": g, "block_size": bs}, "gfx942", q, cache, bt, seq,
-                          d**-0.5, num_splits=splits, waves=W)
+                          d**-0.5, num_splits=splits, waves=W, pipelined=pipelined)
     expect = ref.decode_attention(q.float(), cache, bt, seq, d**-0.5)
     emu = lay.emulate_decode(lay.DecodeConfig(d, g, bs), q, cache, bt, seq, d**-0.5, num_splits=splits,
                              waves=W)

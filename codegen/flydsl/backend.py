@@ -126,16 +126,19 @@ class FlyDSLBackend(Backend):
         mx = spec.kernel == KERNEL_MX
         if mx and arch.name != "gfx950":
             raise UltraQuantError(f"{KERNEL_MX} needs gfx950 (scaled FP4 MFMA), not {arch.name}")
-        waves = waves_for(config["head_size"])
-        while True:
+        # preferred first; a build that spills falls back to one wave per workgroup (the fold's
+        # registers), then to the loop without software pipelining (the next tile's registers)
+        tries = dict.fromkeys([(waves_for(config["head_size"]), True), (1, True), (1, False)])
+        for waves, pipelined in tries:
             binary = compile_decode(arch.name, spec.kernel, config, query_dtype=_dtype(spec.signature["q_ptr"]),
-                                    out_dtype=_dtype(spec.signature["out_ptr"]), mx=mx, waves=waves)
+                                    out_dtype=_dtype(spec.signature["out_ptr"]), mx=mx, waves=waves,
+                                    pipelined=pipelined)
             res = resources_of(binary, spec.kernel)
-            if waves == 1 or not (res.get("scratch") or res.get("vgpr_spill")):
+            if not (res.get("scratch") or res.get("vgpr_spill")):
                 break
-            waves = 1  # the fold's registers do not fit this config: one wave per workgroup
         record = isa.describe(binary, arch.name, config["head_size"], res, mx=mx)
         record["waves_per_block"] = waves
+        record["pipelined"] = pipelined
         problems = isa.check_record(record, record["mfma"], res, arch.max_shared)
         if problems:
             raise UltraQuantError("FlyDSL blob fails its ISA checks: " + "; ".join(problems))

@@ -630,7 +630,8 @@ def run_decode(config: dict[str, Any], arch: str, query: torch.Tensor, kv_cache:
                block_table: torch.Tensor, seq_lens: torch.Tensor, scale: float, *, num_splits: int,
                sinks: torch.Tensor | None = None, window: int | None = None, softcap: float | None = None,
                mx: bool = False, order: list[tuple[int, int, int]] | None = None,
-               kernel: Kernel | None = None, waves: int = 1, mx_query_map=None) -> torch.Tensor:
+               kernel: Kernel | None = None, waves: int = 1, mx_query_map=None,
+               pipelined: bool = True) -> torch.Tensor:
     """Compile the decode kernel for ``config`` (DecodeConfig fields) and run it here, with the very
     arguments and workspace ``ultraquant.kernels.plans.plan_decode`` would pass. Returns ``out``."""
     from ultraquant.codegen.flydsl.compiler import compile_decode
@@ -639,7 +640,8 @@ def run_decode(config: dict[str, Any], arch: str, query: torch.Tensor, kv_cache:
     if kernel is None:
         kernel = Kernel(lowered_ir(lambda: compile_decode(arch, "uq_decode_sim", config, query_dtype=qdt,
                                                             out_dtype=qdt, mx=mx, need_linker=False,
-                                                            waves=waves, mx_query_map=mx_query_map)),
+                                                            waves=waves, mx_query_map=mx_query_map,
+                                                            pipelined=pipelined)),
                         lanes=LANES * waves)
     b, hq, d = query.shape
     hk = kv_cache.shape[2]

@@ -213,7 +213,7 @@ _DTYPES = {"bf16": (fx.BFloat16, 2), "fp16": (fx.Float16, 2), "fp32": (fx.Float3
 
 
 def build_decode(cfg: DecodeConfig, arch: str, *, name: str, query_dtype: str = "bf16",
-                 out_dtype: str = "bf16", mx: bool = False, waves: int = 1,
+                 out_dtype: str = "bf16", mx: bool = False, waves: int = 1, pipelined: bool = True,
                  mx_query_map: om.OperandMap = om.FP8):
     """Return the ``@flyc.jit`` launcher of the decode kernel for ``cfg`` on ``arch``.
 
@@ -230,7 +230,9 @@ def build_decode(cfg: DecodeConfig, arch: str, *, name: str, query_dtype: str = 
     one power-of-two scale per (head, 32-group) chosen so nothing exceeds 448: two scaled MFMAs per
     128 head-dim elements) and V decoded by ``v_cvt_scalef32_pk_bf16_fp4``. ``mx_query_map``: the FP8
     operand layout the query is packed for (:data:`operand_maps.FP8`; another map builds a kernel
-    with that belief, which the interpreter tests use to show what a wrong layout does).
+    with that belief, which the interpreter tests use to show what a wrong layout does). ``pipelined``:
+    each step issues the next tile's loads before computing the current one (False: a step loads its
+    own tile first; fewer registers).
     """
     if mx and arch != "gfx950":
         raise ValueError("the mx decode path needs gfx950 (scaled FP4 MFMA, FP4 conversions)")
@@ -377,16 +379,19 @@ def build_decode(cfg: DecodeConfig, arch: str, *, name: str, query_dtype: str = 
         first = _select(first_w < t_end, first_w, t_begin)
         fetch_args = (seq_len, bt_ptr, bt_row, cache_ptr, kv_base, stride_cb, stride_ct, r, g)
         init = ([fx.Float32(F32_NEG_INF), fx.Float32(0.0)] + [zero4] * NB
-                + fetch(first, n_iter > 0, *fetch_args))
+                + (fetch(first, n_iter > 0, *fetch_args) if pipelined else []))
         for step, st in range(0, n_iter, 1, init=init):
             tile_w = t_begin + fx.Int32(step) * W + wave
             tile_ok = tile_w < t_end
             tile = _select(tile_ok, tile_w, t_begin)
             m_run, l_run = fx.Float32(st[0]), fx.Float32(st[1])
             o_acc = [fx.Vector(st[2 + nb]) for nb in range_constexpr(NB)]
-            cur = [fx.Int32(v) for v in st[2 + NB:]]
             next_w = tile_w + W
-            nxt = fetch(_select(next_w < t_end, next_w, tile), True, *fetch_args)
+            if const_expr(pipelined):
+                cur = [fx.Int32(v) for v in st[2 + NB:]]
+                nxt = fetch(_select(next_w < t_end, next_w, tile), True, *fetch_args)
+            else:
+                cur, nxt = fetch(tile, True, *fetch_args), []
             t0 = tile * TILE
 
             # ---- 2. QK: A = K rows (token t0 + r), B = rotated Q
