@@ -11,10 +11,12 @@ waits for them (``s_waitcnt vmcnt``), VGPRs and LDS from the code object. Then, 
   (16x16x16 bf16: 16, scaled 16x16x128 with an FP8 operand: 32; published in ROCm/rocm-blogs
   matrix-cores-cdna) + other instructions x 1, summed over the waves sharing a SIMD (upper bound: no
   VALU/MFMA overlap);
-- per SIMD: tile bytes x waves / max(waits x LATENCY + issue time of one wave, issue time of all waves);
+- per SIMD: tile bytes x waves / max(dependent waits x LATENCY + issue time of one wave, issue time of
+  all waves), a dependent wait being one that forces loads issued in the same step (see loop_profile);
 - the estimate is the smaller of that x SIMDs and the HBM bandwidth.
 
-``python tools/flydsl_roofline.py --out benchmarks/results/flydsl_roofline.json`` (needs the build venv:
+``python tools/flydsl_roofline.py [--loop pipelined|unpipelined] --out FILE``
+(needs the build venv:
 flydsl, lld-19, llvm-objdump-22). Assumptions are in ``GPUS``/``LATENCY_NS`` and are written into the file.
 """
 
@@ -77,24 +79,31 @@ def main_loop(text: str) -> list[tuple[int, str, str, int | None]]:
 
 
 def loop_profile(body: list[tuple[int, str, str, int | None]]) -> dict:
-    """Instruction mix, load bytes per lane and the loads in flight between waits of one loop body."""
+    """Instruction mix, load bytes per lane and the dependent waits of one loop body.
+
+    Loads complete in order, so ``s_waitcnt vmcnt(N)`` forces all but the N most recent loads: a wait
+    is *dependent* (costs a full latency) when that includes a load of this iteration issued after the
+    previous dependent wait (a new round trip; waits on loads already in that round are free); loads
+    still outstanding at the end of the body were issued for the next iteration (pipelined)."""
     counts = {"valu": 0, "mfma": {}, "salu": 0, "lds": 0, "loads": 0, "other": 0}
-    groups, pending = [], 0  # bytes per lane issued since the last wait that drained something
-    load_bytes = 0
-    waits = 0
+    widths: list[int] = []  # this iteration's loads, in issue order (bytes per lane)
+    drained = 0  # how many of them a wait has forced
+    round_start = 0  # loads issued when the last dependent wait began: later ones need a new round trip
+    groups, dependent = [], 0
     for _addr, mnem, ops, _t in body:
         if mnem.startswith("v_mfma"):
             counts["mfma"][mnem] = counts["mfma"].get(mnem, 0) + 1
         elif mnem.startswith(("global_load", "buffer_load")):
             counts["loads"] += 1
-            width = LOAD_BYTES[mnem.split("_load_")[1].split("_")[0]]
-            load_bytes += width
-            pending += width
+            widths.append(LOAD_BYTES[mnem.split("_load_")[1].split("_")[0]])
         elif mnem == "s_waitcnt" and "vmcnt" in ops:
-            if pending:
-                groups.append(pending)
-                waits += 1
-            pending = 0
+            keep = int(re.search(r"vmcnt\((\d+)\)", ops).group(1))
+            forced = len(widths) - keep
+            if forced > round_start:  # waits on a load issued after the last round trip began
+                groups.append(sum(widths[round_start:]))
+                dependent += 1
+                round_start = len(widths)
+            drained = max(drained, forced)
         elif mnem.startswith("v_"):
             counts["valu"] += 1
         elif mnem.startswith("ds_"):
@@ -103,10 +112,9 @@ def loop_profile(body: list[tuple[int, str, str, int | None]]) -> dict:
             counts["salu"] += 1
         else:
             counts["other"] += 1
-    if pending:
-        groups.append(pending)
-    return {**counts, "load_bytes_per_lane": load_bytes, "load_groups_bytes_per_lane": groups,
-            "dependent_waits": max(1, waits)}
+    carried = sum(widths[drained:])
+    return {**counts, "load_bytes_per_lane": sum(widths), "load_groups_bytes_per_lane": groups + [carried],
+            "dependent_waits": dependent, "carried_bytes_per_lane": carried}
 
 
 def estimate(arch: str, head_size: int, resources: dict, prof: dict, waves_per_block: int) -> dict:
@@ -120,7 +128,12 @@ def estimate(arch: str, head_size: int, resources: dict, prof: dict, waves_per_b
     mfma_cycles = sum(MFMA_CYCLES.get(k, 16) * n for k, n in prof["mfma"].items())
     issue = 4 * prof["valu"] + mfma_cycles + prof["salu"] + 4 * prof["lds"] + prof["loads"]
     clock = gpu["clock_ghz"]
-    one_wave_ns = prof["dependent_waits"] * LATENCY_NS + issue / clock
+    # dependent waits each cost a latency; loads carried to the next step only cost what the step's
+    # own work does not cover
+    if prof["dependent_waits"]:
+        one_wave_ns = prof["dependent_waits"] * LATENCY_NS + issue / clock
+    else:
+        one_wave_ns = max(issue / clock, LATENCY_NS if prof["carried_bytes_per_lane"] else 0.0)
     all_waves_ns = waves_simd * issue / clock
     per_simd = waves_simd * tile_bytes / max(one_wave_ns, all_waves_ns)  # bytes per ns = GB/s
     per_gpu_tbs = per_simd * 4 * gpu["cus"] / 1000.0
@@ -156,8 +169,8 @@ def run(out: Path) -> list[dict]:
         rows.append(row)
         e = row["estimate"]
         print(f"{arch} {spec.kernel} D={d}: {res['vgpr']} VGPR, {row['lds']} B LDS, {e['waves_per_simd']} waves/SIMD,"
-              f" {prof['valu']} VALU + {prof['mfma']} per tile, {prof['loads']} loads in "
-              f"{len(prof['load_groups_bytes_per_lane'])} waits, in flight/CU {e['bytes_in_flight_per_cu']} B "
+              f" {prof['valu']} VALU + {prof['mfma']} per tile, {prof['loads']} loads, "
+              f"{prof['dependent_waits']} dependent waits, in flight/CU {e['bytes_in_flight_per_cu']} B "
               f"(needed {e['bytes_in_flight_per_cu_needed']:.0f}), estimate {e['estimate_tbs']:.2f} TB/s "
               f"({100 * e['fraction_of_spec']:.0f}% of spec, {'latency' if e['latency_bound'] else 'issue'} bound)")
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -170,4 +183,12 @@ def run(out: Path) -> list[dict]:
 if __name__ == "__main__":
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", type=Path, default=Path("benchmarks/results/flydsl_roofline.json"))
-    run(ap.parse_args().out)
+    ap.add_argument("--loop", choices=["built", "pipelined", "unpipelined"], default="built",
+                    help="the main loop as the backend builds it, or every blob with / without pipelining")
+    args = ap.parse_args()
+    if args.loop != "built":
+        from ultraquant.codegen.flydsl import compiler
+
+        plain = compiler.compile_decode
+        compiler.compile_decode = lambda *a, **k: plain(*a, **{**k, "pipelined": args.loop == "pipelined"})
+    run(args.out)
