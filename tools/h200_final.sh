@@ -22,7 +22,7 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noh
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)" | tee -a "$OUT/summary.txt"
 
 if step kernels-gpu-tests; then
-timeout ${T_KTESTS:-100} "${PYT[@]}" -m gpu tests/gpu/test_kernels_gpu.py > "$OUT/kernels_gpu.log" 2>&1
+timeout ${T_KTESTS:-200} "${PYT[@]}" -m gpu tests/gpu/test_kernels_gpu.py > "$OUT/kernels_gpu.log" 2>&1
 tail -3 "$OUT/kernels_gpu.log" | tee -a "$OUT/summary.txt"
 fi
 if step prefill-routes-gpu-tests; then
