@@ -29,13 +29,14 @@ from ultraquant.kernels.specs import Specialization
 from .loader import Kernel
 from .selftest import register
 
-SELFTEST_VERSION = 3
+SELFTEST_VERSION = 4
 """Version of the self-test problems and pass criteria below, part of every cached verdict's key: bump
 it whenever this file changes what a self-test launches or accepts, so verdicts recorded with the old
 problems are not trusted. 1: the problems of sessions 1-2; 2: verdicts also bound to the manifest key;
-3: a problem accepts blobs whose key differs only in the alignment facts (``Specialization.runnable_as``)."""
+3: a problem accepts blobs whose key differs only in the alignment facts (``Specialization.runnable_as``);
+4: the decode problem's query blocks differ in scale and keys weigh K positions 16-63 (MFMA layouts)."""
 
-PROBLEMS_SOURCE_SHA256 = "ddf39c36a92fcd589f4a594890ffa9cc6b0e18e6008c3a68cced268639bffd51"
+PROBLEMS_SOURCE_SHA256 = "4664cee4c8193bb17084be054d720c53ca86fd7b2a1ab39bd2610a01ee11dbd6"
 """sha256 of this file with this line's hash blanked (see :func:`source_hash`); a test fails when the
 file changes and this is not updated, the reminder to bump :data:`SELFTEST_VERSION`."""
 
