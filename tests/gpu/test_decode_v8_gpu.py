@@ -1,0 +1,103 @@
+"""Decode v8 (Gluon, NVIDIA sm_90+) on a GPU against the float64 reference over the same cache bytes.
+
+Covers what v8 serves (D=128, GQA 1..16, Hk 1..8, blocks 16..128, both cache layouts): ragged lengths
+at block/split boundaries, sinks, sliding window, soft cap, V outliers 2^20 apart, NaN-poisoned
+outputs, several ring shapes and split counts, CUDA graph capture + replay with new lengths on a side
+stream. Everything else goes to v7 by ``v8_supports`` (tests/test_decode_v8_plan.py, CPU).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tests.gpu.test_kernels_gpu import _problem, check_close
+from ultraquant import reference as R
+from ultraquant.kernels.decode_v8_plan import decode_v8
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available() or torch.version.hip is not None
+                       or torch.cuda.get_device_capability() < (9, 0), reason="needs an NVIDIA sm_90+ GPU"),
+]
+
+CASES = {
+    # name: (seq_lens, Hq, Hk, block, sinks, window, softcap, head_major)
+    "gqa4-hk8-b64-long": ([32768, 1, 8191, 8192, 8193, 20000, 64, 65], 32, 8, 64, False, None, None, True),
+    "gqa4-hk8-b64-token-major": ([5000, 1, 63, 64, 65, 129], 32, 8, 64, True, None, None, False),
+    "gqa6-hk2-b32-window-softcap": ([5000, 31, 33, 1], 12, 2, 32, False, 1000, 30.0, False),
+    "gqa8-hk1-b128-sinks-window": ([4000, 129, 127], 8, 1, 128, True, 128, None, True),
+    "gqa16-hk1-b16-batch64": ([(i * 977) % 2048 + 1 for i in range(64)], 16, 1, 16, True, 500, None, True),
+    "gqa1-hk4-b16-sinks": ([1, 15, 16, 17, 300], 4, 4, 16, True, None, None, False),
+    "gqa3-hk4-b64-softcap-sinks": ([3000, 2047, 64, 0], 12, 4, 64, True, None, 50.0, True),
+    "gqa16-hk8-b32": ([1500, 700], 128, 8, 32, False, None, None, True),
+}
+RINGS = [(2, 4), (1, 4), (4, 3), (2, 2)]
+"""(NSUB, STAGES) ring shapes checked on the first case."""
+
+
+def _run(name: str, monkeypatch, nsub: int = 2, stages: int = 4, splits: str | None = None) -> None:
+    lens, hq, hk, bs, sinks, window, softcap, head_major = CASES[name]
+    monkeypatch.setenv("ULTRAQUANT_V8_NSUB", str(nsub))
+    monkeypatch.setenv("ULTRAQUANT_V8_STAGES", str(stages))
+    if splits is not None:
+        monkeypatch.setenv("ULTRAQUANT_V8_SPLITS", splits)
+    prob, query, sk = _problem(lens, hq, hk, 128, bs, head_major, seed=len(name), sinks=sinks)
+    scale = 128 ** -0.5
+    ref = R.decode_attention(query.float(), prob.kv_cache, prob.block_table, prob.seq_lens, scale, sinks=sk,
+                             sliding_window=window, softcap=softcap)
+    out = torch.full_like(query, float("nan"))
+    decode_v8(query, prob.kv_cache, prob.block_table, prob.seq_lens, scale, sinks=sk, sliding_window=window,
+              softcap=softcap, out=out)
+    torch.cuda.synchronize()
+    check_close(out, ref, f"{name} nsub={nsub} stages={stages} splits={splits}")
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_decode_v8(name, monkeypatch):
+    _run(name, monkeypatch)
+
+
+@pytest.mark.parametrize("nsub,stages", RINGS)
+@pytest.mark.parametrize("splits", ["1", "7", None])
+def test_decode_v8_rings_and_splits(nsub, stages, splits, monkeypatch):
+    _run("gqa4-hk8-b64-token-major", monkeypatch, nsub, stages, splits)
+
+
+def test_decode_v8_wide_dynamic_range():
+    """V outliers 2**20 above the rest with almost no attention (the v7 CPU/GPU case)."""
+    from tests.test_kernels_attention import wide_range_problem
+
+    query = torch.randn(3, 1, 128, generator=torch.Generator().manual_seed(3)).to(torch.bfloat16)
+    prob = wide_range_problem([3000, 64, 700], 128, 32, query, device="cuda")
+    query = query.cuda()
+    ref = R.decode_attention(query.float(), prob.kv_cache, prob.block_table, prob.seq_lens, 0.125)
+    out = torch.full_like(query, float("nan"))
+    decode_v8(query, prob.kv_cache, prob.block_table, prob.seq_lens, 0.125, out=out)
+    torch.cuda.synchronize()
+    check_close(out, ref, "wide range")
+
+
+def test_decode_v8_graph_replay_new_seq_lens():
+    """Capture once on a side stream, replay with other seq_lens (tickets reset themselves)."""
+    capacity = [4000, 4000, 2500, 4000]
+    prob, query, _ = _problem(capacity, 16, 4, 128, 32, True, seed=99, sinks=False)
+    seq_lens = torch.tensor([4000, 1, 2500, 64], dtype=torch.int32, device="cuda")
+    out = torch.full_like(query, float("nan"))
+    scale = 128 ** -0.5
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        decode_v8(query, prob.kv_cache, prob.block_table, seq_lens, scale, out=out)
+    torch.cuda.current_stream().wait_stream(stream)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=stream):
+        decode_v8(query, prob.kv_cache, prob.block_table, seq_lens, scale, out=out)
+    for new in ([4000, 1, 2500, 64], [17, 3999, 0, 33], [1, 1, 1, 1], [2048, 2049, 31, 4000]):
+        seq_lens.copy_(torch.tensor(new, dtype=torch.int32))
+        out.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        ref = R.decode_attention(query.float(), prob.kv_cache, prob.block_table, seq_lens, scale)
+        check_close(out, ref, f"replay {new}")

@@ -1,0 +1,103 @@
+"""Time decode v8 (and its no-math stream: issue 14 gate 1) against the read ceiling, bf16 SDPA and v7
+in one run, timed like ``ultraquant bench`` (CUDA-graph replay, no flush, head-major caches).
+
+    python tools/v8_bench.py --json out.json [--shapes A,B,C,D] [--rings 2x4,4x3] [--splits-scale 1,2]
+
+Stream rows run every ring shape given (D=256 shapes use NSUB=1: the ring must fit shared memory);
+decode rows run where ``v8_supports`` says v8 serves the shape. Prints a table last.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import traceback
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from ultraquant.commands.bench import (  # noqa: E402
+    SHAPES,
+    bench_decode,
+    bench_sdpa,
+    make_decode_problem,
+    measure_ceiling,
+    time_graph,
+)
+from ultraquant.kernels import plans  # noqa: E402
+from ultraquant.kernels.decode_v8_plan import decode_v8, v8_splits, v8_supports  # noqa: E402
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--json", required=True)
+    ap.add_argument("--shapes", default="A,B,C,D")
+    ap.add_argument("--rings", default="2x4,4x3,1x4")
+    ap.add_argument("--splits-scale", default="1,2")
+    ap.add_argument("--no-v7", action="store_true")
+    a = ap.parse_args()
+    rows: list[dict] = []
+    ceiling = measure_ceiling()
+    print(f"ceiling {ceiling:.3f} TB/s", flush=True)
+    result = {"ceiling_tbps": ceiling, "rows": rows}
+
+    def add(shape: str, name: str, us: float, nbytes: int, sdpa: float | None, **extra) -> None:
+        tbps = nbytes / (us * 1e-6) / 1e12
+        row = dict(shape=shape, name=name, us=us, tbps=tbps, pct_ceiling=100 * tbps / ceiling,
+                   vs_sdpa=None if sdpa is None else sdpa / us, **extra)
+        rows.append(row)
+        print(f"{shape} {name:40s} {us:8.1f} us {100 * tbps / ceiling:5.1f}% "
+              f"{'' if sdpa is None else f'{sdpa / us:.2f}x'}", flush=True)
+        with open(a.json, "w") as f:
+            json.dump(result, f, indent=1)
+
+    for shape in a.shapes.split(","):
+        s = SHAPES[shape]
+        p = make_decode_problem(s["B"], s["L"], s["Hq"], s["Hk"], s["D"], s["block"], head_major=True)
+        sdpa = bench_sdpa(s["B"], s["L"], s["Hq"], s["Hk"], s["D"])
+        add(shape, "sdpa-bf16", sdpa, 2 * s["B"] * s["L"] * s["Hk"] * s["D"] * 2, None)
+        if not a.no_v7:
+            add(shape, "v7 (JIT)", bench_decode(p, s["D"]), p.stored_bytes, sdpa)
+        scale = s["D"] ** -0.5
+        base_splits = v8_splits(s["B"], p.block_table.shape[1] * s["block"], p.query.device)
+        for ring in a.rings.split(","):
+            nsub, stages = (int(x) for x in ring.split("x"))
+            if s["D"] > 128:
+                nsub = 1
+            os.environ["ULTRAQUANT_V8_NSUB"], os.environ["ULTRAQUANT_V8_STAGES"] = str(nsub), str(stages)
+            for k in (float(x) for x in a.splits_scale.split(",")):
+                splits = max(1, int(base_splits * k))
+                os.environ["ULTRAQUANT_V8_SPLITS"] = str(splits)
+                tag = f"ring {nsub}x{stages} splits {splits}"
+                try:
+                    us = time_graph(lambda: decode_v8(p.query, p.kv_cache, p.block_table, p.seq_lens, scale,
+                                                      out=p.out, math=False))
+                    add(shape, f"v8 stream {tag}", us, p.stored_bytes, sdpa, nsub=nsub, stages=stages, splits=splits)
+                except Exception:
+                    traceback.print_exc()
+                ok = v8_supports(head_size=s["D"], gqa=s["Hq"] // s["Hk"], num_kv_heads=s["Hk"],
+                                 block_size=s["block"], align=plans.slot_alignment(s["D"], tuple(p.kv_cache.stride()[:3])),
+                                 target="cuda")
+                if ok:
+                    try:
+                        us = time_graph(lambda: decode_v8(p.query, p.kv_cache, p.block_table, p.seq_lens, scale,
+                                                          out=p.out))
+                        add(shape, f"v8 decode {tag}", us, p.stored_bytes, sdpa, nsub=nsub, stages=stages,
+                            splits=splits)
+                    except Exception:
+                        traceback.print_exc()
+        for k in ("ULTRAQUANT_V8_NSUB", "ULTRAQUANT_V8_STAGES", "ULTRAQUANT_V8_SPLITS"):
+            os.environ.pop(k, None)
+        del p
+        torch.cuda.empty_cache()
+    print("\nshape name us %ceiling vs-sdpa")
+    for r in rows:
+        print(f"{r['shape']} {r['name']:40s} {r['us']:8.1f} {r['pct_ceiling']:5.1f} "
+              f"{'' if r['vs_sdpa'] is None else round(r['vs_sdpa'], 2)}")
+
+
+if __name__ == "__main__":
+    main()

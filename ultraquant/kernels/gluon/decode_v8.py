@@ -1,0 +1,426 @@
+"""Decode v8 (issue 14): whole-page streaming split-KV decode for NVIDIA sm_90, in Triton's Gluon.
+
+Same run-time arguments, workspace and single-launch split merge as :func:`uq_decode` (v7); the
+difference is the read structure. One program (CTA) owns ALL kv heads of a token range of one
+request (grid ``(B, 1, splits)``) and streams it through an asynchronous global -> shared-memory ring
+(``cp.async``, ``STAGES`` deep): stage ``i`` holds ``TT = NSUB * WT * 16`` consecutive tokens of every
+kv head, i.e. whole pages when ``TT`` is the block size. Per token-head slot the four pieces go to four
+shared arrays (K codes, K scale word, V codes, V scale word), so every shape is a power of two.
+
+Math, per warp (warp ``w`` serves kv head ``w // WT`` and the ``w % WT``-th 16 tokens of each
+sub-tile; per-warp online softmax, no cross-warp traffic in the loop), as the Gluon experiment of
+commit 7c1c340 that passed every correctness case: batched 3-D ``mma_v2`` (the warp is the batch),
+the query rotated once in registers, FP4 codes decoded by inline PTX straight into the MMA operands
+(two fp16 per 32-bit op), K/V scales handled like v7 (per token's largest scale as a power of two on
+the score column / probability with a running reference exponent; V outliers 2^20 apart stay
+exact). Each warp leaves its (m, l, acc) in the workspace; the last program of a request (atomic
+ticket) merges them for all heads, folds the sinks and writes ``out``.
+
+``MATH=False`` compiles the no-math stream of exactly this grid, ring and page order (issue 14,
+gate 1): the copies, waits and barriers stay, the math is replaced by reading one word per slot.
+"""
+
+from __future__ import annotations
+
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.ampere import async_copy, mma_v2
+
+LOG2E = gl.constexpr(1.4426950408889634)
+
+
+@gluon.constexpr_function
+def _v_layout(nw):
+    """V bytes as read from shared memory: [NW, 16 tokens, 8 (lane group g), 8 (byte r)], byte 8g + r
+    of the V codes; after permute/reshape to [NW, 16, 64] the column index is 8r + g (what the PV
+    B operand puts on lane group g)."""
+    return gl.DistributedLinearLayout(
+        reg_bases=[[0, 0, 0, 1], [0, 0, 0, 2], [0, 0, 0, 4], [0, 1, 0, 0], [0, 8, 0, 0]],
+        lane_bases=[[0, 2, 0, 0], [0, 4, 0, 0], [0, 0, 1, 0], [0, 0, 2, 0], [0, 0, 4, 0]],
+        warp_bases=[[1 << i, 0, 0, 0] for i in range(nw.bit_length() - 1)], block_bases=[],
+        shape=[nw, 16, 8, 8])
+TW = gl.constexpr(16)
+"""Tokens per warp per sub-tile (the MMA N of the scores)."""
+
+
+@gluon.jit
+def _pow2(e):
+    """``2**e`` as an exact float32 for int32 ``e`` in [-126, 127] (0.0 below)."""
+    b = e + 127
+    return gl.where(b > 0, b << 23, 0).to(gl.float32, bitcast=True)
+
+
+@gluon.jit
+def _floor_log2(x):
+    """floor(log2(x)) of non-negative normal float32 ``x`` from its exponent bits (-127 for 0)."""
+    return ((x.to(gl.int32, bitcast=True) >> 23) & 0xFF) - 127
+
+
+@gluon.jit
+def _fp4_decode(b, rel):
+    """(low, high) nibbles of uint8 ``b`` as fp16 times fp16 ``rel`` (4 bytes per asm block): two
+    PRMT place byte pairs in the 16-bit lanes, shifts and masks build the subnormal pattern
+    ``fp4 * 2**-14``, one ``mul.f16x2`` applies the relative scale."""
+    return gl.inline_asm_elementwise(
+        asm="""
+        {
+        .reg .b32 x, y, a, c;
+        prmt.b32 x, $4, 0, 0x4140;
+        prmt.b32 y, $4, 0, 0x4342;
+        shl.b32 a, x, 9;
+        shl.b32 c, x, 12;
+        and.b32 a, a, 0x0E000E00;
+        and.b32 c, c, 0x80008000;
+        or.b32 a, a, c;
+        mul.rn.f16x2 $0, a, $5;
+        shl.b32 a, y, 9;
+        shl.b32 c, y, 12;
+        and.b32 a, a, 0x0E000E00;
+        and.b32 c, c, 0x80008000;
+        or.b32 a, a, c;
+        mul.rn.f16x2 $1, a, $6;
+        shl.b32 a, x, 5;
+        shl.b32 c, x, 8;
+        and.b32 a, a, 0x0E000E00;
+        and.b32 c, c, 0x80008000;
+        or.b32 a, a, c;
+        mul.rn.f16x2 $2, a, $5;
+        shl.b32 a, y, 5;
+        shl.b32 c, y, 8;
+        and.b32 a, a, 0x0E000E00;
+        and.b32 c, c, 0x80008000;
+        or.b32 a, a, c;
+        mul.rn.f16x2 $3, a, $6;
+        }
+        """,
+        constraints="=r,=r,=r,=r,r,r,r",
+        args=[b, rel],
+        dtype=(gl.float16, gl.float16),
+        is_pure=True,
+        pack=4,
+    )
+
+
+@gluon.jit
+def _token_top(w):
+    """Largest of the four scale bytes packed in int32 ``w``."""
+    b0 = w & 0xFF
+    b1 = (w >> 8) & 0xFF
+    b2 = (w >> 16) & 0xFF
+    b3 = (w >> 24) & 0xFF
+    return gl.maximum(gl.maximum(b0, b1), gl.maximum(b2, b3))
+
+
+@gluon.jit
+def _rel_scale(w, top, group):
+    """fp16 ``2**(scale byte of group - top)`` (times 2**14: the decode's 2**-14) from the token's
+    scale word ``w`` and largest byte ``top``; 0 for a group 2**28 below its token's largest."""
+    sb = (w >> (group * 8)) & 0xFF
+    field = gl.maximum(sb - top + 29, 0)
+    return (field << 10).to(gl.int16).to(gl.float16, bitcast=True)
+
+
+@gluon.jit
+def _fwht_rows(x, NW: gl.constexpr, R: gl.constexpr, D: gl.constexpr, LOG2D: gl.constexpr):
+    """``x @ H`` over the last axis of float32 ``[NW, R, D]`` (each thread holds whole rows)."""
+    for i in gl.static_range(LOG2D):
+        x = gl.reshape(x, [NW, R, D // (2 << i), 2, 1 << i])
+        x = gl.permute(x, [0, 1, 2, 4, 3])
+        a, b = gl.split(x)
+        x = gl.join(a + b, a - b)
+        x = gl.permute(x, [0, 1, 2, 4, 3])
+        x = gl.reshape(x, [NW, R, D])
+    return x * (1.0 / gl.sqrt(float(D)))
+
+
+@gluon.jit
+def _issue_stage(kc, ks, vc, vs, first, cache_ptr, bt_row, t0, t_hi, stride_cb, stride_ct, stride_ch,
+                 NSUB: gl.constexpr, NW: gl.constexpr, WT: gl.constexpr, H: gl.constexpr, G: gl.constexpr,
+                 BLOCK_SIZE: gl.constexpr, ALIGN: gl.constexpr):
+    """Start the async copies of tokens ``[t0, t0 + NSUB*WT*16)`` of every kv head into ring entries
+    ``first .. first + NSUB - 1`` (``kc``/``vc``: [., NW, 16, H/4] words, ``ks``/``vs``: [., NW, 16];
+    warp slot ``w`` = (head ``w // WT``, 16-token group ``w % WT``)). Tokens at or past ``t_hi`` are
+    zero-filled."""
+    CW: gl.constexpr = H // 4
+    CL: gl.constexpr = gl.BlockedLayout([1, 1, 2], [1, 4, 8], [NW, 1, 1], [2, 1, 0])
+    SL: gl.constexpr = gl.BlockedLayout([1, 1], [2, 16], [NW, 1], [1, 0])
+    word = gl.expand_dims(gl.expand_dims(gl.arange(0, CW, gl.SliceLayout(0, gl.SliceLayout(1, CL))), 0), 1)
+    for j in gl.static_range(NSUB):
+        tj = t0 + j * (WT * 16)
+        base, ok = _slot_offsets(bt_row, tj, t_hi, stride_cb, stride_ct, stride_ch, NW, WT, BLOCK_SIZE, ALIGN, SL)
+        async_copy.async_copy_global_to_shared(ks.index(first + j),
+                                               (cache_ptr + base + H).to(gl.pointer_type(gl.int32)), mask=ok)
+        async_copy.async_copy_global_to_shared(vs.index(first + j),
+                                               (cache_ptr + base + (2 * H + G)).to(gl.pointer_type(gl.int32)), mask=ok)
+        cbase, cok = _slot_offsets(bt_row, tj, t_hi, stride_cb, stride_ct, stride_ch, NW, WT, BLOCK_SIZE, ALIGN,
+                                   gl.SliceLayout(2, CL))
+        cbase = gl.expand_dims(cbase, 2)
+        cmask = gl.expand_dims(cok, 2) & (word >= 0)
+        # int32 pointers first, then the word index: 8-byte copies where the slot alignment allows
+        kp = gl.multiple_of((cache_ptr + cbase).to(gl.pointer_type(gl.int32)), [ALIGN, ALIGN, ALIGN])
+        async_copy.async_copy_global_to_shared(kc.index(first + j), kp + word, mask=cmask)
+        vp = (cache_ptr + cbase + (H + G)).to(gl.pointer_type(gl.int32))
+        async_copy.async_copy_global_to_shared(vc.index(first + j), vp + word, mask=cmask)
+
+
+@gluon.jit
+def _slot_offsets(bt_row, t0, t_hi, stride_cb, stride_ct, stride_ch, NW: gl.constexpr, WT: gl.constexpr,
+                  BLOCK_SIZE: gl.constexpr, ALIGN: gl.constexpr, L: gl.constexpr):
+    """Byte offsets of the ``[NW, 16]`` slots of one sub-tile (warp slot ``w`` = head ``w // WT``,
+    tokens ``t0 + (w % WT)*16 + n``) in layout ``L``, and which tokens exist (``< t_hi``)."""
+    w = gl.expand_dims(gl.arange(0, NW, gl.SliceLayout(1, L)), 1)
+    n = gl.expand_dims(gl.arange(0, 16, gl.SliceLayout(0, L)), 0)
+    tok = t0 + (w % WT) * 16 + n
+    ok = tok < t_hi
+    blk = gl.load(bt_row + tok // BLOCK_SIZE, mask=ok, other=0)
+    base = gl.multiple_of(blk.to(gl.int64) * stride_cb + (tok % BLOCK_SIZE).to(gl.int64) * stride_ct
+                          + (w // WT).to(gl.int64) * stride_ch, [ALIGN, ALIGN])
+    return base, ok
+
+
+@gluon.jit
+def uq_decode_v8(q_ptr, cache_ptr, bt_ptr, seqlen_ptr, sinks_ptr, out_ptr, part_ptr, ml_ptr, counter_ptr,
+                 scale, softcap, window, num_splits,
+                 stride_qb, stride_qh, stride_ob, stride_oh,
+                 stride_cb, stride_ct, stride_ch, stride_btb,
+                 D: gl.constexpr, LOG2D: gl.constexpr, GQA: gl.constexpr, ROWS: gl.constexpr,
+                 GQA_PAD: gl.constexpr, HK: gl.constexpr, WT: gl.constexpr, NSUB: gl.constexpr,
+                 STAGES: gl.constexpr, BLOCK_SIZE: gl.constexpr, HAS_SINKS: gl.constexpr,
+                 HAS_WINDOW: gl.constexpr, HAS_SOFTCAP: gl.constexpr, ALIGN: gl.constexpr,
+                 MATH: gl.constexpr):
+    """Whole-page split-KV paged decode, grid ``(B, 1, num_splits)``; see the module docstring."""
+    gl.static_assert(D == 128 or not MATH, "decode v8: D=128 only")
+    gl.static_assert(ROWS == 16, "decode v8: GQA <= 16 (16 MMA rows)")
+    gl.static_assert(ALIGN % 8 == 0, "decode v8: slots must be 8-byte aligned")
+    NW: gl.constexpr = gl.num_warps()
+    gl.static_assert(NW == HK * WT, "decode v8: num_warps must be HK * WT")
+    H: gl.constexpr = D // 2
+    G: gl.constexpr = D // 32
+    CW: gl.constexpr = H // 4
+    TT: gl.constexpr = NSUB * WT * TW
+
+    # ---- layouts: warp = MMA batch
+    MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[NW, 1, 1],
+                                                  instr_shape=[1, 16, 8])
+    QA: gl.constexpr = gl.DotOperandLayout(0, MMA, 8)   # q halves [NW, ROWS, H]
+    KB: gl.constexpr = gl.DotOperandLayout(1, MMA, 8)   # K halves [NW, H, TW]: 8 bytes per lane
+    PA: gl.constexpr = gl.DotOperandLayout(0, MMA, 2)   # probabilities [NW, ROWS, TW]
+    VB: gl.constexpr = gl.DotOperandLayout(1, MMA, 2)   # V halves [NW, TW, H] (columns permuted)
+    ROW: gl.constexpr = gl.SliceLayout(2, MMA)          # [NW, ROWS]
+    WARP: gl.constexpr = gl.SliceLayout(1, ROW)         # [NW]
+    TOK: gl.constexpr = gl.SliceLayout(1, MMA)          # [NW, TW] score columns
+    VL: gl.constexpr = _v_layout(NW)
+    QL: gl.constexpr = gl.BlockedLayout([1, 1, D], [1, 32, 1], [NW, 1, 1], [2, 1, 0])
+    # ring entries are the leading dimension (the layouts describe one entry)
+    S2: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [1, 0])
+    S3: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [2, 1, 0])
+    S4: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [3, 2, 1, 0])
+
+    # ---- ring buffers: STAGES x NSUB sub-tiles of [NW, 16] slots
+    kc8 = gl.allocate_shared_memory(gl.uint8, [STAGES * NSUB, NW, TW, H], S3)
+    vc8 = gl.allocate_shared_memory(gl.uint8, [STAGES * NSUB, NW, TW, 8, 8], S4)
+    ks = gl.allocate_shared_memory(gl.int32, [STAGES * NSUB, NW, TW], S2)
+    vs = gl.allocate_shared_memory(gl.int32, [STAGES * NSUB, NW, TW], S2)
+    kc32 = kc8._reinterpret(gl.int32, [STAGES * NSUB, NW, TW, CW], S3)
+    vc32 = vc8._reinterpret(gl.int32, [STAGES * NSUB, NW, TW, CW], S3)
+
+    b = gl.program_id(0)
+    sp = gl.program_id(2)
+    length = gl.load(seqlen_ptr + b)
+    lo = 0
+    if HAS_WINDOW:
+        lo = gl.maximum(length - window, 0)
+    per = gl.cdiv(gl.cdiv(length - lo, num_splits), TT) * TT
+    t_lo = lo + sp * per
+    t_hi = gl.minimum(t_lo + per, length)
+    n_it = gl.cdiv(gl.maximum(t_hi - t_lo, 0), TT)
+    bt_row = bt_ptr + b.to(gl.int64) * stride_btb
+
+    # ---- prologue: STAGES - 1 stages in flight
+    for i in gl.static_range(STAGES - 1):
+        _issue_stage(kc32, ks, vc32, vs, i * NSUB, cache_ptr, bt_row, t_lo + i * TT, t_hi,
+                     stride_cb, stride_ct, stride_ch, NSUB, NW, WT, H, G, BLOCK_SIZE, ALIGN)
+        async_copy.commit_group()
+
+    # ---- query: rotate, scale, fp16 halves times a per-row power of two (as v7), once
+    qr = gl.arange(0, ROWS, gl.SliceLayout(0, gl.SliceLayout(2, QL)))
+    qc = gl.arange(0, D, gl.SliceLayout(0, gl.SliceLayout(1, QL)))
+    qw = gl.arange(0, NW, gl.SliceLayout(1, gl.SliceLayout(2, QL)))
+    qr3 = gl.expand_dims(gl.expand_dims(qr, 0), 2)
+    qc3 = gl.expand_dims(gl.expand_dims(qc, 0), 1)
+    qh3 = gl.expand_dims(gl.expand_dims(qw // WT, 1), 2)
+    qoff = (qh3 * GQA + qr3) * stride_qh + qc3
+    q = gl.load(q_ptr + b.to(gl.int64) * stride_qb + qoff, mask=(qr3 < GQA) & (qc3 < D), other=0.0).to(gl.float32)
+    q = _fwht_rows(q, NW, ROWS, D, LOG2D)
+    if HAS_SOFTCAP:
+        q = q * scale
+    else:
+        q = q * (scale * LOG2E)
+    amax = gl.max(gl.abs(q), axis=2)
+    e = gl.maximum(_floor_log2(amax), -100)
+    q = q * gl.expand_dims(_pow2(14 - e), 2)
+    q_e, q_o = gl.split(gl.reshape(q, [NW, ROWS, H, 2]))
+    q_e = gl.convert_layout(q_e.to(gl.float16), QA)
+    q_o = gl.convert_layout(q_o.to(gl.float16), QA)
+    rowfac = gl.convert_layout(_pow2(e - 14), ROW)
+    rows = gl.arange(0, ROWS, gl.SliceLayout(0, ROW))
+    rowbias = gl.expand_dims(gl.where(rows < GQA, 0.0, float("-inf")), 0)
+
+    # ---- per-warp token offsets in the score (TOK) layout; K groups in the KB layout; V byte groups
+    ws = gl.expand_dims(gl.arange(0, NW, gl.SliceLayout(1, TOK)) % WT, 1) * TW
+    ns = gl.expand_dims(gl.arange(0, TW, gl.SliceLayout(0, TOK)), 0)
+    jk = gl.expand_dims(gl.expand_dims(gl.arange(0, H, gl.SliceLayout(0, gl.SliceLayout(2, KB))), 0), 2)
+    kgroup = jk // 16
+    SV: gl.constexpr = gl.SliceLayout(3, VL)
+    gv = gl.expand_dims(gl.expand_dims(gl.arange(0, 8, gl.SliceLayout(0, gl.SliceLayout(1, SV))), 0), 1)
+    R3: gl.constexpr = gl.SliceLayout(0, gl.SliceLayout(1, gl.SliceLayout(2, VL)))
+    rv = gl.expand_dims(gl.expand_dims(gl.expand_dims(gl.arange(0, 8, R3), 0), 1), 2)
+    vgroup = gl.expand_dims(gv // 2, 3) + rv * 0
+
+    acc_e = gl.zeros([NW, ROWS, H], gl.float32, MMA)
+    acc_o = gl.zeros([NW, ROWS, H], gl.float32, MMA)
+    m_i = gl.full([NW, ROWS], float("-inf"), gl.float32, ROW)
+    l_i = gl.zeros([NW, ROWS], gl.float32, ROW)
+    run = gl.full([NW], -254, gl.int32, WARP)
+    sink_acc = gl.zeros([NW, TW], gl.int32, gl.SliceLayout(1, KB))
+    for it in range(n_it):
+        # stage `it` landed (at most STAGES - 2 younger groups pending); the barrier also retires
+        # every warp's reads of the buffer the next issue overwrites
+        async_copy.wait_group(STAGES - 2)
+        gl.thread_barrier()
+        nxt = (it + STAGES - 1) % STAGES
+        _issue_stage(kc32, ks, vc32, vs, nxt * NSUB, cache_ptr, bt_row, t_lo + (it + STAGES - 1) * TT, t_hi,
+                     stride_cb, stride_ct, stride_ch, NSUB, NW, WT, H, G, BLOCK_SIZE, ALIGN)
+        async_copy.commit_group()
+        cur = (it % STAGES) * NSUB
+        t0 = t_lo + it * TT
+        for j in gl.static_range(NSUB):
+            kw = ks.index(cur + j).load(gl.SliceLayout(1, KB))
+            if MATH:
+                # K: relative scales, decode, QK on the tensor cores
+                ktop = _token_top(kw)
+                kb = kc8.index(cur + j).permute([0, 2, 1]).load(KB)
+                krel = _rel_scale(gl.expand_dims(kw, 1), gl.expand_dims(ktop, 1), kgroup)
+                k_lo, k_hi = _fp4_decode(kb, krel)
+                s = mma_v2(q_e, k_lo, gl.zeros([NW, ROWS, TW], gl.float32, MMA))
+                s = mma_v2(q_o, k_hi, s)
+
+                ts = t0 + j * (WT * TW) + ws + ns
+                colfac = gl.expand_dims(_pow2(gl.convert_layout(ktop, TOK) - 127), 1)
+                s = s * colfac
+                if HAS_SOFTCAP:
+                    s = s * gl.expand_dims(rowfac, 2)
+                    s = softcap * (1.0 - 2.0 / (gl.exp2(s / softcap * (2.0 * LOG2E)) + 1.0)) * LOG2E
+                    s = s + gl.expand_dims(rowbias, 2)
+                else:
+                    s = gl.fma(s, gl.expand_dims(rowfac, 2), gl.expand_dims(rowbias, 2))
+                s = gl.where(gl.expand_dims(ts < t_hi, 1), s, float("-inf"))
+                m_new = gl.maximum(m_i, gl.max(s, axis=2))
+                m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)
+                alpha = gl.exp2(m_i - m_safe)
+                p = gl.exp2(s - gl.expand_dims(m_safe, 2))
+                l_i = l_i * alpha + gl.sum(p, axis=2)
+                m_i = m_new
+
+                # V: scale word per token, reference exponent from the largest contribution
+                vw = gl.expand_dims(vs.index(cur + j).load(gl.SliceLayout(2, SV)), 2)
+                vtop = _token_top(vw)
+                vb = vc8.index(cur + j).load(VL)
+                vrel = _rel_scale(gl.expand_dims(vw, 3), gl.expand_dims(vtop, 3), vgroup)
+                vb = gl.convert_layout(gl.reshape(gl.permute(vb, [0, 1, 3, 2]), [NW, TW, H]), VB)
+                vrel = gl.convert_layout(gl.reshape(gl.permute(vrel, [0, 1, 3, 2]), [NW, TW, H]), VB)
+                v_lo, v_hi = _fp4_decode(vb, vrel)
+
+                vexp = gl.convert_layout(gl.max(vtop, axis=2), TOK) - 127
+                contrib = p * gl.expand_dims(_pow2(gl.minimum(vexp, 127)), 1)
+                ctop = _floor_log2(gl.max(gl.max(contrib, axis=2), axis=1))
+                shrink = _floor_log2(gl.max(alpha, axis=1))
+                new_run = gl.maximum(run + shrink, ctop)
+                c = alpha * gl.expand_dims(_pow2(gl.minimum(run - new_run, 127)), 1)
+                fac = _pow2(gl.minimum(vexp - gl.expand_dims(gl.convert_layout(new_run, gl.SliceLayout(1, TOK)), 1),
+                                       127))
+                pv = gl.convert_layout((p * gl.expand_dims(fac, 1)).to(gl.float16), PA)
+                acc_e = mma_v2(pv, v_lo, acc_e * gl.expand_dims(c, 2))
+                acc_o = mma_v2(pv, v_hi, acc_o * gl.expand_dims(c, 2))
+                run = new_run
+            else:
+                sink_acc = sink_acc ^ kw
+    async_copy.wait_group(0)
+
+    pair0 = b * HK
+    if MATH:
+        # ---- every warp's partial (acc * 2**run, m, l) to the workspace: slot ((b*HK + h)*S + sp)*WT + s
+        f = gl.expand_dims(gl.expand_dims(_pow2(gl.minimum(run, 127)), 1), 2)
+        acc_e = acc_e * f
+        acc_o = acc_o * f
+        PW: gl.constexpr = gl.SliceLayout(1, gl.SliceLayout(2, MMA))
+        pw = gl.arange(0, NW, PW)
+        slot = (((pair0 + pw // WT) * num_splits + sp) * WT + pw % WT).to(gl.int64)
+        slot3 = gl.expand_dims(gl.expand_dims(slot, 1), 2)
+        prow = gl.expand_dims(gl.expand_dims(gl.arange(0, ROWS, gl.SliceLayout(0, gl.SliceLayout(2, MMA))), 0), 2)
+        nn = gl.expand_dims(gl.expand_dims(gl.arange(0, H, gl.SliceLayout(0, gl.SliceLayout(1, MMA))), 0), 1)
+        d_e = 2 * (8 * (nn % 8) + nn // 8)
+        pptr = part_ptr + slot3 * (ROWS * D) + prow * D + d_e
+        pmask = (prow < GQA) & (nn >= 0)
+        gl.store(pptr, acc_e, mask=pmask)
+        gl.store(pptr + 1, acc_o, mask=pmask)
+        mlw = gl.convert_layout(slot, gl.SliceLayout(1, ROW))
+        mlp = ml_ptr + gl.expand_dims(mlw, 1) * (2 * ROWS) + gl.expand_dims(rows, 0)
+        mlmask = gl.expand_dims(rows < GQA, 0)
+        gl.store(mlp, m_i, mask=mlmask)
+        gl.store(mlp + ROWS, l_i, mask=mlmask)
+        gl.thread_barrier()
+        ticket = gl.atomic_add(counter_ptr + pair0, 1)
+        if ticket == num_splits - 1:
+            # ---- last program of this request: merge every head's num_splits * WT partials
+            ML: gl.constexpr = gl.BlockedLayout([1, 1, 4], [1, 1, 32], [HK, 1, NW // HK], [2, 1, 0])
+            mh = gl.expand_dims(gl.expand_dims(gl.arange(0, HK, gl.SliceLayout(1, gl.SliceLayout(2, ML))), 1), 2)
+            mr = gl.expand_dims(gl.expand_dims(gl.arange(0, GQA_PAD, gl.SliceLayout(0, gl.SliceLayout(2, ML))), 0), 2)
+            mc = gl.expand_dims(gl.expand_dims(gl.arange(0, D, gl.SliceLayout(0, gl.SliceLayout(1, ML))), 0), 1)
+            M2: gl.constexpr = gl.SliceLayout(2, ML)
+            mh2 = gl.expand_dims(gl.arange(0, HK, gl.SliceLayout(1, M2)), 1)
+            mr2 = gl.expand_dims(gl.arange(0, GQA_PAD, gl.SliceLayout(0, M2)), 0)
+            acc = gl.zeros([HK, GQA_PAD, D], gl.float32, ML)
+            m_a = gl.full([HK, GQA_PAD], float("-inf"), gl.float32, M2)
+            l_a = gl.zeros([HK, GQA_PAD], gl.float32, M2)
+            nparts = num_splits * WT
+            rmask3 = (mr < GQA) & (mc >= 0) & (mh >= 0)
+            rmask2 = (mr2 < GQA) & (mh2 >= 0)
+            for s in range(0, nparts):
+                src3 = ((pair0 + mh) * nparts + s).to(gl.int64)
+                src2 = ((pair0 + mh2) * nparts + s).to(gl.int64)
+                acc2 = gl.load(part_ptr + src3 * (ROWS * D) + mr * D + mc, mask=rmask3, other=0.0,
+                               cache_modifier=".cg")
+                m2 = gl.load(ml_ptr + src2 * (2 * ROWS) + mr2, mask=rmask2, other=float("-inf"),
+                             cache_modifier=".cg")
+                l2 = gl.load(ml_ptr + src2 * (2 * ROWS) + ROWS + mr2, mask=rmask2, other=0.0,
+                             cache_modifier=".cg")
+                m_n = gl.maximum(m_a, m2)
+                m_s = gl.where(m_n == float("-inf"), 0.0, m_n)
+                a1 = gl.exp2(m_a - m_s)
+                a2 = gl.exp2(m2 - m_s)
+                acc = acc * gl.expand_dims(a1, 2) + acc2 * gl.expand_dims(a2, 2)
+                l_a = l_a * a1 + l2 * a2
+                m_a = m_n
+            heads2 = mh2 * GQA + mr2
+            if HAS_SINKS:
+                sink = gl.load(sinks_ptr + heads2, mask=rmask2, other=0.0).to(gl.float32) * LOG2E
+                m_n = gl.maximum(m_a, sink)
+                acc = acc * gl.expand_dims(gl.exp2(m_a - m_n), 2)
+                l_a = l_a * gl.exp2(m_a - m_n) + gl.exp2(sink - m_n)
+            denom = gl.where(l_a > 0.0, l_a, 1.0)
+            o = gl.where(gl.expand_dims(l_a > 0.0, 2), acc / gl.expand_dims(denom, 2), 0.0)
+            optr = out_ptr + b.to(gl.int64) * stride_ob + (mh * GQA + mr) * stride_oh + mc
+            gl.store(optr, o.to(out_ptr.dtype.element_ty), mask=rmask3)
+            gl.atomic_xchg(counter_ptr + pair0, 0)
+    else:
+        gl.store(part_ptr + (b * num_splits + sp).to(gl.int64) * (NW * TW)
+                 + gl.expand_dims(gl.arange(0, NW, gl.SliceLayout(1, gl.SliceLayout(1, KB))), 1) * TW
+                 + gl.expand_dims(gl.arange(0, TW, gl.SliceLayout(0, gl.SliceLayout(1, KB))), 0),
+                 sink_acc.to(gl.float32, bitcast=True))
+
+
+def launch_v8(plan) -> None:
+    """Run a :func:`ultraquant.kernels.decode_v8_plan.plan_decode_v8` plan through Gluon's JIT."""
+    spec = plan.spec
+    uq_decode_v8[plan.grid](*plan.args, **spec.constexprs, num_warps=spec.num_warps, num_stages=spec.num_stages)
