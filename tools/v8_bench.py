@@ -31,12 +31,19 @@ from ultraquant.kernels import plans  # noqa: E402
 from ultraquant.kernels.decode_v8_plan import decode_v8, v8_splits, v8_supports  # noqa: E402
 
 
+def time_v8(p, scale: float, math: bool) -> float:
+    """Graph-replay microseconds of one v8 launch (``math=False``: the no-math stream)."""
+    return time_graph(lambda: decode_v8(p.query, p.kv_cache, p.block_table, p.seq_lens, scale, out=p.out,
+                                        math=math))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--json", required=True)
     ap.add_argument("--shapes", default="A,B,C,D")
-    ap.add_argument("--rings", default="2x4,4x3,1x4")
-    ap.add_argument("--splits-scale", default="1,2")
+    ap.add_argument("--rings", default="8:2x4,8:4x3,16:1x4",
+                    help="warps:NSUBxSTAGES variants (16 warps run with a 128-register cap)")
+    ap.add_argument("--splits-scale", default="1")
     ap.add_argument("--no-v7", action="store_true")
     a = ap.parse_args()
     rows: list[dict] = []
@@ -63,35 +70,42 @@ def main() -> None:
             add(shape, "v7 (JIT)", bench_decode(p, s["D"]), p.stored_bytes, sdpa)
         scale = s["D"] ** -0.5
         base_splits = v8_splits(s["B"], p.block_table.shape[1] * s["block"], p.query.device)
-        for ring in a.rings.split(","):
+        for variant in a.rings.split(","):
+            warps, ring = variant.split(":")
             nsub, stages = (int(x) for x in ring.split("x"))
             if s["D"] > 128:
+                if warps != "8":
+                    continue
                 nsub = 1
             os.environ["ULTRAQUANT_V8_NSUB"], os.environ["ULTRAQUANT_V8_STAGES"] = str(nsub), str(stages)
+            os.environ["ULTRAQUANT_V8_WARPS"] = warps
+            os.environ.pop("ULTRAQUANT_V8_MAXNREG", None)
+            if warps == "16":
+                os.environ["ULTRAQUANT_V8_MAXNREG"] = "128"
             for k in (float(x) for x in a.splits_scale.split(",")):
                 splits = max(1, int(base_splits * k))
                 os.environ["ULTRAQUANT_V8_SPLITS"] = str(splits)
-                tag = f"ring {nsub}x{stages} splits {splits}"
+                tag = f"w{warps} ring {nsub}x{stages} splits {splits}"
                 try:
-                    us = time_graph(lambda: decode_v8(p.query, p.kv_cache, p.block_table, p.seq_lens, scale,
-                                                      out=p.out, math=False))
+                    us = time_v8(p, scale, False)
                     add(shape, f"v8 stream {tag}", us, p.stored_bytes, sdpa, nsub=nsub, stages=stages, splits=splits)
                 except Exception:
                     traceback.print_exc()
                 ok = v8_supports(head_size=s["D"], gqa=s["Hq"] // s["Hk"], num_kv_heads=s["Hk"],
-                                 block_size=s["block"], align=plans.slot_alignment(s["D"], tuple(p.kv_cache.stride()[:3])),
+                                 block_size=s["block"],
+                                 align=plans.slot_alignment(s["D"], tuple(p.kv_cache.stride()[:3])),
                                  target="cuda")
                 if ok:
                     try:
-                        us = time_graph(lambda: decode_v8(p.query, p.kv_cache, p.block_table, p.seq_lens, scale,
-                                                          out=p.out))
+                        us = time_v8(p, scale, True)
                         add(shape, f"v8 decode {tag}", us, p.stored_bytes, sdpa, nsub=nsub, stages=stages,
                             splits=splits)
                     except Exception:
                         traceback.print_exc()
-        for k in ("ULTRAQUANT_V8_NSUB", "ULTRAQUANT_V8_STAGES", "ULTRAQUANT_V8_SPLITS"):
+        for k in ("ULTRAQUANT_V8_NSUB", "ULTRAQUANT_V8_STAGES", "ULTRAQUANT_V8_SPLITS", "ULTRAQUANT_V8_WARPS",
+                  "ULTRAQUANT_V8_MAXNREG"):
             os.environ.pop(k, None)
-        del p
+        p = None
         torch.cuda.empty_cache()
     print("\nshape name us %ceiling vs-sdpa")
     for r in rows:

@@ -2,6 +2,9 @@
 # One device call for decode v8 (issue 14): GPU tests, bench (stream gate + decode), ncu on shape A.
 # Usage on the device machine: bash tools/v8_device.sh  (writes into $OUT)
 export PYTHONPATH=$PWD
+# ultraquant.runtime/.codegen are package-dir mappings; without an install, link them into the package.
+[ -e ultraquant/runtime ] || ln -s ../runtime ultraquant/runtime
+[ -e ultraquant/codegen ] || ln -s ../codegen ultraquant/codegen
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 STEPS=${STEPS:-"tests bench ncu"}
 nvidia-smi -L > "$OUT/env.txt"; python3 -c "import torch, triton; print(torch.__version__, triton.__version__)" >> "$OUT/env.txt"

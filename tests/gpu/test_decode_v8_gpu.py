@@ -36,8 +36,12 @@ RINGS = [(2, 4), (1, 4), (4, 3), (2, 2)]
 """(NSUB, STAGES) ring shapes checked on the first case."""
 
 
-def _run(name: str, monkeypatch, nsub: int = 2, stages: int = 4, splits: str | None = None) -> None:
+def _run(name: str, monkeypatch, nsub: int = 2, stages: int = 4, splits: str | None = None,
+         warps: int = 8) -> None:
     lens, hq, hk, bs, sinks, window, softcap, head_major = CASES[name]
+    monkeypatch.setenv("ULTRAQUANT_V8_WARPS", str(warps))
+    if warps > 8:
+        monkeypatch.setenv("ULTRAQUANT_V8_MAXNREG", "128")
     monkeypatch.setenv("ULTRAQUANT_V8_NSUB", str(nsub))
     monkeypatch.setenv("ULTRAQUANT_V8_STAGES", str(stages))
     if splits is not None:
@@ -50,7 +54,7 @@ def _run(name: str, monkeypatch, nsub: int = 2, stages: int = 4, splits: str | N
     decode_v8(query, prob.kv_cache, prob.block_table, prob.seq_lens, scale, sinks=sk, sliding_window=window,
               softcap=softcap, out=out)
     torch.cuda.synchronize()
-    check_close(out, ref, f"{name} nsub={nsub} stages={stages} splits={splits}")
+    check_close(out, ref, f"{name} nsub={nsub} stages={stages} splits={splits} warps={warps}")
 
 
 @pytest.mark.parametrize("name", list(CASES))
@@ -62,6 +66,12 @@ def test_decode_v8(name, monkeypatch):
 @pytest.mark.parametrize("splits", ["1", "7", None])
 def test_decode_v8_rings_and_splits(nsub, stages, splits, monkeypatch):
     _run("gqa4-hk8-b64-token-major", monkeypatch, nsub, stages, splits)
+
+
+@pytest.mark.parametrize("name", ["gqa4-hk8-b64-long", "gqa6-hk2-b32-window-softcap", "gqa16-hk1-b16-batch64"])
+def test_decode_v8_16_warps(name, monkeypatch):
+    """16 warps (two token groups per kv head at Hk=8) under a 128-register cap."""
+    _run(name, monkeypatch, nsub=1, stages=4, warps=16)
 
 
 def test_decode_v8_wide_dynamic_range():

@@ -48,11 +48,14 @@ def decode_v8_spec(*, head_size: int, gqa: int, num_kv_heads: int, block_size: i
                    has_sinks: bool = False, has_window: bool = False, has_softcap: bool = False,
                    align: int | None = None, math: bool = True, stages: int | None = None,
                    nsub: int | None = None, **_: Any) -> Specialization:
-    """The v8 kernel for one config: 8 warps (Hk heads x 8/Hk token groups), a ring of ``stages`` x
+    """The v8 kernel for one config: 8 warps (Hk heads x 8/Hk token groups; ``ULTRAQUANT_V8_WARPS``),
+    a ring of ``stages`` x
     ``nsub`` sub-tiles of 16 tokens per warp. ``math=False`` is the no-math stream of the same ring."""
     d = check_head_size(head_size)
     hk = int(num_kv_heads)
-    wt = 8 // hk
+    warps = int(os.environ.get("ULTRAQUANT_V8_WARPS", 8))
+    maxnreg = os.environ.get("ULTRAQUANT_V8_MAXNREG")
+    wt = max(1, warps // hk)
     nsub = int(nsub or os.environ.get("ULTRAQUANT_V8_NSUB", 2))
     stages = int(stages or os.environ.get("ULTRAQUANT_V8_STAGES", 4))
     return Specialization(
@@ -63,7 +66,7 @@ def decode_v8_spec(*, head_size: int, gqa: int, num_kv_heads: int, block_size: i
                     "BLOCK_SIZE": int(block_size), "HAS_SINKS": bool(has_sinks),
                     "HAS_WINDOW": bool(has_window), "HAS_SOFTCAP": bool(has_softcap),
                     "ALIGN": int(align or slot_alignment(d)), "MATH": bool(math)},
-        num_warps=hk * wt, num_stages=1)
+        num_warps=hk * wt, num_stages=1, maxnreg=int(maxnreg) if maxnreg else None)
 
 
 def v8_splits(batch: int, max_tokens: int, device: torch.device) -> int:
