@@ -37,6 +37,21 @@ def time_v8(p, scale: float, math: bool) -> float:
                                         math=math))
 
 
+def time_raw_stream(p, nsub: int, stages: int) -> float:
+    """Graph-replay microseconds of the 16-byte-copy stream (``uq_stream_v8_raw``, head-major pages)."""
+    from ultraquant.kernels.gluon.decode_v8 import uq_stream_v8_raw
+
+    B, hk, slot = p.block_table.shape[0], p.kv_cache.shape[2], p.kv_cache.shape[3]
+    wt = 8 // hk
+    splits = v8_splits(B, p.block_table.shape[1] * p.kv_cache.shape[1], p.query.device)
+    dst = torch.empty(B * splits * nsub * 8 * 32, dtype=torch.int32, device="cuda")
+    st = p.kv_cache.stride()
+    return time_graph(lambda: uq_stream_v8_raw[(B, 1, splits)](
+        p.kv_cache, p.block_table, p.seq_lens, dst, splits, st[0], st[2], p.block_table.stride(0),
+        SLOT=slot, HK=hk, WT=wt, NSUB=nsub, STAGES=stages, BLOCK_SIZE=p.kv_cache.shape[1], num_warps=8,
+        num_stages=1))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--json", required=True)
@@ -45,6 +60,7 @@ def main() -> None:
                     help="warps:NSUBxSTAGES variants (16 warps run with a 128-register cap)")
     ap.add_argument("--splits-scale", default="1")
     ap.add_argument("--no-v7", action="store_true")
+    ap.add_argument("--raw", default="", help="NSUBxSTAGES rings of the 16-byte-copy stream, e.g. 2x3,1x3")
     a = ap.parse_args()
     rows: list[dict] = []
     ceiling = measure_ceiling()
@@ -69,6 +85,15 @@ def main() -> None:
         if not a.no_v7:
             add(shape, "v7 (JIT)", bench_decode(p, s["D"]), p.stored_bytes, sdpa)
         scale = s["D"] ** -0.5
+        for ring in [r for r in a.raw.split(",") if r]:
+            nsub, stages = (int(x) for x in ring.split("x"))
+            if s["D"] > 128:
+                nsub = 1
+            try:
+                add(shape, f"v8 raw16 stream w8 ring {nsub}x{stages}", time_raw_stream(p, nsub, stages),
+                    p.stored_bytes, sdpa, nsub=nsub, stages=stages)
+            except Exception:
+                traceback.print_exc()
         base_splits = v8_splits(s["B"], p.block_table.shape[1] * s["block"], p.query.device)
         for variant in a.rings.split(","):
             warps, ring = variant.split(":")

@@ -134,49 +134,48 @@ def _fwht_rows(x, NW: gl.constexpr, R: gl.constexpr, D: gl.constexpr, LOG2D: gl.
 
 
 @gluon.jit
-def _stage_rows(t0, t_hi, NSUB: gl.constexpr, NW: gl.constexpr, WT: gl.constexpr, L: gl.constexpr):
-    """Token, existence (``< t_hi``) and kv head of the ``[NSUB*NW, 16]`` slots of the ring stage that
-    starts at token ``t0``, in layout ``L``: row ``j*NW + w`` is warp ``w``'s part of sub-tile ``j``
-    (head ``w // WT``, tokens ``t0 + j*WT*16 + (w % WT)*16 + n``)."""
-    r = gl.expand_dims(gl.arange(0, NSUB * NW, gl.SliceLayout(1, L)), 1)
-    n = gl.expand_dims(gl.arange(0, 16, gl.SliceLayout(0, L)), 0)
-    w = r % NW
-    tok = t0 + (r // NW) * (WT * 16) + (w % WT) * 16 + n
-    return tok, tok < t_hi, w // WT
-
-
-@gluon.jit
-def _stage_blocks(bt_row, t0, t_hi, NSUB: gl.constexpr, NW: gl.constexpr, WT: gl.constexpr,
-                  BLOCK_SIZE: gl.constexpr, L: gl.constexpr):
-    """Block-table entries of the stage's slots (loaded one stage ahead: the copies never wait on them)."""
-    tok, ok, head = _stage_rows(t0, t_hi, NSUB, NW, WT, L)
-    return gl.load(bt_row + tok // BLOCK_SIZE, mask=ok, other=0)
-
-
-@gluon.jit
-def _issue_stage(kc, ks, vc, vs, blk_s, blk_c, cache_ptr, t0, t_hi, stride_cb, stride_ct, stride_ch,
+def _issue_stage(kc, ks, vc, vs, first, cache_ptr, bt_row, t0, t_hi, stride_cb, stride_ct, stride_ch,
                  NSUB: gl.constexpr, NW: gl.constexpr, WT: gl.constexpr, H: gl.constexpr, G: gl.constexpr,
-                 BLOCK_SIZE: gl.constexpr, ALIGN: gl.constexpr, SL: gl.constexpr, CL: gl.constexpr):
-    """Start the async copies of one ring stage (tokens ``[t0, t0 + NSUB*WT*16)`` of every kv head)
-    into its entries ``kc``/``vc`` ([NSUB*NW, 16, H/4] words) and ``ks``/``vs`` ([NSUB*NW, 16]), from
-    the prefetched block numbers ``blk_s`` (layout ``SL``) / ``blk_c`` (``CL`` sliced). Tokens at or
-    past ``t_hi`` are zero-filled."""
-    tok, ok, head = _stage_rows(t0, t_hi, NSUB, NW, WT, SL)
-    base = gl.multiple_of(blk_s.to(gl.int64) * stride_cb + (tok % BLOCK_SIZE).to(gl.int64) * stride_ct
-                          + head.to(gl.int64) * stride_ch, [ALIGN, ALIGN])
-    async_copy.async_copy_global_to_shared(ks, (cache_ptr + base + H).to(gl.pointer_type(gl.int32)), mask=ok)
-    async_copy.async_copy_global_to_shared(vs, (cache_ptr + base + (2 * H + G)).to(gl.pointer_type(gl.int32)),
-                                           mask=ok)
-    ctok, cok, chead = _stage_rows(t0, t_hi, NSUB, NW, WT, gl.SliceLayout(2, CL))
-    cbase = gl.expand_dims(blk_c.to(gl.int64) * stride_cb + (ctok % BLOCK_SIZE).to(gl.int64) * stride_ct
-                           + chead.to(gl.int64) * stride_ch, 2)
-    word = gl.expand_dims(gl.expand_dims(gl.arange(0, H // 4, gl.SliceLayout(0, gl.SliceLayout(1, CL))), 0), 1)
-    cmask = gl.expand_dims(cok, 2) & (word >= 0)
-    # int32 pointers first, then the word index: 8-byte copies where the slot alignment allows
-    kp = gl.multiple_of((cache_ptr + cbase).to(gl.pointer_type(gl.int32)), [ALIGN, ALIGN, ALIGN])
-    async_copy.async_copy_global_to_shared(kc, kp + word, mask=cmask)
-    vp = (cache_ptr + cbase + (H + G)).to(gl.pointer_type(gl.int32))
-    async_copy.async_copy_global_to_shared(vc, vp + word, mask=cmask)
+                 BLOCK_SIZE: gl.constexpr, ALIGN: gl.constexpr):
+    """Start the async copies of tokens ``[t0, t0 + NSUB*WT*16)`` of every kv head into ring entries
+    ``first .. first + NSUB - 1`` (``kc``/``vc``: [., NW, 16, H/4] words, ``ks``/``vs``: [., NW, 16];
+    warp slot ``w`` = (head ``w // WT``, 16-token group ``w % WT``)). Tokens at or past ``t_hi`` are
+    zero-filled."""
+    CW: gl.constexpr = H // 4
+    CL: gl.constexpr = gl.BlockedLayout([1, 1, 2], [1, 4, 8], [NW, 1, 1], [2, 1, 0])
+    SL: gl.constexpr = gl.BlockedLayout([1, 1], [2, 16], [NW, 1], [1, 0])
+    word = gl.expand_dims(gl.expand_dims(gl.arange(0, CW, gl.SliceLayout(0, gl.SliceLayout(1, CL))), 0), 1)
+    for j in gl.static_range(NSUB):
+        tj = t0 + j * (WT * 16)
+        base, ok = _slot_offsets(bt_row, tj, t_hi, stride_cb, stride_ct, stride_ch, NW, WT, BLOCK_SIZE, ALIGN, SL)
+        async_copy.async_copy_global_to_shared(ks.index(first + j),
+                                               (cache_ptr + base + H).to(gl.pointer_type(gl.int32)), mask=ok)
+        async_copy.async_copy_global_to_shared(vs.index(first + j),
+                                               (cache_ptr + base + (2 * H + G)).to(gl.pointer_type(gl.int32)), mask=ok)
+        cbase, cok = _slot_offsets(bt_row, tj, t_hi, stride_cb, stride_ct, stride_ch, NW, WT, BLOCK_SIZE, ALIGN,
+                                   gl.SliceLayout(2, CL))
+        cbase = gl.expand_dims(cbase, 2)
+        cmask = gl.expand_dims(cok, 2) & (word >= 0)
+        # int32 pointers first, then the word index: 8-byte copies where the slot alignment allows
+        kp = gl.multiple_of((cache_ptr + cbase).to(gl.pointer_type(gl.int32)), [ALIGN, ALIGN, ALIGN])
+        async_copy.async_copy_global_to_shared(kc.index(first + j), kp + word, mask=cmask)
+        vp = (cache_ptr + cbase + (H + G)).to(gl.pointer_type(gl.int32))
+        async_copy.async_copy_global_to_shared(vc.index(first + j), vp + word, mask=cmask)
+
+
+@gluon.jit
+def _slot_offsets(bt_row, t0, t_hi, stride_cb, stride_ct, stride_ch, NW: gl.constexpr, WT: gl.constexpr,
+                  BLOCK_SIZE: gl.constexpr, ALIGN: gl.constexpr, L: gl.constexpr):
+    """Byte offsets of the ``[NW, 16]`` slots of one sub-tile (warp slot ``w`` = head ``w // WT``,
+    tokens ``t0 + (w % WT)*16 + n``) in layout ``L``, and which tokens exist (``< t_hi``)."""
+    w = gl.expand_dims(gl.arange(0, NW, gl.SliceLayout(1, L)), 1)
+    n = gl.expand_dims(gl.arange(0, 16, gl.SliceLayout(0, L)), 0)
+    tok = t0 + (w % WT) * 16 + n
+    ok = tok < t_hi
+    blk = gl.load(bt_row + tok // BLOCK_SIZE, mask=ok, other=0)
+    base = gl.multiple_of(blk.to(gl.int64) * stride_cb + (tok % BLOCK_SIZE).to(gl.int64) * stride_ct
+                          + (w // WT).to(gl.int64) * stride_ch, [ALIGN, ALIGN])
+    return base, ok
 
 
 @gluon.jit
@@ -218,14 +217,12 @@ def uq_decode_v8(q_ptr, cache_ptr, bt_ptr, seqlen_ptr, sinks_ptr, out_ptr, part_
     S4: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [3, 2, 1, 0])
 
     # ---- ring buffers: STAGES x NSUB sub-tiles of [NW, 16] slots
-    kc8 = gl.allocate_shared_memory(gl.uint8, [STAGES, NSUB * NW, TW, H], S3)
-    vc8 = gl.allocate_shared_memory(gl.uint8, [STAGES, NSUB * NW, TW, H // 8, 8], S4)
-    ks = gl.allocate_shared_memory(gl.int32, [STAGES, NSUB * NW, TW], S2)
-    vs = gl.allocate_shared_memory(gl.int32, [STAGES, NSUB * NW, TW], S2)
-    kc32 = kc8._reinterpret(gl.int32, [STAGES, NSUB * NW, TW, CW], S3)
-    vc32 = vc8._reinterpret(gl.int32, [STAGES, NSUB * NW, TW, CW], S3)
-    CL: gl.constexpr = gl.BlockedLayout([1, 1, 2], [1, 4, 8], [NW, 1, 1], [2, 1, 0])
-    SL: gl.constexpr = gl.BlockedLayout([1, 1], [2, 16], [NW, 1], [1, 0])
+    kc8 = gl.allocate_shared_memory(gl.uint8, [STAGES * NSUB, NW, TW, H], S3)
+    vc8 = gl.allocate_shared_memory(gl.uint8, [STAGES * NSUB, NW, TW, H // 8, 8], S4)
+    ks = gl.allocate_shared_memory(gl.int32, [STAGES * NSUB, NW, TW], S2)
+    vs = gl.allocate_shared_memory(gl.int32, [STAGES * NSUB, NW, TW], S2)
+    kc32 = kc8._reinterpret(gl.int32, [STAGES * NSUB, NW, TW, CW], S3)
+    vc32 = vc8._reinterpret(gl.int32, [STAGES * NSUB, NW, TW, CW], S3)
 
     b = gl.program_id(0)
     sp = gl.program_id(2)
@@ -239,17 +236,11 @@ def uq_decode_v8(q_ptr, cache_ptr, bt_ptr, seqlen_ptr, sinks_ptr, out_ptr, part_
     n_it = gl.cdiv(gl.maximum(t_hi - t_lo, 0), TT)
     bt_row = bt_ptr + b.to(gl.int64) * stride_btb
 
-    # ---- prologue: STAGES - 1 stages in flight, the next stage's block numbers in registers
+    # ---- prologue: STAGES - 1 stages in flight
     for i in gl.static_range(STAGES - 1):
-        _issue_stage(kc32.index(i), ks.index(i), vc32.index(i), vs.index(i),
-                     _stage_blocks(bt_row, t_lo + i * TT, t_hi, NSUB, NW, WT, BLOCK_SIZE, SL),
-                     _stage_blocks(bt_row, t_lo + i * TT, t_hi, NSUB, NW, WT, BLOCK_SIZE, gl.SliceLayout(2, CL)),
-                     cache_ptr, t_lo + i * TT, t_hi, stride_cb, stride_ct, stride_ch,
-                     NSUB, NW, WT, H, G, BLOCK_SIZE, ALIGN, SL, CL)
+        _issue_stage(kc32, ks, vc32, vs, i * NSUB, cache_ptr, bt_row, t_lo + i * TT, t_hi,
+                     stride_cb, stride_ct, stride_ch, NSUB, NW, WT, H, G, BLOCK_SIZE, ALIGN)
         async_copy.commit_group()
-    t_pre = t_lo + (STAGES - 1) * TT
-    blk_s = _stage_blocks(bt_row, t_pre, t_hi, NSUB, NW, WT, BLOCK_SIZE, SL)
-    blk_c = _stage_blocks(bt_row, t_pre, t_hi, NSUB, NW, WT, BLOCK_SIZE, gl.SliceLayout(2, CL))
 
     # ---- query: rotate, scale, fp16 halves times a per-row power of two (as v7), once
     qr = gl.arange(0, ROWS, gl.SliceLayout(0, gl.SliceLayout(2, QL)))
@@ -298,24 +289,17 @@ def uq_decode_v8(q_ptr, cache_ptr, bt_ptr, seqlen_ptr, sinks_ptr, out_ptr, part_
         async_copy.wait_group(STAGES - 2)
         gl.thread_barrier()
         nxt = (it + STAGES - 1) % STAGES
-        t_nxt = t_lo + (it + STAGES - 1) * TT
-        _issue_stage(kc32.index(nxt), ks.index(nxt), vc32.index(nxt), vs.index(nxt), blk_s, blk_c, cache_ptr,
-                     t_nxt, t_hi, stride_cb, stride_ct, stride_ch, NSUB, NW, WT, H, G, BLOCK_SIZE, ALIGN, SL, CL)
+        _issue_stage(kc32, ks, vc32, vs, nxt * NSUB, cache_ptr, bt_row, t_lo + (it + STAGES - 1) * TT, t_hi,
+                     stride_cb, stride_ct, stride_ch, NSUB, NW, WT, H, G, BLOCK_SIZE, ALIGN)
         async_copy.commit_group()
-        blk_s = _stage_blocks(bt_row, t_nxt + TT, t_hi, NSUB, NW, WT, BLOCK_SIZE, SL)
-        blk_c = _stage_blocks(bt_row, t_nxt + TT, t_hi, NSUB, NW, WT, BLOCK_SIZE, gl.SliceLayout(2, CL))
-        cur = it % STAGES
-        kc_c = kc8.index(cur)
-        vc_c = vc8.index(cur)
-        ks_c = ks.index(cur)
-        vs_c = vs.index(cur)
+        cur = (it % STAGES) * NSUB
         t0 = t_lo + it * TT
         for j in gl.static_range(NSUB):
-            kw = ks_c.slice(j * NW, NW).load(gl.SliceLayout(1, KB))
+            kw = ks.index(cur + j).load(gl.SliceLayout(1, KB))
             if MATH:
                 # K: relative scales, decode, QK on the tensor cores
                 ktop = _token_top(kw)
-                kb = kc_c.slice(j * NW, NW).permute([0, 2, 1]).load(KB)
+                kb = kc8.index(cur + j).permute([0, 2, 1]).load(KB)
                 krel = _rel_scale(gl.expand_dims(kw, 1), gl.expand_dims(ktop, 1), kgroup)
                 k_lo, k_hi = _fp4_decode(kb, krel)
                 s = mma_v2(q_e, k_lo, gl.zeros([NW, ROWS, TW], gl.float32, MMA))
@@ -339,9 +323,9 @@ def uq_decode_v8(q_ptr, cache_ptr, bt_ptr, seqlen_ptr, sinks_ptr, out_ptr, part_
                 m_i = m_new
 
                 # V: scale word per token, reference exponent from the largest contribution
-                vw = gl.expand_dims(vs_c.slice(j * NW, NW).load(gl.SliceLayout(2, SV)), 2)
+                vw = gl.expand_dims(vs.index(cur + j).load(gl.SliceLayout(2, SV)), 2)
                 vtop = _token_top(vw)
-                vb = vc_c.slice(j * NW, NW).load(VL)
+                vb = vc8.index(cur + j).load(VL)
                 vrel = _rel_scale(gl.expand_dims(vw, 3), gl.expand_dims(vtop, 3), vgroup)
                 vb = gl.convert_layout(gl.reshape(gl.permute(vb, [0, 1, 3, 2]), [NW, TW, H]), VB)
                 vrel = gl.convert_layout(gl.reshape(gl.permute(vrel, [0, 1, 3, 2]), [NW, TW, H]), VB)
@@ -442,3 +426,64 @@ def launch_v8(plan) -> None:
     extra = {"maxnreg": spec.maxnreg} if spec.maxnreg else {}
     uq_decode_v8[plan.grid](*plan.args, **spec.constexprs, num_warps=spec.num_warps, num_stages=spec.num_stages,
                             **extra)
+
+
+@gluon.jit
+def uq_stream_v8_raw(cache_ptr, bt_ptr, seqlen_ptr, out_ptr, num_splits, stride_cb, stride_ch, stride_btb,
+                     SLOT: gl.constexpr, HK: gl.constexpr, WT: gl.constexpr, NSUB: gl.constexpr,
+                     STAGES: gl.constexpr, BLOCK_SIZE: gl.constexpr):
+    """No-math stream of v8's grid, ring and page order with 16-byte copies (head-major dense pages
+    only): each (kv head, 16-token group) is one contiguous run of ``16 * SLOT`` bytes, copied as
+    ``SLOT / 8`` chunks of 128 B (16 + 1 at SLOT=136) into a padded ring row. The experiment behind
+    the next copy scheme (issue 14, gate 1): v8's per-piece 4/8-byte copies are LG-throttled."""
+    NW: gl.constexpr = gl.num_warps()
+    RUN: gl.constexpr = SLOT // 8          # 128-byte chunks per 16-token run: MAIN + REST (17 = 16 + 1)
+    MAIN: gl.constexpr = 32 if RUN >= 32 else 16
+    REST: gl.constexpr = RUN - MAIN
+    PAD: gl.constexpr = 2 * MAIN
+    ROWS_: gl.constexpr = NSUB * NW
+    TT: gl.constexpr = NSUB * WT * 16
+    CL: gl.constexpr = gl.BlockedLayout([1, 1, 4], [1, 4, 8], [NW, 1, 1], [2, 1, 0])
+    S3: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [2, 1, 0])
+    ring = gl.allocate_shared_memory(gl.int32, [STAGES, ROWS_, PAD, 32], S3)
+    b = gl.program_id(0)
+    sp = gl.program_id(2)
+    length = gl.load(seqlen_ptr + b)
+    per = gl.cdiv(gl.cdiv(length, num_splits), TT) * TT
+    t_lo = sp * per
+    t_hi = gl.minimum(t_lo + per, length)
+    n_it = gl.cdiv(gl.maximum(t_hi - t_lo, 0), TT)
+    bt_row = bt_ptr + b.to(gl.int64) * stride_btb
+    RL: gl.constexpr = gl.SliceLayout(2, CL)
+    c = gl.expand_dims(gl.expand_dims(gl.arange(0, MAIN, gl.SliceLayout(0, RL)), 0), 2)
+    wd = gl.expand_dims(gl.expand_dims(gl.arange(0, 32, gl.SliceLayout(0, gl.SliceLayout(1, CL))), 0), 1)
+    c1 = gl.expand_dims(gl.expand_dims(gl.arange(0, REST, gl.SliceLayout(0, RL)), 0), 2)
+    acc = gl.zeros([ROWS_, 32], gl.int32, gl.SliceLayout(1, CL))
+    for it in range(n_it + STAGES - 1):
+        if it < n_it:
+            t0 = t_lo + it * TT
+            r = gl.arange(0, ROWS_, gl.SliceLayout(1, RL))
+            w = r % NW
+            tok = t0 + (r // NW) * (WT * 16) + (w % WT) * 16
+            ok = tok < t_hi
+            blk = gl.load(bt_row + tok // BLOCK_SIZE, mask=ok, other=0)
+            base = blk.to(gl.int64) * stride_cb + (w // WT).to(gl.int64) * stride_ch + (tok % BLOCK_SIZE) * SLOT
+            p = gl.multiple_of((cache_ptr + base).to(gl.pointer_type(gl.int32)), [16])
+            p3 = gl.expand_dims(gl.expand_dims(p, 1), 2)
+            ok3 = gl.expand_dims(gl.expand_dims(ok, 1), 2)
+            dst = ring.index(it % STAGES)
+            async_copy.async_copy_global_to_shared(dst.slice(0, MAIN, 1), p3 + c * 32 + wd,
+                                                   mask=ok3 & (c >= 0) & (wd >= 0))
+            if REST > 0:
+                async_copy.async_copy_global_to_shared(dst.slice(MAIN, REST, 1), p3 + (c1 + MAIN) * 32 + wd,
+                                                       mask=ok3 & (c1 >= 0) & (wd >= 0))
+        async_copy.commit_group()
+        if it >= STAGES - 1:
+            async_copy.wait_group(STAGES - 1)
+            gl.thread_barrier()
+            acc = acc ^ gl.sum(ring.index((it - (STAGES - 1)) % STAGES).slice(0, 1, 1).load(CL), axis=1)
+            gl.thread_barrier()
+    gl.store(out_ptr + (b * num_splits + sp).to(gl.int64) * (ROWS_ * 32)
+             + gl.expand_dims(gl.arange(0, ROWS_, gl.SliceLayout(1, gl.SliceLayout(1, CL))), 1) * 32
+             + gl.expand_dims(gl.arange(0, 32, gl.SliceLayout(0, gl.SliceLayout(1, CL))), 0), acc)
+
