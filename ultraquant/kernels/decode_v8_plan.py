@@ -49,8 +49,8 @@ def decode_v8_spec(*, head_size: int, gqa: int, num_kv_heads: int, block_size: i
                    align: int | None = None, math: bool = True, stages: int | None = None,
                    nsub: int | None = None, **_: Any) -> Specialization:
     """The v8 kernel for one config: 8 warps (Hk heads x 8/Hk token groups; ``ULTRAQUANT_V8_WARPS``),
-    a ring of ``stages`` x
-    ``nsub`` sub-tiles of 16 tokens per warp. ``math=False`` is the no-math stream of the same ring."""
+    a ring of ``stages`` x ``nsub`` sub-tiles of 16 tokens per warp. ``math=False`` is the no-math
+    stream of the same ring."""
     d = check_head_size(head_size)
     hk = int(num_kv_heads)
     warps = int(os.environ.get("ULTRAQUANT_V8_WARPS", 8))
