@@ -18,5 +18,7 @@ for step in $STEPS; do
            --section Occupancy --section WarpStateStats --section LaunchStats --section MemoryWorkloadAnalysis \
            python3 tools/v8_ncu.py A > "$OUT/ncu_A.txt" 2>&1;
          grep -E "uq_decode_v8|uq_stream_v8_raw|Duration|DRAM Throughput|Achieved Occupancy|Registers Per|Theoretical Occ|Stall|Memory Throughput" "$OUT/ncu_A.txt" | head -40 ;;
+    memcheck|racecheck) timeout ${SAN_S:-90} compute-sanitizer --tool $step --print-limit 20 python3 tools/v8_sanitize.py \
+           > "$OUT/sanitize_$step.log" 2>&1; echo "$step rc=$?"; tail -4 "$OUT/sanitize_$step.log" ;;
   esac
 done
