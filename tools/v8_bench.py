@@ -57,9 +57,10 @@ def main() -> None:
     ap.add_argument("--json", required=True)
     ap.add_argument("--shapes", default="A,B,C,D")
     ap.add_argument("--rings", default="8:2x4,8:4x3,16:1x4",
-                    help="warps:NSUBxSTAGES variants (16 warps run with a 128-register cap)")
+                    help="warps:NSUBxSTAGES[:TW] variants (16 warps run with a 128-register cap)")
     ap.add_argument("--splits-scale", default="1")
     ap.add_argument("--no-v7", action="store_true")
+    ap.add_argument("--no-stream", action="store_true", help="skip the no-math stream rows of the variants")
     ap.add_argument("--raw", default="", help="NSUBxSTAGES rings of the 16-byte-copy stream, e.g. 2x3,1x3")
     a = ap.parse_args()
     rows: list[dict] = []
@@ -96,7 +97,7 @@ def main() -> None:
                 traceback.print_exc()
         base_splits = v8_splits(s["B"], p.block_table.shape[1] * s["block"], p.query.device)
         for variant in a.rings.split(","):
-            warps, ring = variant.split(":")
+            warps, ring, tw = (variant + ":16").split(":")[:3]
             nsub, stages = (int(x) for x in ring.split("x"))
             if s["D"] > 128:
                 if warps != "8":
@@ -104,18 +105,21 @@ def main() -> None:
                 nsub = 1
             os.environ["ULTRAQUANT_V8_NSUB"], os.environ["ULTRAQUANT_V8_STAGES"] = str(nsub), str(stages)
             os.environ["ULTRAQUANT_V8_WARPS"] = warps
+            os.environ["ULTRAQUANT_V8_TW"] = tw
             os.environ.pop("ULTRAQUANT_V8_MAXNREG", None)
             if warps == "16":
                 os.environ["ULTRAQUANT_V8_MAXNREG"] = "128"
             for k in (float(x) for x in a.splits_scale.split(",")):
                 splits = max(1, int(base_splits * k))
                 os.environ["ULTRAQUANT_V8_SPLITS"] = str(splits)
-                tag = f"w{warps} ring {nsub}x{stages} splits {splits}"
-                try:
-                    us = time_v8(p, scale, False)
-                    add(shape, f"v8 stream {tag}", us, p.stored_bytes, sdpa, nsub=nsub, stages=stages, splits=splits)
-                except Exception:
-                    traceback.print_exc()
+                tag = f"w{warps} ring {nsub}x{stages} tw{tw} splits {splits}"
+                if not a.no_stream:
+                    try:
+                        us = time_v8(p, scale, False)
+                        add(shape, f"v8 stream {tag}", us, p.stored_bytes, sdpa, nsub=nsub, stages=stages,
+                            splits=splits)
+                    except Exception:
+                        traceback.print_exc()
                 ok = v8_supports(head_size=s["D"], gqa=s["Hq"] // s["Hk"], num_kv_heads=s["Hk"],
                                  block_size=s["block"],
                                  align=plans.slot_alignment(s["D"], tuple(p.kv_cache.stride()[:3])),
@@ -128,7 +132,7 @@ def main() -> None:
                     except Exception:
                         traceback.print_exc()
         for k in ("ULTRAQUANT_V8_NSUB", "ULTRAQUANT_V8_STAGES", "ULTRAQUANT_V8_SPLITS", "ULTRAQUANT_V8_WARPS",
-                  "ULTRAQUANT_V8_MAXNREG"):
+                  "ULTRAQUANT_V8_MAXNREG", "ULTRAQUANT_V8_TW"):
             os.environ.pop(k, None)
         p = None
         torch.cuda.empty_cache()

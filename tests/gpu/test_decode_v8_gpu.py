@@ -37,9 +37,10 @@ RINGS = [(2, 4), (1, 4), (4, 3), (2, 2)]
 
 
 def _run(name: str, monkeypatch, nsub: int = 2, stages: int = 4, splits: str | None = None,
-         warps: int = 8) -> None:
+         warps: int = 8, tw: int = 16) -> None:
     lens, hq, hk, bs, sinks, window, softcap, head_major = CASES[name]
     monkeypatch.setenv("ULTRAQUANT_V8_WARPS", str(warps))
+    monkeypatch.setenv("ULTRAQUANT_V8_TW", str(tw))
     if warps > 8:
         monkeypatch.setenv("ULTRAQUANT_V8_MAXNREG", "128")
     monkeypatch.setenv("ULTRAQUANT_V8_NSUB", str(nsub))
@@ -54,7 +55,7 @@ def _run(name: str, monkeypatch, nsub: int = 2, stages: int = 4, splits: str | N
     decode_v8(query, prob.kv_cache, prob.block_table, prob.seq_lens, scale, sinks=sk, sliding_window=window,
               softcap=softcap, out=out)
     torch.cuda.synchronize()
-    check_close(out, ref, f"{name} nsub={nsub} stages={stages} splits={splits} warps={warps}")
+    check_close(out, ref, f"{name} nsub={nsub} stages={stages} splits={splits} warps={warps} tw={tw}")
 
 
 @pytest.mark.parametrize("name", list(CASES))
@@ -72,6 +73,13 @@ def test_decode_v8_rings_and_splits(nsub, stages, splits, monkeypatch):
 def test_decode_v8_16_warps(name, monkeypatch):
     """16 warps (two token groups per kv head at Hk=8) under a 128-register cap."""
     _run(name, monkeypatch, nsub=1, stages=4, warps=16)
+
+
+@pytest.mark.parametrize("name", ["gqa4-hk8-b64-long", "gqa6-hk2-b32-window-softcap", "gqa8-hk1-b128-sinks-window",
+                                  "gqa3-hk4-b64-softcap-sinks"])
+def test_decode_v8_32_token_subtiles(name, monkeypatch):
+    """32 tokens per warp per sub-tile (one [16 x 32] score tile per warp)."""
+    _run(name, monkeypatch, nsub=1, stages=4, tw=32)
 
 
 def test_decode_v8_wide_dynamic_range():

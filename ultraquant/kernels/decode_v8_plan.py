@@ -43,6 +43,7 @@ def v8_supports(*, head_size: int, gqa: int, num_kv_heads: int, block_size: int,
             and block_size % 16 == 0 and align % 8 == 0)
 
 
+
 def decode_v8_spec(*, head_size: int, gqa: int, num_kv_heads: int, block_size: int,
                    query_dtype: torch.dtype | str = "bf16", out_dtype: torch.dtype | str | None = None,
                    has_sinks: bool = False, has_window: bool = False, has_softcap: bool = False,
@@ -63,6 +64,7 @@ def decode_v8_spec(*, head_size: int, gqa: int, num_kv_heads: int, block_size: i
         signature=_signature(DECODE_PARAMS, query=_tname(query_dtype), out=_tname(out_dtype or query_dtype)),
         constexprs={"D": d, "LOG2D": d.bit_length() - 1, "GQA": int(gqa), "ROWS": 16,
                     "GQA_PAD": _pow2_at_least(int(gqa)), "HK": hk, "WT": wt, "NSUB": nsub, "STAGES": stages,
+                    "TW": int(os.environ.get("ULTRAQUANT_V8_TW", 16)),
                     "BLOCK_SIZE": int(block_size), "HAS_SINKS": bool(has_sinks),
                     "HAS_WINDOW": bool(has_window), "HAS_SOFTCAP": bool(has_softcap),
                     "ALIGN": int(align or slot_alignment(d)), "MATH": bool(math)},

@@ -3,11 +3,11 @@
 Same run-time arguments, workspace and single-launch split merge as :func:`uq_decode` (v7); the
 difference is the read structure. One program (CTA) owns ALL kv heads of a token range of one
 request (grid ``(B, 1, splits)``) and streams it through an asynchronous global -> shared-memory ring
-(``cp.async``, ``STAGES`` deep): stage ``i`` holds ``TT = NSUB * WT * 16`` consecutive tokens of every
+(``cp.async``, ``STAGES`` deep): stage ``i`` holds ``TT = NSUB * WT * TW`` consecutive tokens of every
 kv head, i.e. whole pages when ``TT`` is the block size. Per token-head slot the four pieces go to four
 shared arrays (K codes, K scale word, V codes, V scale word), so every shape is a power of two.
 
-Math, per warp (warp ``w`` serves kv head ``w // WT`` and the ``w % WT``-th 16 tokens of each
+Math, per warp (warp ``w`` serves kv head ``w // WT`` and the ``w % WT``-th ``TW`` tokens of each
 sub-tile; per-warp online softmax, no cross-warp traffic in the loop), as the Gluon experiment of
 commit 7c1c340 that passed every correctness case: batched 3-D ``mma_v2`` (the warp is the batch),
 the query rotated once in registers, FP4 codes decoded by inline PTX straight into the MMA operands
@@ -30,17 +30,16 @@ LOG2E = gl.constexpr(1.4426950408889634)
 
 
 @gluon.constexpr_function
-def _v_layout(nw):
-    """V bytes as read from shared memory: [NW, 16 tokens, 8 (lane group g), 8 (byte r)], byte 8g + r
-    of the V codes; after permute/reshape to [NW, 16, 64] the column index is 8r + g (what the PV
-    B operand puts on lane group g)."""
+def _v_layout(nw, tw):
+    """V bytes as read from shared memory: [NW, TW tokens, 8 (lane group g), 8 (byte r)], byte 8g + r
+    of the V codes; after permute/reshape to [NW, TW, 64] the column index is 8r + g (what the PV
+    B operand puts on lane group g). Tokens 16..TW-1 go to further registers."""
     return gl.DistributedLinearLayout(
-        reg_bases=[[0, 0, 0, 1], [0, 0, 0, 2], [0, 0, 0, 4], [0, 1, 0, 0], [0, 8, 0, 0]],
+        reg_bases=[[0, 0, 0, 1], [0, 0, 0, 2], [0, 0, 0, 4], [0, 1, 0, 0], [0, 8, 0, 0]]
+        + [[0, 16 << i, 0, 0] for i in range(tw.bit_length() - 5)],
         lane_bases=[[0, 2, 0, 0], [0, 4, 0, 0], [0, 0, 1, 0], [0, 0, 2, 0], [0, 0, 4, 0]],
         warp_bases=[[1 << i, 0, 0, 0] for i in range(nw.bit_length() - 1)], block_bases=[],
-        shape=[nw, 16, 8, 8])
-TW = gl.constexpr(16)
-"""Tokens per warp per sub-tile (the MMA N of the scores)."""
+        shape=[nw, tw, 8, 8])
 
 
 @gluon.jit
@@ -136,24 +135,24 @@ def _fwht_rows(x, NW: gl.constexpr, R: gl.constexpr, D: gl.constexpr, LOG2D: gl.
 @gluon.jit
 def _issue_stage(kc, ks, vc, vs, first, cache_ptr, bt_row, t0, t_hi, stride_cb, stride_ct, stride_ch,
                  NSUB: gl.constexpr, NW: gl.constexpr, WT: gl.constexpr, H: gl.constexpr, G: gl.constexpr,
-                 BLOCK_SIZE: gl.constexpr, ALIGN: gl.constexpr):
-    """Start the async copies of tokens ``[t0, t0 + NSUB*WT*16)`` of every kv head into ring entries
-    ``first .. first + NSUB - 1`` (``kc``/``vc``: [., NW, 16, H/4] words, ``ks``/``vs``: [., NW, 16];
-    warp slot ``w`` = (head ``w // WT``, 16-token group ``w % WT``)). Tokens at or past ``t_hi`` are
+                 BLOCK_SIZE: gl.constexpr, ALIGN: gl.constexpr, TW: gl.constexpr):
+    """Start the async copies of tokens ``[t0, t0 + NSUB*WT*TW)`` of every kv head into ring entries
+    ``first .. first + NSUB - 1`` (``kc``/``vc``: [., NW, TW, H/4] words, ``ks``/``vs``: [., NW, TW];
+    warp slot ``w`` = (head ``w // WT``, TW-token group ``w % WT``)). Tokens at or past ``t_hi`` are
     zero-filled."""
     CW: gl.constexpr = H // 4
     CL: gl.constexpr = gl.BlockedLayout([1, 1, 2], [1, 4, 8], [NW, 1, 1], [2, 1, 0])
     SL: gl.constexpr = gl.BlockedLayout([1, 1], [2, 16], [NW, 1], [1, 0])
     word = gl.expand_dims(gl.expand_dims(gl.arange(0, CW, gl.SliceLayout(0, gl.SliceLayout(1, CL))), 0), 1)
     for j in gl.static_range(NSUB):
-        tj = t0 + j * (WT * 16)
-        base, ok = _slot_offsets(bt_row, tj, t_hi, stride_cb, stride_ct, stride_ch, NW, WT, BLOCK_SIZE, ALIGN, SL)
+        tj = t0 + j * (WT * TW)
+        base, ok = _slot_offsets(bt_row, tj, t_hi, stride_cb, stride_ct, stride_ch, NW, WT, BLOCK_SIZE, ALIGN, TW, SL)
         async_copy.async_copy_global_to_shared(ks.index(first + j),
                                                (cache_ptr + base + H).to(gl.pointer_type(gl.int32)), mask=ok)
         async_copy.async_copy_global_to_shared(vs.index(first + j),
                                                (cache_ptr + base + (2 * H + G)).to(gl.pointer_type(gl.int32)), mask=ok)
         cbase, cok = _slot_offsets(bt_row, tj, t_hi, stride_cb, stride_ct, stride_ch, NW, WT, BLOCK_SIZE, ALIGN,
-                                   gl.SliceLayout(2, CL))
+                                   TW, gl.SliceLayout(2, CL))
         cbase = gl.expand_dims(cbase, 2)
         cmask = gl.expand_dims(cok, 2) & (word >= 0)
         # int32 pointers first, then the word index: 8-byte copies where the slot alignment allows
@@ -165,12 +164,12 @@ def _issue_stage(kc, ks, vc, vs, first, cache_ptr, bt_row, t0, t_hi, stride_cb, 
 
 @gluon.jit
 def _slot_offsets(bt_row, t0, t_hi, stride_cb, stride_ct, stride_ch, NW: gl.constexpr, WT: gl.constexpr,
-                  BLOCK_SIZE: gl.constexpr, ALIGN: gl.constexpr, L: gl.constexpr):
-    """Byte offsets of the ``[NW, 16]`` slots of one sub-tile (warp slot ``w`` = head ``w // WT``,
-    tokens ``t0 + (w % WT)*16 + n``) in layout ``L``, and which tokens exist (``< t_hi``)."""
+                  BLOCK_SIZE: gl.constexpr, ALIGN: gl.constexpr, TW: gl.constexpr, L: gl.constexpr):
+    """Byte offsets of the ``[NW, TW]`` slots of one sub-tile (warp slot ``w`` = head ``w // WT``,
+    tokens ``t0 + (w % WT)*TW + n``) in layout ``L``, and which tokens exist (``< t_hi``)."""
     w = gl.expand_dims(gl.arange(0, NW, gl.SliceLayout(1, L)), 1)
-    n = gl.expand_dims(gl.arange(0, 16, gl.SliceLayout(0, L)), 0)
-    tok = t0 + (w % WT) * 16 + n
+    n = gl.expand_dims(gl.arange(0, TW, gl.SliceLayout(0, L)), 0)
+    tok = t0 + (w % WT) * TW + n
     ok = tok < t_hi
     blk = gl.load(bt_row + tok // BLOCK_SIZE, mask=ok, other=0)
     base = gl.multiple_of(blk.to(gl.int64) * stride_cb + (tok % BLOCK_SIZE).to(gl.int64) * stride_ct
@@ -185,7 +184,7 @@ def uq_decode_v8(q_ptr, cache_ptr, bt_ptr, seqlen_ptr, sinks_ptr, out_ptr, part_
                  stride_cb, stride_ct, stride_ch, stride_btb,
                  D: gl.constexpr, LOG2D: gl.constexpr, GQA: gl.constexpr, ROWS: gl.constexpr,
                  GQA_PAD: gl.constexpr, HK: gl.constexpr, WT: gl.constexpr, NSUB: gl.constexpr,
-                 STAGES: gl.constexpr, BLOCK_SIZE: gl.constexpr, HAS_SINKS: gl.constexpr,
+                 STAGES: gl.constexpr, TW: gl.constexpr, BLOCK_SIZE: gl.constexpr, HAS_SINKS: gl.constexpr,
                  HAS_WINDOW: gl.constexpr, HAS_SOFTCAP: gl.constexpr, ALIGN: gl.constexpr,
                  MATH: gl.constexpr):
     """Whole-page split-KV paged decode, grid ``(B, 1, num_splits)``; see the module docstring."""
@@ -209,7 +208,7 @@ def uq_decode_v8(q_ptr, cache_ptr, bt_ptr, seqlen_ptr, sinks_ptr, out_ptr, part_
     ROW: gl.constexpr = gl.SliceLayout(2, MMA)          # [NW, ROWS]
     WARP: gl.constexpr = gl.SliceLayout(1, ROW)         # [NW]
     TOK: gl.constexpr = gl.SliceLayout(1, MMA)          # [NW, TW] score columns
-    VL: gl.constexpr = _v_layout(NW)
+    VL: gl.constexpr = _v_layout(NW, TW)
     QL: gl.constexpr = gl.BlockedLayout([1, 1, D], [1, 32, 1], [NW, 1, 1], [2, 1, 0])
     # ring entries are the leading dimension (the layouts describe one entry)
     S2: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [1, 0])
@@ -239,7 +238,7 @@ def uq_decode_v8(q_ptr, cache_ptr, bt_ptr, seqlen_ptr, sinks_ptr, out_ptr, part_
     # ---- prologue: STAGES - 1 stages in flight
     for i in gl.static_range(STAGES - 1):
         _issue_stage(kc32, ks, vc32, vs, i * NSUB, cache_ptr, bt_row, t_lo + i * TT, t_hi,
-                     stride_cb, stride_ct, stride_ch, NSUB, NW, WT, H, G, BLOCK_SIZE, ALIGN)
+                     stride_cb, stride_ct, stride_ch, NSUB, NW, WT, H, G, BLOCK_SIZE, ALIGN, TW)
         async_copy.commit_group()
 
     # ---- query: rotate, scale, fp16 halves times a per-row power of two (as v7), once
@@ -271,11 +270,9 @@ def uq_decode_v8(q_ptr, cache_ptr, bt_ptr, seqlen_ptr, sinks_ptr, out_ptr, part_
     ns = gl.expand_dims(gl.arange(0, TW, gl.SliceLayout(0, TOK)), 0)
     jk = gl.expand_dims(gl.expand_dims(gl.arange(0, H, gl.SliceLayout(0, gl.SliceLayout(2, KB))), 0), 2)
     kgroup = jk // 16
-    SV: gl.constexpr = gl.SliceLayout(3, VL)
-    gv = gl.expand_dims(gl.expand_dims(gl.arange(0, 8, gl.SliceLayout(0, gl.SliceLayout(1, SV))), 0), 1)
-    R3: gl.constexpr = gl.SliceLayout(0, gl.SliceLayout(1, gl.SliceLayout(2, VL)))
-    rv = gl.expand_dims(gl.expand_dims(gl.expand_dims(gl.arange(0, 8, R3), 0), 1), 2)
-    vgroup = gl.expand_dims(gv // 2, 3) + rv * 0
+    # V column c of the PV operand holds code byte 8 * (c % 8) + c // 8 (the VL permutation): group (c % 8) // 2
+    vcol = gl.arange(0, H, gl.SliceLayout(0, gl.SliceLayout(1, VB)))
+    vgroup = gl.expand_dims(gl.expand_dims((vcol % 8) // 2, 0), 1)
 
     acc_e = gl.zeros([NW, ROWS, H], gl.float32, MMA)
     acc_o = gl.zeros([NW, ROWS, H], gl.float32, MMA)
@@ -290,7 +287,7 @@ def uq_decode_v8(q_ptr, cache_ptr, bt_ptr, seqlen_ptr, sinks_ptr, out_ptr, part_
         gl.thread_barrier()
         nxt = (it + STAGES - 1) % STAGES
         _issue_stage(kc32, ks, vc32, vs, nxt * NSUB, cache_ptr, bt_row, t_lo + (it + STAGES - 1) * TT, t_hi,
-                     stride_cb, stride_ct, stride_ch, NSUB, NW, WT, H, G, BLOCK_SIZE, ALIGN)
+                     stride_cb, stride_ct, stride_ch, NSUB, NW, WT, H, G, BLOCK_SIZE, ALIGN, TW)
         async_copy.commit_group()
         cur = (it % STAGES) * NSUB
         t0 = t_lo + it * TT
@@ -306,7 +303,8 @@ def uq_decode_v8(q_ptr, cache_ptr, bt_ptr, seqlen_ptr, sinks_ptr, out_ptr, part_
                 s = mma_v2(q_o, k_hi, s)
 
                 ts = t0 + j * (WT * TW) + ws + ns
-                colfac = gl.expand_dims(_pow2(gl.convert_layout(ktop, TOK) - 127), 1)
+                # the scale words are read again in the layouts that use them (no layout conversions)
+                colfac = gl.expand_dims(_pow2(_token_top(ks.index(cur + j).load(TOK)) - 127), 1)
                 s = s * colfac
                 if HAS_SOFTCAP:
                     s = s * gl.expand_dims(rowfac, 2)
@@ -323,15 +321,13 @@ def uq_decode_v8(q_ptr, cache_ptr, bt_ptr, seqlen_ptr, sinks_ptr, out_ptr, part_
                 m_i = m_new
 
                 # V: scale word per token, reference exponent from the largest contribution
-                vw = gl.expand_dims(vs.index(cur + j).load(gl.SliceLayout(2, SV)), 2)
-                vtop = _token_top(vw)
+                vw = vs.index(cur + j).load(gl.SliceLayout(2, VB))
+                vrel = _rel_scale(gl.expand_dims(vw, 2), gl.expand_dims(_token_top(vw), 2), vgroup)
                 vb = vc8.index(cur + j).load(VL)
-                vrel = _rel_scale(gl.expand_dims(vw, 3), gl.expand_dims(vtop, 3), vgroup)
                 vb = gl.convert_layout(gl.reshape(gl.permute(vb, [0, 1, 3, 2]), [NW, TW, H]), VB)
-                vrel = gl.convert_layout(gl.reshape(gl.permute(vrel, [0, 1, 3, 2]), [NW, TW, H]), VB)
                 v_lo, v_hi = _fp4_decode(vb, vrel)
 
-                vexp = gl.convert_layout(gl.max(vtop, axis=2), TOK) - 127
+                vexp = _token_top(vs.index(cur + j).load(TOK)) - 127
                 contrib = p * gl.expand_dims(_pow2(gl.minimum(vexp, 127)), 1)
                 ctop = _floor_log2(gl.max(gl.max(contrib, axis=2), axis=1))
                 shrink = _floor_log2(gl.max(alpha, axis=1))
