@@ -270,9 +270,11 @@ def uq_decode_v8(q_ptr, cache_ptr, bt_ptr, seqlen_ptr, sinks_ptr, out_ptr, part_
     ns = gl.expand_dims(gl.arange(0, TW, gl.SliceLayout(0, TOK)), 0)
     jk = gl.expand_dims(gl.expand_dims(gl.arange(0, H, gl.SliceLayout(0, gl.SliceLayout(2, KB))), 0), 2)
     kgroup = jk // 16
-    # V column c of the PV operand holds code byte 8 * (c % 8) + c // 8 (the VL permutation): group (c % 8) // 2
-    vcol = gl.arange(0, H, gl.SliceLayout(0, gl.SliceLayout(1, VB)))
-    vgroup = gl.expand_dims(gl.expand_dims((vcol % 8) // 2, 0), 1)
+    SV: gl.constexpr = gl.SliceLayout(3, VL)
+    gv = gl.expand_dims(gl.expand_dims(gl.arange(0, 8, gl.SliceLayout(0, gl.SliceLayout(1, SV))), 0), 1)
+    R3: gl.constexpr = gl.SliceLayout(0, gl.SliceLayout(1, gl.SliceLayout(2, VL)))
+    rv = gl.expand_dims(gl.expand_dims(gl.expand_dims(gl.arange(0, 8, R3), 0), 1), 2)
+    vgroup = gl.expand_dims(gv // 2, 3) + rv * 0
 
     acc_e = gl.zeros([NW, ROWS, H], gl.float32, MMA)
     acc_o = gl.zeros([NW, ROWS, H], gl.float32, MMA)
@@ -303,8 +305,7 @@ def uq_decode_v8(q_ptr, cache_ptr, bt_ptr, seqlen_ptr, sinks_ptr, out_ptr, part_
                 s = mma_v2(q_o, k_hi, s)
 
                 ts = t0 + j * (WT * TW) + ws + ns
-                # the scale words are read again in the layouts that use them (no layout conversions)
-                colfac = gl.expand_dims(_pow2(_token_top(ks.index(cur + j).load(TOK)) - 127), 1)
+                colfac = gl.expand_dims(_pow2(gl.convert_layout(ktop, TOK) - 127), 1)
                 s = s * colfac
                 if HAS_SOFTCAP:
                     s = s * gl.expand_dims(rowfac, 2)
@@ -321,13 +322,15 @@ def uq_decode_v8(q_ptr, cache_ptr, bt_ptr, seqlen_ptr, sinks_ptr, out_ptr, part_
                 m_i = m_new
 
                 # V: scale word per token, reference exponent from the largest contribution
-                vw = vs.index(cur + j).load(gl.SliceLayout(2, VB))
-                vrel = _rel_scale(gl.expand_dims(vw, 2), gl.expand_dims(_token_top(vw), 2), vgroup)
+                vw = gl.expand_dims(vs.index(cur + j).load(gl.SliceLayout(2, SV)), 2)
+                vtop = _token_top(vw)
                 vb = vc8.index(cur + j).load(VL)
+                vrel = _rel_scale(gl.expand_dims(vw, 3), gl.expand_dims(vtop, 3), vgroup)
                 vb = gl.convert_layout(gl.reshape(gl.permute(vb, [0, 1, 3, 2]), [NW, TW, H]), VB)
+                vrel = gl.convert_layout(gl.reshape(gl.permute(vrel, [0, 1, 3, 2]), [NW, TW, H]), VB)
                 v_lo, v_hi = _fp4_decode(vb, vrel)
 
-                vexp = _token_top(vs.index(cur + j).load(TOK)) - 127
+                vexp = gl.convert_layout(gl.max(vtop, axis=2), TOK) - 127
                 contrib = p * gl.expand_dims(_pow2(gl.minimum(vexp, 127)), 1)
                 ctop = _floor_log2(gl.max(gl.max(contrib, axis=2), axis=1))
                 shrink = _floor_log2(gl.max(alpha, axis=1))
