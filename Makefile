@@ -1,5 +1,5 @@
 # UltraQuant: every target sets up what it needs on a fresh machine.
-#   make test                 venv + dev install (CPU torch), ruff, pytest
+#   make test                 venv + dev install (CPU torch), ruff, import layers, pytest
 #   make kernels ARCH=gfx942  AOT blobs into generated/<arch>/ (see codegen/)
 PYTHON ?= python3
 VENV   ?= .venv
@@ -21,6 +21,7 @@ env: $(VENV)/.installed
 
 lint: env
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/lint-imports
 
 test: env lint
 	$(PY) -m pytest -q tests
@@ -29,7 +30,7 @@ test: env lint
 #   make bench [BENCH_ARGS="--shapes A,B,C,D --plot decode_latency.png"]
 .PHONY: bench
 bench:
-	$(PYTHON) -c "from ultraquant.cli import main; main()" bench $(BENCH_ARGS)
+	PYTHONPATH=. $(PYTHON) -m ultraquant.cli bench $(BENCH_ARGS)
 
 # --- AOT kernels (docs/codegen.md) -------------------------------------------------------------
 #   make kernels ARCH=gfx942[,gfx950,sm_90] [HEAD_SIZES=64,128 GQA=4,8 BLOCK_SIZES=16 DTYPES=bf16 OPS=... JOBS=2]

@@ -31,7 +31,8 @@ from pathlib import Path
 from typing import Any
 
 from ultraquant.errors import UltraQuantError
-from ultraquant.kernels.plan import Specialization
+from ultraquant.kernels.abi import type_size
+from ultraquant.kernels.specs import Specialization
 
 from . import manifest as mf
 from .archs import Arch
@@ -44,9 +45,6 @@ from .worker import RESULT_FD_ENV
 ERROR_RE = re.compile(r"error:", re.IGNORECASE)
 """Any match in a compiler's output fails that compile (FlyDSL/LLVM print errors and go on)."""
 
-SCALAR_SIZES = {"i1": 1, "i8": 1, "i16": 2, "i32": 4, "i64": 8, "u1": 1, "u8": 1, "u16": 2, "u32": 4,
-                "u64": 8, "fp16": 2, "bf16": 2, "fp32": 4, "f32": 4, "fp64": 8}
-POINTER_SIZE = 8
 _INFO_KEYS = {"symbol", "threads", "num_warps", "num_stages", "num_ctas", "shared", "hidden", "divisibility",
               "isa"}
 
@@ -102,15 +100,6 @@ class _Job:
     binary: bytes | None = None
     error: str = ""
     seconds: float = 0.0
-
-
-def type_size(ty: str) -> int:
-    """Bytes a kernel parameter of Triton type ``ty`` occupies in the argument block."""
-    if ty.startswith("*"):
-        return POINTER_SIZE
-    if ty in SCALAR_SIZES:
-        return SCALAR_SIZES[ty]
-    raise UltraQuantError(f"parameter type {ty!r}: unknown size")
 
 
 def blob_file_name(spec: Specialization, arch: Arch) -> str:
@@ -242,6 +231,8 @@ def make_entry(job: _Job, file_name: str) -> dict[str, Any]:
         "backend": job.backend.name,
         "kernel": spec.kernel,
         "key": spec.key(),
+        "alternate_of": job.point.row.alternate_of,
+        "priority": job.point.row.priority,
         "config": job.point.config,
         "constexprs": dict(spec.constexprs),
         "arch": arch.name,

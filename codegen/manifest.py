@@ -29,9 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from ultraquant.errors import UltraQuantError
-
-SCHEMA_VERSION = 1
-MANIFEST_NAME = "manifest.json"
+from ultraquant.kernels.abi import MANIFEST_NAME, SCHEMA_VERSION
 
 
 def dumps(manifest: dict[str, Any]) -> str:

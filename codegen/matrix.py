@@ -60,6 +60,10 @@ class OpRow:
     """Axis -> the specializer's keyword for it (e.g. ``dtype`` -> ``query_dtype``)."""
     grid: str = ""
     """Launch rule: the grid as a function of the call's sizes (copied into the manifest)."""
+    alternate_of: str = ""
+    """Kernel whose LaunchPlan this row's blobs take (same parameters, constexprs and grid); the
+    runtime prefers such blobs over that kernel's own, highest ``priority`` first."""
+    priority: int = 0
     targeted: bool = False
     """The specializer takes ``target`` (``"cuda"`` on sm_*, ``"hip"`` on gfx*), as the run-time plan
     does from the device (``ultraquant.kernels.plans.target_of``): arch-specific code such as inline PTX."""
@@ -110,12 +114,12 @@ OPS: tuple[OpRow, ...] = (
     # grid and workspace), one 64-lane wave per block; key = the Triton key with uq_decode_flydsl.
     OpRow("decode_attention_flydsl", ("head_size", "gqa", "block_size", "dtype"),
           rename={"dtype": "query_dtype"}, features=ATTENTION_FEATURES, flag_defaults=ATTENTION_FLAGS,
-          backend="flydsl", archs=("gfx942", "gfx950"),
+          backend="flydsl", archs=("gfx942", "gfx950"), alternate_of="uq_decode", priority=1,
           grid="(num_seqs, num_kv_heads, num_splits) as decode_attention; 64 threads"),
     # gfx950 variant: QK by the scaled FP4 x FP8 MFMA, V by the FP4 -> bf16 conversion instruction.
     OpRow("decode_attention_flydsl_mx", ("head_size", "gqa", "block_size", "dtype"),
           rename={"dtype": "query_dtype"}, features=ATTENTION_FEATURES, flag_defaults=ATTENTION_FLAGS,
-          backend="flydsl", archs=("gfx950",),
+          backend="flydsl", archs=("gfx950",), alternate_of="uq_decode", priority=2,
           grid="(num_seqs, num_kv_heads, num_splits) as decode_attention; 64 threads"),
 )
 """The op rows. A row's ``axes`` must be exactly the non-feature keywords its specializer takes."""
@@ -129,10 +133,25 @@ def _pow2(n: int) -> bool:
     return n >= 1 and n & (n - 1) == 0
 
 
-def _flydsl_unsupported(c: Config) -> str:
-    from .flydsl.backend import unsupported  # no flydsl import: the reason text only
+FLYDSL_HEAD_SIZES = (128, 256, 512)
+FLYDSL_MAX_GQA = 16
+FLYDSL_DTYPES = ("bf16", "fp16")
 
-    return unsupported(c)
+
+def flydsl_unsupported(config: Config) -> str:
+    """Why the FlyDSL decode does not serve ``config`` (matrix keys), or ``""``: its limits."""
+    d, g, bs = config.get("head_size"), config.get("gqa", 1), config.get("block_size", 16)
+    dtype = config.get("query_dtype", config.get("dtype", "bf16"))
+    if d not in FLYDSL_HEAD_SIZES:
+        return (f"FlyDSL decode is built for head sizes {FLYDSL_HEAD_SIZES} (below 128 a lane group would "
+                "hold no whole scale group of the QK layout)")
+    if not 1 <= g <= FLYDSL_MAX_GQA:
+        return f"FlyDSL decode serves 1..{FLYDSL_MAX_GQA} query heads per kv head (one 16-column MFMA tile)"
+    if bs < 16 or bs % 16:
+        return "FlyDSL decode tiles are 16 tokens inside one page: block size must be a multiple of 16"
+    if str(dtype) not in FLYDSL_DTYPES:
+        return f"FlyDSL decode reads bf16/fp16 queries, not {dtype}"
+    return ""
 
 
 def _bad_head_size(c: Config, arch: str) -> bool:
@@ -147,9 +166,8 @@ SKIPS: tuple[Skip, ...] = (
          "GQA ratio must be at least 1"),
     Skip(("dequant_kv", *ATTENTION_OPS), lambda c, a: not _pow2(c.get("block_size", 1)),
          "block size must be a power of two (Triton tiles are powers of two)"),
-    Skip(("decode_attention_flydsl", "decode_attention_flydsl_mx"), lambda c, a: _flydsl_unsupported(c),
-         "FlyDSL decode: head size 128/256, GQA 1..16, block size a multiple of 16, bf16/fp16 query "
-         "(see codegen/flydsl/backend.py unsupported())"),
+    Skip(("decode_attention_flydsl", "decode_attention_flydsl_mx"), lambda c, a: flydsl_unsupported(c),
+         "outside the FlyDSL decode's limits (flydsl_unsupported gives the exact reason)"),
 )
 """Every config that is deliberately not built, with why. Nothing else may drop a config."""
 

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from ultraquant.errors import UltraQuantError
-from ultraquant.kernels.plan import Specialization
+from ultraquant.kernels.specs import Specialization
 
 from .archs import Arch
 from .backends import Backend
@@ -48,7 +48,7 @@ class TritonBackend(Backend):
     name = "triton"
     hidden_params = HIDDEN
 
-    def __init__(self, plans: str = "ultraquant.kernels.plans",
+    def __init__(self, plans: str = "ultraquant.kernels.specs",
                  registry: str = "ultraquant.kernels.registry", **options: Any) -> None:
         super().__init__(plans=plans, registry=registry, **options)
         self.plans_module = plans
@@ -78,8 +78,7 @@ class TritonBackend(Backend):
         return sorted(files.items())
 
     def specialize(self, op: str, config: dict[str, Any]) -> Specialization:
-        plans = importlib.import_module(self.plans_module)
-        table = plans.SPECIALIZERS
+        table = importlib.import_module(self.plans_module).SPECIALIZERS
         if op not in table:
             raise UltraQuantError(f"op {op!r}: no specializer in {self.plans_module}.SPECIALIZERS "
                                   f"(has: {', '.join(sorted(table))})")

@@ -29,7 +29,8 @@ def _source_files(root: Path) -> list[str]:
     try:
         out = subprocess.run(["git", "ls-files", "-co", "--exclude-standard", "-z"], cwd=root,
                              capture_output=True, check=True).stdout
-        return [f for f in out.decode().split("\0") if f and (root / f).is_file()]
+        # ultraquant/runtime and ultraquant/codegen are links to folders: staged as links too
+        return [f for f in out.decode().split("\0") if f and ((root / f).is_file() or (root / f).is_symlink())]
     except (OSError, subprocess.CalledProcessError):  # not a git checkout: everything but build dirs
         skip = {".git", ".venv", ".build", "build", "dist", "generated"}
         return [p.relative_to(root).as_posix() for p in root.rglob("*")
@@ -45,7 +46,7 @@ def stage_tree(root: Path, generated: Path, archs: list[str], stage: Path) -> No
             continue
         dst = stage / rel
         dst.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(root / rel, dst)
+        shutil.copy2(root / rel, dst, follow_symlinks=False)
     for arch in archs:
         shutil.copytree(generated / arch, stage / GENERATED_PACKAGE_DIR / arch,
                         ignore=shutil.ignore_patterns("*.tmp"))

@@ -1,11 +1,11 @@
 """UltraQuant's run-time side of the AOT path: find generated blobs, load and launch them.
 
 Installed as ``ultraquant.runtime`` (the source lives in the top-level ``runtime/`` folder).
-Dispatch calls :func:`try_launch` per op call; :func:`warmup` loads a model's blobs before CUDA graph
+The backend policy calls :func:`try_launch` per op call; :func:`warmup` loads a model's blobs before CUDA graph
 capture; :func:`verify_device` self-tests every blob of the GPU's arch (``ultraquant verify --device``).
 Importing this package imports neither Triton nor a GPU driver: the driver is bound on first use.
 """
 
-from .launch import backend, require_aot, reset, try_launch, warmup
+from .launch import reset, try_launch, warmup
 
-__all__ = ["backend", "require_aot", "reset", "try_launch", "warmup"]
+__all__ = ["reset", "try_launch", "warmup"]

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ultraquant.kernels.plan import Specialization
+from ultraquant.kernels.specs import Specialization
 
 from . import launch, selftest
 from .loader import BlobError, get_kernel

@@ -1,13 +1,14 @@
-"""The seam between dispatch and the AOT blobs: :func:`try_launch`, :func:`warmup`, backend switches.
+"""The seam between the backend policy and the AOT blobs: :func:`try_launch` and :func:`warmup`.
 
-Per call, dispatch builds a :class:`~ultraquant.kernels.plan.LaunchPlan` and calls
-``try_launch(plan, device)``. An exact manifest match on ``(device arch, plan.spec.key())`` launches
-the blob and returns ``True``; anything else returns ``False`` (dispatch then runs the Triton JIT kernel
-or the reference) with the reason logged once per config. The first use of a config on a device does
+Per call, :mod:`ultraquant.policy` builds a :class:`~ultraquant.kernels.plans.LaunchPlan` and calls
+``try_launch(plan)``. An exact manifest match on ``(device arch, plan.spec.key())`` (or a stand-in
+blob whose manifest entry says ``alternate_of`` that kernel) launches the blob and returns ``True``;
+anything else returns ``False`` (the policy then runs the Triton JIT kernel) with the reason logged
+once per config. The first use of a config on a device does
 the slow work once: manifest lookup, signature check, sha256 check, module load, self-test (verdict
 cached on disk). Later calls are a dict lookup, an argument pack and one driver call.
 
-Switches (read on every call, so tests and users can flip them at run time):
+Switches (:mod:`ultraquant.config`, parsed once; ``config.reload()`` after changing one):
 
 * ``ULTRAQUANT_BACKEND=auto`` (default): blob if there is one, else Triton, else (CPU tensors) the
   reference. ``aot``: blobs only, never the Triton JIT; a miss raises (saying why).
@@ -23,43 +24,23 @@ so a first use while capturing raises and tells the user to call :func:`warmup` 
 from __future__ import annotations
 
 import logging
-import os
 import threading
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from ultraquant import config
 from ultraquant.errors import UltraQuantError
-from ultraquant.kernels.plan import LaunchPlan, Specialization
+from ultraquant.kernels.plans import LaunchPlan
+from ultraquant.kernels.specs import Specialization
 
 from . import selftest
 from .driver import DeviceInfo, device_info
 from .loader import BlobError, Kernel, get_kernel
-from .manifest import ALTERNATES, Entry, ManifestIndex
+from .manifest import Entry, ManifestIndex
 from .packing import MisalignedArgument
 
 log = logging.getLogger("ultraquant.runtime")
-
-BACKENDS = ("auto", "aot", "triton", "reference")
-
-
-def backend() -> str:
-    """The backend ``ULTRAQUANT_BACKEND`` selects (``auto`` when unset)."""
-    mode = os.environ.get("ULTRAQUANT_BACKEND", "auto").strip().lower() or "auto"
-    if mode not in BACKENDS:
-        raise UltraQuantError(f"ULTRAQUANT_BACKEND: expected one of {', '.join(BACKENDS)}, got {mode!r}")
-    return mode
-
-
-def require_aot() -> bool:
-    """Whether ``ULTRAQUANT_REQUIRE_AOT=1``: a miss is an error."""
-    return os.environ.get("ULTRAQUANT_REQUIRE_AOT", "0").strip().lower() in ("1", "true", "yes", "on")
-
-
-def selftest_enabled() -> bool:
-    """Whether blobs are self-tested on first use (``ULTRAQUANT_SELFTEST``, default on)."""
-    return os.environ.get("ULTRAQUANT_SELFTEST", "1").strip().lower() not in ("0", "false", "no", "off")
-
 
 @dataclass(frozen=True)
 class Miss:
@@ -157,7 +138,7 @@ def resolve(spec: Specialization, dev: int, *, allow_selftest: bool = True) -> K
         d = info(dev)
         reasons: list[str] = []
         st = None
-        for kernel in (*ALTERNATES.get(spec.kernel, ()), spec.kernel):
+        for kernel in (*index().alternates(d.arch, spec.kernel), spec.kernel):
             cand = spec if kernel == spec.kernel else Specialization(
                 kernel=kernel, signature=dict(spec.signature), constexprs=dict(spec.constexprs))
             entry, reason = index().lookup(d.arch, cand.key())
@@ -200,7 +181,7 @@ def _load_and_test(entry: Entry, spec: Specialization, d: DeviceInfo, allow_self
         kernel = get_kernel(entry, dev)
     except BlobError as exc:
         return _note_miss(dev, key, f"blob refused: {exc}", warn=True)
-    if cached is None and allow_selftest and selftest_enabled() and not selftest.running():
+    if cached is None and allow_selftest and config.get().selftest and not selftest.running():
         verdict = selftest.run(kernel, spec, d)
         if not verdict.ok:
             return _note_miss(dev, key, f"blob disabled: self-test failed on {d.name}: {verdict.detail}",
@@ -217,8 +198,8 @@ def plan_device(plan: LaunchPlan) -> int | None:
     return None
 
 
-def _strict(mode: str) -> bool:
-    return mode == "aot" or require_aot()
+def _strict(cfg: config.Config) -> bool:
+    return cfg.backend == "aot" or cfg.require_aot
 
 
 def try_launch(plan: LaunchPlan, device: Any = None) -> bool:
@@ -228,15 +209,13 @@ def try_launch(plan: LaunchPlan, device: Any = None) -> bool:
     torch's current stream of that device), ``False`` when the caller must use another path (Triton
     JIT, or the reference); under ``ULTRAQUANT_BACKEND=aot`` or ``ULTRAQUANT_REQUIRE_AOT=1`` a miss
     raises instead. Never synchronizes."""
-    mode = backend()
-    if mode == "triton" or mode == "reference":
-        if require_aot():
-            raise UltraQuantError(f"ULTRAQUANT_REQUIRE_AOT=1 contradicts ULTRAQUANT_BACKEND={mode}")
+    cfg = config.get()
+    if cfg.backend == "triton" or cfg.backend == "reference":
         return False
     dev = device_of(device) if device is not None else plan_device(plan)
     if dev is None:
-        if _strict(mode):
-            raise UltraQuantError(f"ULTRAQUANT_BACKEND={mode}/REQUIRE_AOT: {plan.spec.kernel} was called "
+        if _strict(cfg):
+            raise UltraQuantError(f"ULTRAQUANT_BACKEND={cfg.backend}/REQUIRE_AOT: {plan.spec.kernel} was called "
                                   "with tensors that are not on a GPU; blobs run on GPUs only")
         return False
     st = _STATE.get(state_key(plan.spec, dev))
@@ -248,8 +227,8 @@ def try_launch(plan: LaunchPlan, device: Any = None) -> bool:
             return True
         except MisalignedArgument as exc:
             st = _note_miss(dev, f"{plan.spec.key()} (alignment)", str(exc), warn=False)
-    if _strict(mode):
-        raise UltraQuantError(f"ULTRAQUANT_BACKEND={mode}, REQUIRE_AOT={int(require_aot())}: no usable blob "
+    if _strict(cfg):
+        raise UltraQuantError(f"ULTRAQUANT_BACKEND={cfg.backend}, REQUIRE_AOT={int(cfg.require_aot)}: no usable blob "
                               f"on cuda:{dev}: {st.reason}")
     return False
 
@@ -257,8 +236,8 @@ def try_launch(plan: LaunchPlan, device: Any = None) -> bool:
 def warmup(configs: Iterable[Any], device: Any = None) -> dict[str, str]:
     """Load (and self-test) every blob a model needs on ``device`` before CUDA graph capture.
 
-    ``configs`` holds :class:`~ultraquant.kernels.plan.Specialization` or
-    :class:`~ultraquant.kernels.plan.LaunchPlan` objects, or dicts of model parameters that
+    ``configs`` holds :class:`~ultraquant.kernels.specs.Specialization` or
+    :class:`~ultraquant.kernels.plans.LaunchPlan` objects, or dicts of model parameters that
     :func:`model_specializations` turns into them. Returns config key ->
     ``"aot"`` or the miss reason. Under ``ULTRAQUANT_REQUIRE_AOT=1`` a miss raises."""
     dev = device_of(device)
@@ -266,8 +245,9 @@ def warmup(configs: Iterable[Any], device: Any = None) -> dict[str, str]:
     for spec in _specs(configs):
         st = resolve(spec, dev)
         report[spec.key()] = "aot" if isinstance(st, Kernel) else st.reason
-        if _strict(backend()) and isinstance(st, Miss):
-            raise UltraQuantError(f"ULTRAQUANT_BACKEND={backend()}, REQUIRE_AOT={int(require_aot())}: no "
+        cfg = config.get()
+        if _strict(cfg) and isinstance(st, Miss):
+            raise UltraQuantError(f"ULTRAQUANT_BACKEND={cfg.backend}, REQUIRE_AOT={int(cfg.require_aot)}: no "
                                   f"usable blob on cuda:{dev}: {st.reason}")
     return report
 
@@ -289,7 +269,7 @@ def model_specializations(config: dict[str, Any]) -> list[Specialization]:
     """Every kernel variant a model config needs: ``head_size``, ``block_size``, ``gqa`` (or
     ``num_q_heads`` and ``num_kv_heads``), optional ``dtype`` (for all tensors) or per-tensor dtypes,
     ``has_sinks``/``has_window``/``has_softcap``, ``encoder``, and ``ops`` (default: all four)."""
-    from ultraquant.kernels.plans import SPECIALIZERS
+    from ultraquant.kernels.specs import SPECIALIZERS
 
     cfg = dict(config)
     dtype = cfg.pop("dtype", None)

@@ -9,16 +9,15 @@ installs and checkouts).
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ultraquant import config
 from ultraquant.errors import UltraQuantError
+from ultraquant.kernels.abi import MANIFEST_NAME, SCHEMA_VERSION
 
 from .packing import Param
-
-MANIFEST_NAME = "manifest.json"
 
 
 @dataclass
@@ -36,7 +35,7 @@ class Manifest:
 
 def search_roots() -> list[Path]:
     """Folders that may hold ``<arch>/manifest.json``, in priority order."""
-    explicit = [Path(p) for p in os.environ.get("ULTRAQUANT_GENERATED", "").split(os.pathsep) if p]
+    explicit = [Path(p) for p in config.get().generated]
     if explicit:  # an explicit blob set (a deployment, a test) never mixes with what the install holds
         return explicit
     roots = []
@@ -63,17 +62,6 @@ def find_manifests() -> list[Manifest]:
 
 # --- Entries and the (arch, key) index --------------------------------------------------------------
 
-ALTERNATES: dict[str, tuple[str, ...]] = {
-    "uq_decode": ("uq_decode_flydsl_mx", "uq_decode_flydsl"),
-}
-"""Kernels that launch with the very LaunchPlan of the key kernel (same parameters, constexprs and
-grid; codegen/flydsl) and are preferred, in this order, when the manifest has them: the FlyDSL
-decodes for gfx950 (scaled FP4 MFMA) and gfx942/gfx950."""
-
-SUPPORTED_SCHEMAS = (1,)
-"""Manifest ``schema`` versions this runtime reads."""
-
-
 @dataclass(frozen=True)
 class Entry:
     """One blob of a manifest, normalized: everything the loader needs to launch it."""
@@ -92,10 +80,13 @@ class Entry:
     constexprs: dict[str, Any] = field(default_factory=dict, hash=False, compare=False)
     global_scratch: int = 0
     num_ctas: int = 1
+    alternate_of: str = ""
+    """Kernel whose LaunchPlan this blob takes in its stead (e.g. a FlyDSL decode for ``uq_decode``)."""
+    priority: int = 0
 
     @property
     def signature(self) -> dict[str, str]:
-        """Visible parameters name -> Triton type, as in :class:`~ultraquant.kernels.plan.Specialization`."""
+        """Visible parameters name -> Triton type, as in :class:`~ultraquant.kernels.specs.Specialization`."""
         return {p.name: p.type for p in self.params if not p.hidden}
 
 
@@ -137,6 +128,8 @@ def parse_entry(raw: dict[str, Any], arch: str, directory: Path) -> Entry:
                 raw.get("resources", {}), "global_scratch_size", default=0)))]
                 + [int(p.get("scratch_bytes", 0)) for p in _first(raw, "params", "parameters")]),
             num_ctas=int(_first(raw, "num_ctas", default=_first(launch, "num_ctas", default=1))),
+            alternate_of=str(raw.get("alternate_of") or ""),
+            priority=int(raw.get("priority", 0)),
         )
     except (KeyError, TypeError, ValueError) as exc:
         name = raw.get("key") or raw.get("file") or "?"
@@ -147,7 +140,7 @@ def parse_entry(raw: dict[str, Any], arch: str, directory: Path) -> Entry:
 def _skipped_key(row: dict[str, Any]) -> str | None:
     """Config key of a manifest ``skipped`` row (op + matrix config), or None if it has none."""
     try:
-        from ultraquant.kernels.plans import SPECIALIZERS
+        from ultraquant.kernels.specs import SPECIALIZERS
 
         return SPECIALIZERS[row["op"]](**row.get("config", {})).key()
     except Exception:  # an invalid config (the reason it was skipped) has no key
@@ -155,7 +148,7 @@ def _skipped_key(row: dict[str, Any]) -> str | None:
 
 
 def _spec_key(kernel: str, constexprs: dict[str, Any], signature: dict[str, str]) -> str:
-    from ultraquant.kernels.plan import Specialization
+    from ultraquant.kernels.specs import Specialization
 
     return Specialization(kernel=kernel, signature=signature, constexprs=constexprs).key()
 
@@ -178,10 +171,10 @@ class ManifestIndex:
 
     @staticmethod
     def _read(m: Manifest) -> dict[str, Entry]:
-        schema = m.data.get("schema", m.data.get("schema_version"))
-        if schema not in SUPPORTED_SCHEMAS:
-            raise UltraQuantError(f"manifest {m.directory / MANIFEST_NAME}: schema {schema!r} is not "
-                                  f"one this runtime reads {SUPPORTED_SCHEMAS}")
+        schema = m.data.get("schema_version")
+        if schema != SCHEMA_VERSION:
+            raise UltraQuantError(f"manifest {m.directory / MANIFEST_NAME}: schema_version {schema!r}, this "
+                                  f"runtime reads {SCHEMA_VERSION} (rebuild with `make kernels`)")
         out: dict[str, Entry] = {}
         for raw in m.blobs:
             e = parse_entry(raw, m.arch, m.directory)
@@ -192,6 +185,11 @@ class ManifestIndex:
                 raise UltraQuantError(f"manifest {m.directory / MANIFEST_NAME}: duplicate key {e.key}")
             out[e.key] = e
         return out
+
+    def alternates(self, arch: str, kernel: str) -> tuple[str, ...]:
+        """Kernels whose blobs for ``arch`` take ``kernel``'s LaunchPlan, preferred first."""
+        found = {(e.priority, e.kernel) for e in self.entries.get(arch, {}).values() if e.alternate_of == kernel}
+        return tuple(k for _, k in sorted(found, reverse=True))
 
     def skipped_reason(self, arch: str, key: str) -> str | None:
         """Why the build deliberately skipped ``key`` for ``arch`` (manifest ``skipped``), if it did.

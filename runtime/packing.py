@@ -20,15 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ultraquant.errors import UltraQuantError
-
-# Triton signature type -> (struct code, size in bytes). Floats are passed at their own width
-# (Triton's launcher packs fp32 into 4 bytes and fp16/bf16 into 2).
-SCALAR_TYPES: dict[str, tuple[str, int]] = {
-    "i1": ("b", 1), "i8": ("b", 1), "i16": ("h", 2), "i32": ("i", 4), "i64": ("q", 8),
-    "u1": ("B", 1), "u8": ("B", 1), "u16": ("H", 2), "u32": ("I", 4), "u64": ("Q", 8),
-    "fp16": ("e", 2), "bf16": ("H", 2), "fp32": ("f", 4), "f32": ("f", 4), "fp64": ("d", 8),
-}
-POINTER_SIZE = 8
+from ultraquant.kernels.abi import SCALAR_TYPES, type_size
 
 
 class MisalignedArgument(UltraQuantError):
@@ -47,15 +39,6 @@ class Param:
     hidden: bool = False
     divisibility: int = 1
     """The blob was compiled assuming the value (pointer address or integer) divides by this."""
-
-
-def type_size(ty: str) -> int:
-    """Byte size of one parameter of Triton type ``ty``; raises for types we cannot pass."""
-    if ty.startswith("*"):
-        return POINTER_SIZE
-    if ty in SCALAR_TYPES:
-        return SCALAR_TYPES[ty][1]
-    raise UltraQuantError(f"manifest: parameter type {ty!r} is not supported by the ctypes launcher")
 
 
 def _bf16_bits(x: float) -> int:

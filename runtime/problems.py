@@ -18,15 +18,15 @@ import torch
 
 from ultraquant import reference
 from ultraquant.format import SlotLayout, hadamard, slot_size
-from ultraquant.kernels import plans
-from ultraquant.kernels.plan import LaunchPlan, Specialization
+from ultraquant.kernels import plans, specs
+from ultraquant.kernels.plans import LaunchPlan
+from ultraquant.kernels.specs import Specialization
 
 from .loader import Kernel
-from .manifest import ALTERNATES
 from .selftest import register
 
-_DTYPES = {name: dtype for dtype, name in plans.DTYPE_NAMES.items()}
-_ENCODERS = {i: name for name, i in plans.ENCODER_IDS.items()}
+_DTYPES = {name: dtype for dtype, name in specs.DTYPE_NAMES.items()}
+_ENCODERS = {i: name for name, i in specs.ENCODER_IDS.items()}
 TIE_VALUES = (6.0, 0.75, 1.75, 2.5, 3.5, 5.0, 0.25, 1.25)
 """A group with absmax 6 has scale 1, so these land exactly on E2M1 decision points: encoders that
 break ties differently (rne vs upstream) write different codes for them."""
@@ -53,10 +53,9 @@ def _rel_err(got: torch.Tensor, want: torch.Tensor) -> float:
 
 def _launch(kernel: Kernel, plan: LaunchPlan, dev: Device) -> str | None:
     """Launch ``plan`` through ``kernel`` and wait; the reason it cannot be used, if any."""
-    same_launch = {plan.spec.key()} | {Specialization(kernel=alt, signature=plan.spec.signature,
-                                                      constexprs=plan.spec.constexprs).key()
-                                       for alt in ALTERNATES.get(plan.spec.kernel, ())}
-    if kernel.entry.key not in same_launch:
+    e = kernel.entry
+    stand_in = Specialization(kernel=e.kernel, signature=plan.spec.signature, constexprs=plan.spec.constexprs)
+    if e.key != plan.spec.key() and not (e.alternate_of == plan.spec.kernel and e.key == stand_in.key()):
         return f"the self-test problem planned {plan.spec.key()}, not this blob's {kernel.entry.key}"
     kernel.launch(plan.args, plan.grid)
     if torch.device(dev).type == "cuda":
@@ -101,7 +100,7 @@ def store_problem(kernel: Kernel, spec: Specialization, dev: Device) -> tuple[bo
     poison = torch.randint(0, 256, (nblocks, bs, hk, slot_size(d)), dtype=torch.uint8, generator=gen)
     key, value, slots, ours = (t.to(dev) for t in (key, value, slots, poison))
     want = ours.clone()
-    few = plans.store_spec(head_size=d, encoder=encoder, few_rows=True).constexprs["BLOCK_R"] == c["BLOCK_R"]
+    few = specs.store_spec(head_size=d, encoder=encoder, few_rows=True).constexprs["BLOCK_R"] == c["BLOCK_R"]
     why = _launch(kernel, plans.plan_store(key, value, ours, slots, encoder, few_rows=few), dev)
     if why:
         return False, why
@@ -163,10 +162,6 @@ def prefill_problem(kernel: Kernel, spec: Specialization, dev: Device) -> tuple[
                                        scale, sinks=sinks, sliding_window=window, softcap=softcap)
     err = _rel_err(out, want)
     return bool(torch.isfinite(out).all()) and err <= ATTENTION_RTOL, f"rel err {err:.2e}"
-
-
-for _alt in ALTERNATES["uq_decode"]:  # the FlyDSL decodes take the Triton decode's LaunchPlan
-    register(_alt)(decode_problem)
 
 
 @register("uq_dequant_kv")

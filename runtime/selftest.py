@@ -6,7 +6,7 @@ computes garbage there (a toolchain bug, a driver quirk, a corrupted-but-consist
 with a warning and the Triton JIT path takes over, instead of silently serving wrong attention.
 
 Problems are registered per kernel name (``PROBLEMS``); each builds inputs that match the blob's
-constexprs, gets the launch from the same plan functions dispatch uses, launches *this* blob, and
+constexprs, gets the launch from the same plan functions the ops use, launches *this* blob, and
 compares with :mod:`ultraquant.reference`. A kernel with no registered problem passes with a note.
 """
 
@@ -17,7 +17,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 
-from ultraquant.kernels.plan import Specialization
+from ultraquant.kernels.specs import Specialization
 
 from .driver import DeviceInfo
 from .loader import Kernel
@@ -62,7 +62,8 @@ def run(kernel: Kernel, spec: Specialization, dev: DeviceInfo, *, record: bool =
     """Self-test ``kernel`` on ``dev`` now and (by default) record the verdict in :data:`CACHE`."""
     from . import problems  # noqa: F401  (registers the built-in problems; imports the reference)
 
-    problem = PROBLEMS.get(kernel.entry.kernel)
+    # a stand-in kernel (manifest ``alternate_of``) takes its original's plan, hence its problem
+    problem = PROBLEMS.get(kernel.entry.alternate_of or kernel.entry.kernel)
     t0 = time.perf_counter()
     if problem is None:
         ok, detail = True, f"no self-test problem for kernel {kernel.entry.kernel}"

@@ -18,6 +18,8 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from ultraquant import config
+
 from .driver import DeviceInfo
 
 FILE_NAME = "selftest-v1.json"
@@ -35,7 +37,7 @@ class Verdict:
 
 def cache_dir() -> Path:
     """The folder holding UltraQuant's per-user caches (not created here)."""
-    explicit = os.environ.get("ULTRAQUANT_CACHE_DIR")
+    explicit = config.get().cache_dir
     if explicit:
         return Path(explicit)
     xdg = os.environ.get("XDG_CACHE_HOME")

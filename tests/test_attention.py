@@ -13,7 +13,7 @@ from ultraquant.attention import (
     AttentionMetadata,
     UltraQuantAttention,
     continuation_threshold,
-    plan_prefill,
+    prefill_runs,
 )
 from ultraquant.format import SERVING_ENCODER, slot_size
 
@@ -53,12 +53,12 @@ def test_metadata_build() -> None:
         AttentionMetadata.build(query_lens=[2], seq_lens=[2], block_table=[[0]], slot_mapping=[0])
 
 
-def test_plan_prefill_groups_runs_of_one_kind() -> None:
+def test_prefill_runs_groups_runs_of_one_kind() -> None:
     # requests: decode | first(4) first(2) | small(2) small(3) | large(5) large(6) | empty | first(1)
     q_lens = [1, 4, 2, 2, 3, 5, 6, 0, 1]
     seq = [9, 4, 2, 7, 10, 20, 6 + 8, 3, 1]
     qsl = torch.tensor([0] + torch.tensor(q_lens).cumsum(0).tolist(), dtype=torch.int32)
-    runs = plan_prefill(qsl, torch.tensor(seq, dtype=torch.int32), 1, threshold=3)
+    runs = prefill_runs(qsl, torch.tensor(seq, dtype=torch.int32), 1, threshold=3)
     assert [(r.kind, r.req_start, r.req_end, r.tok_start, r.tok_end) for r in runs] == [
         ("first", 1, 3, 1, 7), ("small", 3, 5, 7, 12), ("large", 5, 6, 12, 17), ("large", 6, 7, 17, 23),
         ("first", 8, 9, 23, 24)]
@@ -71,8 +71,8 @@ def test_threshold_follows_the_kernels_constant(monkeypatch: pytest.MonkeyPatch)
     assert UltraQuantAttention(HQ, HK, D, 0.1, continuation_threshold=2).threshold == 2
     monkeypatch.setattr(ops, "CONTINUATION_THRESHOLD", "bad", raising=False)
     try:
-        from ultraquant.kernels import plans
-        expected = plans.CONTINUATION_THRESHOLD
+        from ultraquant.kernels import heuristics
+        expected = heuristics.CONTINUATION_THRESHOLD
     except (ImportError, AttributeError):
         expected = DEFAULT_CONTINUATION_THRESHOLD
     assert continuation_threshold() == expected

@@ -10,14 +10,15 @@ import subprocess
 from pathlib import Path
 
 import pytest
+
 from ultraquant.codegen import matrix
 from ultraquant.codegen.archs import get_arch, parse_arch_list
 from ultraquant.codegen.build import BuildError, build
 from ultraquant.codegen.elf import ElfError, read_code_object
 from ultraquant.codegen.msgpack_lite import MsgpackError, unpackb
 from ultraquant.codegen.verify import verify_dir
-
 from ultraquant.errors import UltraQuantError
+from ultraquant.kernels.abi import SCHEMA_VERSION
 
 triton = pytest.importorskip("triton")
 from tests.codegen_fixture import options as _opts  # noqa: E402
@@ -38,7 +39,7 @@ def _manifest(d: Path) -> dict:
 
 def test_manifest_fields(built):
     m = _manifest(built / "gfx942")
-    assert m["schema_version"] == 1 and m["arch"] == "gfx942"
+    assert m["schema_version"] == SCHEMA_VERSION and m["arch"] == "gfx942"
     assert m["toolchain"]["triton"]["triton"] == "3.6.0"
     assert set(m["source_hash"]) == {"triton"}
     keys = [b["key"] for b in m["blobs"]]

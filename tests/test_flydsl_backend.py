@@ -13,7 +13,7 @@ from ultraquant.codegen.flydsl import backend as fb
 from ultraquant.codegen.flydsl import isa
 
 from ultraquant.errors import UltraQuantError
-from ultraquant.kernels.plans import DECODE_PARAMS, decode_spec
+from ultraquant.kernels.specs import DECODE_PARAMS, decode_spec
 
 CONFIG = {"head_size": 128, "gqa": 8, "block_size": 16, "query_dtype": "bf16"}
 

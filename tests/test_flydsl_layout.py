@@ -1,4 +1,4 @@
-"""CPU checks of the FlyDSL decode kernels' lane layout (ultraquant.kernels.layout_emulation).
+"""CPU checks of the FlyDSL decode kernels' lane layout (ultraquant.kernels.flydsl.layout).
 
 No AMD GPU exists for this project, so these tests are what stands between the FlyDSL kernels and a
 wrong permutation: every formula the kernel builds its addresses from is checked here (bijections,
@@ -16,7 +16,7 @@ import torch
 from ultraquant import reference as ref
 from ultraquant.errors import UltraQuantError
 from ultraquant.format import hadamard, slot_size
-from ultraquant.kernels import layout_emulation as lay
+from ultraquant.kernels.flydsl import layout as lay
 
 LANES = torch.arange(lay.WAVE)
 ELEMS = torch.arange(lay.MFMA_K)

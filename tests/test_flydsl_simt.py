@@ -1,4 +1,4 @@
-"""Run the FlyDSL decode kernels' own lowered IR on the CPU (codegen/flydsl/simt.py) and compare
+"""Run the FlyDSL decode kernels' own lowered IR on the CPU (tests/flydsl_sim/simt.py) and compare
 with the reference and with the lane-layout emulation.
 
 Needs flydsl (the build venv of ``make kernels``; no linker); skipped where it is not installed. Each case
@@ -15,12 +15,12 @@ import torch
 
 from tests.test_flydsl_layout import _cache
 from ultraquant import reference as ref
-from ultraquant.kernels import layout_emulation as lay
+from ultraquant.kernels.flydsl import layout as lay
 
 if importlib.util.find_spec("flydsl") is None:
     pytest.skip("flydsl is not installed (make kernels installs it in the build venv)", allow_module_level=True)
 
-from ultraquant.codegen.flydsl import simt  # noqa: E402
+from tests.flydsl_sim import simt  # noqa: E402
 
 # No linker needed: the interpreter takes the IR FlyDSL dumps before the final link.
 

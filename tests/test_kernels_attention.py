@@ -13,7 +13,7 @@ import torch
 import ultraquant as uq
 from tests.helpers import make_paged
 from ultraquant import reference as R
-from ultraquant.kernels import plans
+from ultraquant.kernels import plans, specs, workspace
 from ultraquant.kernels.interpret import interpreted_registry
 
 MAX_REL = 1e-2
@@ -167,13 +167,13 @@ def test_plans_match_kernel_parameters():
     """plans.py's parameter lists and constexprs name exactly the kernels' parameters, in order."""
     registry = interpreted_registry()
     cfg = dict(head_size=128, gqa=4, block_size=16)
-    for op, spec in [("store_kv", plans.store_spec(head_size=128)),
-                     ("dequant_kv", plans.dequant_spec(head_size=128, block_size=16)),
-                     ("decode_attention", plans.decode_spec(**cfg)),
-                     ("prefill_attention", plans.prefill_spec(**cfg))]:
+    for op, spec in [("store_kv", specs.store_spec(head_size=128)),
+                     ("dequant_kv", specs.dequant_spec(head_size=128, block_size=16)),
+                     ("decode_attention", specs.decode_spec(**cfg)),
+                     ("prefill_attention", specs.prefill_spec(**cfg))]:
         names = registry.KERNELS[spec.kernel].arg_names
         assert names == list(spec.signature) + list(spec.constexprs), op
-        assert plans.SPECIALIZERS[op] is not None
+        assert specs.SPECIALIZERS[op] is not None
 
 
 def test_decode_grid_is_static(monkeypatch):
@@ -190,9 +190,9 @@ def test_decode_grid_is_static(monkeypatch):
 def test_workspace_growth_keeps_old_buffers_alive():
     """A larger call replaces the workspace but never frees the old one (captured graphs use it)."""
     dev = torch.device("cpu")
-    small = plans.decode_workspace(dev, 10, 10, 2)
+    small = workspace.decode_workspace(dev, 10, 10, 2)
     want = small[0].numel() + 1000
-    big = plans.decode_workspace(dev, want, 10, 2)
+    big = workspace.decode_workspace(dev, want, 10, 2)
     assert big[0].numel() >= want and big[0].data_ptr() != small[0].data_ptr()
-    assert any(ws[0] is small[0] for ws in plans._retired)
+    assert any(ws[0] is small[0] for ws in workspace._retired)
     assert int(big[2].sum()) == 0

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from tests.helpers import layer_batch
-from ultraquant import dense, dispatch, ops, reference
+from ultraquant import dense, ops, policy, reference
 from ultraquant.attention import AttentionMetadata, UltraQuantAttention
 from ultraquant.errors import UltraQuantError
 from ultraquant.format import hadamard, slot_size
@@ -369,7 +369,7 @@ def test_large_runs_dense_without_the_interpreter(monkeypatch: pytest.MonkeyPatc
     md, query, key, value, cache = _layer_batch(seed=2)
     monkeypatch.delenv("TRITON_INTERPRET")
     launched = []
-    monkeypatch.setattr(dispatch, "launch", lambda plan: launched.append(plan))
+    monkeypatch.setattr(policy, "launch", lambda plan: launched.append(plan))
     layer = UltraQuantAttention(HQ, HK, D, 0.15, continuation_threshold=4)
     out = layer.forward(query, key, value, cache, md)
     assert dict(layer.prefill_routes) == {"first:sdpa": 1, "small:kernel": 1, "large:sdpa": 2}
@@ -452,7 +452,7 @@ def test_dequant_packed_reference_fallback(monkeypatch: pytest.MonkeyPatch, orig
 
 def test_bench_suggests_the_measured_crossover() -> None:
     """``ultraquant bench --prefill``'s rule on synthetic timings (the H200 supplies the real ones)."""
-    from ultraquant.commands.bench import PREFILL_CHUNKS, PrefillRow, suggest_threshold
+    from ultraquant.bench.decode import PREFILL_CHUNKS, PrefillRow, suggest_threshold
 
     def rows(ctx: int, sdpa_fixed: float, slope: float = 0.5) -> list[PrefillRow]:  # kernel: q us
         return [PrefillRow(ctx, q, float(q), sdpa_fixed + slope * q, 0.0, 0.0, 0.0) for q in PREFILL_CHUNKS]

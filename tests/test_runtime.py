@@ -13,14 +13,17 @@ import logging
 import struct
 
 import pytest
+
+from ultraquant.errors import UltraQuantError
+from ultraquant.kernels import specs
+from ultraquant.kernels.abi import SCHEMA_VERSION
+from ultraquant.kernels.plans import LaunchPlan
+from ultraquant.kernels.specs import Specialization
 from ultraquant.runtime import driver as drv
 from ultraquant.runtime import launch, loader, problems, selftest
 from ultraquant.runtime.manifest import ManifestIndex, find_manifests
 from ultraquant.runtime.packing import ArgPacker, Param
 from ultraquant.runtime.verdicts import Verdict, VerdictCache
-
-from ultraquant.errors import UltraQuantError
-from ultraquant.kernels.plan import LaunchPlan, Specialization
 
 assert problems.decode_problem is selftest.PROBLEMS["uq_decode"]  # built-ins registered before tests override
 SIG = {"x_ptr": "*bf16", "out_ptr": "*fp32", "n": "i32", "stride": "i64", "scale": "fp32", "flag": "i1"}
@@ -56,7 +59,7 @@ def write_manifest(root, arch="sm_90", specs=None, blob=b"\x7fELF fake cubin", *
                       "arch": arch, "file": name, "sha256": hashlib.sha256(data).hexdigest(),
                       "symbol": s.kernel, "num_warps": 4, "threads": 128, "shared": 1024,
                       "params": layout(s.signature), **extra})
-    (d / "manifest.json").write_text(json.dumps({"schema": 1, "arch": arch, "blobs": blobs}))
+    (d / "manifest.json").write_text(json.dumps({"schema_version": SCHEMA_VERSION, "arch": arch, "blobs": blobs}))
     return d
 
 
@@ -223,10 +226,10 @@ def test_index_rejects_unknown_schema_and_missing_fields(tmp_path, monkeypatch):
     monkeypatch.setenv("ULTRAQUANT_GENERATED", str(tmp_path))
     write_manifest(tmp_path)
     m = json.loads((tmp_path / "sm_90/manifest.json").read_text())
-    m["schema"] = 99
+    m["schema_version"] = 99
     (tmp_path / "sm_90/manifest.json").write_text(json.dumps(m))
-    assert "schema 99" in ManifestIndex.discover().lookup("sm_90", spec().key())[1]
-    m["schema"] = 1
+    assert "schema_version 99" in ManifestIndex.discover().lookup("sm_90", spec().key())[1]
+    m["schema_version"] = SCHEMA_VERSION
     del m["blobs"][0]["sha256"]
     (tmp_path / "sm_90/manifest.json").write_text(json.dumps(m))
     assert "missing field 'sha256'" in ManifestIndex.discover().lookup("sm_90", spec().key())[1]
@@ -483,14 +486,14 @@ def test_misaligned_pointer_falls_back_instead_of_failing(rt, tmp_path, monkeypa
 
 
 def test_skipped_configs_say_so(rt, tmp_path, monkeypatch):
-    from ultraquant.kernels import plans
+    from ultraquant.kernels import specs
 
     d = write_manifest(tmp_path / "gen")
     m = json.loads((d / "manifest.json").read_text())
     cfg = {"head_size": 128, "gqa": 4, "block_size": 16}
     m["skipped"] = [{"op": "decode_attention", "config": cfg, "reason": "too many registers"}]
     (d / "manifest.json").write_text(json.dumps(m))
-    s = plans.decode_spec(**cfg)
+    s = specs.decode_spec(**cfg)
     e, why = ManifestIndex.discover().lookup("sm_90", s.key())
     assert e is None and "not built for sm_90 by design: too many registers" in why
 
@@ -565,31 +568,28 @@ def test_fast_pack_equals_slow_pack_for_tensors_ints_none_and_subclasses():
 
 
 def test_warmup_accepts_a_model_config(rt, tmp_path):
-    from ultraquant.kernels import plans
 
     cfg = {"head_size": 128, "num_q_heads": 32, "num_kv_heads": 8, "block_size": 16, "dtype": "bf16",
            "has_sinks": True}
-    specs = launch.model_specializations(cfg)
-    assert [s.kernel for s in specs] == ["uq_store_kv", "uq_dequant_kv", "uq_decode", "uq_prefill"]
-    assert specs[2].key() == plans.decode_spec(head_size=128, gqa=4, block_size=16, has_sinks=True).key()
+    need = launch.model_specializations(cfg)
+    assert [s.kernel for s in need] == ["uq_store_kv", "uq_dequant_kv", "uq_decode", "uq_prefill"]
+    assert need[2].key() == specs.decode_spec(head_size=128, gqa=4, block_size=16, has_sinks=True).key()
     write_manifest(tmp_path / "gen")  # none of these are built: every entry is a reason
     report = launch.warmup([cfg], 0)
-    assert set(report) == {s.key() for s in specs} and all(v != "aot" for v in report.values())
+    assert set(report) == {s.key() for s in need} and all(v != "aot" for v in report.values())
     with pytest.raises(UltraQuantError, match="decode_attention needs more"):
         launch.model_specializations({"head_size": 128, "ops": ["decode_attention"]})
     with pytest.raises(UltraQuantError, match="unknown op"):
         launch.model_specializations({"head_size": 128, "ops": ["attn"]})
 
 
-def test_dispatch_consults_the_runtime_first(monkeypatch):
-    """The public ops reach try_launch through ultraquant.dispatch (here: CPU tensors under
+def test_policy_consults_the_runtime_first(monkeypatch):
+    """The public ops reach try_launch through ultraquant.policy (here: CPU tensors under
     ULTRAQUANT_BACKEND=aot, which the runtime refuses with its own message)."""
     import torch
 
     import ultraquant as uq
-    from ultraquant import dispatch
 
-    assert launch.try_launch in dispatch._launchers
     monkeypatch.setenv("ULTRAQUANT_BACKEND", "aot")
     key = torch.randn(3, 2, 64)
     cache = torch.zeros(2, 16, 2, uq.slot_size(64), dtype=torch.uint8)
@@ -608,13 +608,12 @@ def test_flydsl_alternate_is_preferred_and_a_failing_one_falls_back(rt, tmp_path
     d = write_manifest(tmp_path / "gen", arch="gfx942",
                        specs=[_decode_like(), _decode_like("uq_decode_flydsl")])
     m = json.loads((d / "manifest.json").read_text())
-    m["blobs"][1]["threads"] = 64
+    m["blobs"][1].update(threads=64, alternate_of="uq_decode", priority=1)
     (d / "manifest.json").write_text(json.dumps(m))
     tested = []
-    monkeypatch.setitem(selftest.PROBLEMS, "uq_decode_flydsl", lambda kernel, s, dev: (
-        tested.append((kernel.entry.kernel, dev)) or dev == 0, "flydsl check"))
+    # a stand-in takes its original's problem: here it fails for the FlyDSL blob on device 1 only
     monkeypatch.setitem(selftest.PROBLEMS, "uq_decode", lambda kernel, s, dev: (
-        tested.append((kernel.entry.kernel, dev)) or True, ""))
+        tested.append((kernel.entry.kernel, dev)) or dev == 0 or kernel.entry.kernel == "uq_decode", "check"))
     assert launch.try_launch(plan(_decode_like()), 0) is True
     assert rt.launches[-1]["block"] == 64  # the FlyDSL blob, with its own block size
     assert launch.try_launch(plan(_decode_like()), 1) is True

@@ -13,11 +13,12 @@ import struct
 from pathlib import Path
 
 import pytest
+
+from ultraquant import config
 from ultraquant.codegen.elf import read_code_object
+from ultraquant.kernels import specs
 from ultraquant.runtime.manifest import ManifestIndex, find_manifests
 from ultraquant.runtime.packing import SCALAR_TYPES, ArgPacker
-
-from ultraquant.kernels import plans
 
 
 @pytest.fixture(scope="module")
@@ -38,6 +39,7 @@ def index(tmp_path_factory) -> ManifestIndex:
 
         old = os.environ.get("ULTRAQUANT_GENERATED")
         os.environ["ULTRAQUANT_GENERATED"] = str(out)
+        config.reload()
         try:
             manifests = find_manifests()
         finally:
@@ -45,6 +47,7 @@ def index(tmp_path_factory) -> ManifestIndex:
                 del os.environ["ULTRAQUANT_GENERATED"]
             else:
                 os.environ["ULTRAQUANT_GENERATED"] = old
+            config.reload()
     idx = ManifestIndex(manifests)
     assert not idx.errors, idx.errors
     assert any(idx.entries.values())
@@ -58,7 +61,7 @@ def _entries(index: ManifestIndex):
 def test_keys_match_what_the_plans_produce(index):
     for m in index._manifests:
         for raw in m.blobs:
-            spec = plans.SPECIALIZERS[raw["op"]](**raw["config"])
+            spec = specs.SPECIALIZERS[raw["op"]](**raw["config"])
             e = index.entries[m.arch][spec.key()]
             assert e.signature == dict(spec.signature), e.key
             assert e.symbol and e.threads == e.num_warps * (64 if m.arch.startswith("gfx") else 32)

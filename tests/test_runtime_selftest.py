@@ -12,10 +12,12 @@ import pytest
 
 os.environ.setdefault("TRITON_INTERPRET", "1")
 
+from ultraquant.kernels import (
+    specs,
+)
+from ultraquant.kernels.plans import LaunchPlan
+from ultraquant.kernels.specs import Specialization  # noqa: E402
 from ultraquant.runtime import problems  # noqa: E402
-
-from ultraquant.kernels import plans  # noqa: E402
-from ultraquant.kernels.plan import LaunchPlan, Specialization  # noqa: E402
 
 CPU = "cpu"
 
@@ -23,7 +25,7 @@ CPU = "cpu"
 def _interpreting() -> bool:
     if os.environ.get("TRITON_INTERPRET") != "1":
         return False
-    mod = sys.modules.get("ultraquant.kernels.store")
+    mod = sys.modules.get("ultraquant.kernels.triton.store")
     return mod is None or type(mod.uq_store_kv).__name__ == "InterpretedFunction"
 
 
@@ -31,8 +33,8 @@ pytestmark = pytest.mark.skipif(not _interpreting(), reason="needs TRITON_INTERP
 
 
 class _Entry:
-    def __init__(self, key: str) -> None:
-        self.key = key
+    def __init__(self, spec: Specialization) -> None:
+        self.key, self.kernel, self.alternate_of = spec.key(), spec.kernel, ""
 
 
 class InterpretedBlob:
@@ -40,7 +42,7 @@ class InterpretedBlob:
     ``label``'s, but runs ``actual``'s Triton kernel in the interpreter."""
 
     def __init__(self, label: Specialization, actual: Specialization | None = None) -> None:
-        self.entry = _Entry(label.key())
+        self.entry = _Entry(label)
         self.actual = actual or label
         self.launches = 0
 
@@ -48,12 +50,12 @@ class InterpretedBlob:
         from ultraquant.kernels import registry
 
         self.launches += 1
-        registry.launch(LaunchPlan(self.actual, tuple(args), grid))
+        registry.jit_launch(LaunchPlan(self.actual, tuple(args), grid))
 
 
 @pytest.mark.parametrize("encoder", ["rne", "upstream"])
 def test_store_problem_passes_for_the_right_kernel(encoder):
-    spec = plans.store_spec(head_size=64, key_dtype="bf16", slot_dtype="i64", encoder=encoder)
+    spec = specs.store_spec(head_size=64, key_dtype="bf16", slot_dtype="i64", encoder=encoder)
     blob = InterpretedBlob(spec)
     ok, detail = problems.store_problem(blob, spec, CPU)
     assert ok, detail
@@ -61,37 +63,37 @@ def test_store_problem_passes_for_the_right_kernel(encoder):
 
 
 def test_store_problem_catches_a_wrong_encoder():
-    label = plans.store_spec(head_size=64, key_dtype="bf16", slot_dtype="i64", encoder="upstream")
-    actual = plans.store_spec(head_size=64, key_dtype="bf16", slot_dtype="i64", encoder="rne")
+    label = specs.store_spec(head_size=64, key_dtype="bf16", slot_dtype="i64", encoder="upstream")
+    actual = specs.store_spec(head_size=64, key_dtype="bf16", slot_dtype="i64", encoder="rne")
     ok, detail = problems.store_problem(InterpretedBlob(label, actual), label, CPU)
     assert not ok and "V/untouched bytes differing: 0;" not in detail
 
 
 def test_decode_problem_passes_and_catches_a_missing_feature():
-    spec = plans.decode_spec(head_size=64, gqa=2, block_size=16, query_dtype="bf16", has_softcap=True)
+    spec = specs.decode_spec(head_size=64, gqa=2, block_size=16, query_dtype="bf16", has_softcap=True)
     ok, detail = problems.decode_problem(InterpretedBlob(spec), spec, CPU)
     assert ok, detail
-    plain = plans.decode_spec(head_size=64, gqa=2, block_size=16, query_dtype="bf16")
+    plain = specs.decode_spec(head_size=64, gqa=2, block_size=16, query_dtype="bf16")
     ok, detail = problems.decode_problem(InterpretedBlob(spec, plain), spec, CPU)
     assert not ok, detail
 
 
 def test_prefill_problem_passes():
-    spec = plans.prefill_spec(head_size=64, gqa=2, block_size=16, query_dtype="bf16", has_sinks=True)
+    spec = specs.prefill_spec(head_size=64, gqa=2, block_size=16, query_dtype="bf16", has_sinks=True)
     ok, detail = problems.prefill_problem(InterpretedBlob(spec), spec, CPU)
     assert ok, detail
 
 
 @pytest.mark.parametrize("original", [True, False])
 def test_dequant_problem_passes(original):
-    spec = plans.dequant_spec(head_size=64, block_size=16, out_dtype="fp32", original_space=original)
+    spec = specs.dequant_spec(head_size=64, block_size=16, out_dtype="fp32", original_space=original)
     ok, detail = problems.dequant_problem(InterpretedBlob(spec), spec, CPU)
     assert ok, detail
 
 
 def test_problem_refuses_a_blob_of_another_config():
-    spec = plans.store_spec(head_size=64, key_dtype="bf16", slot_dtype="i64")
-    other = plans.store_spec(head_size=128, key_dtype="bf16", slot_dtype="i64")
+    spec = specs.store_spec(head_size=64, key_dtype="bf16", slot_dtype="i64")
+    other = specs.store_spec(head_size=128, key_dtype="bf16", slot_dtype="i64")
     blob = InterpretedBlob(other)
     ok, detail = problems.store_problem(blob, spec, CPU)
     assert not ok and "not this blob's" in detail and blob.launches == 0

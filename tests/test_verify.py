@@ -11,9 +11,10 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from ultraquant.codegen.verify import verify_dir
 
 from ultraquant.cli import main
+from ultraquant.codegen.verify import verify_dir
+from ultraquant.kernels.abi import SCHEMA_VERSION
 
 pytest.importorskip("triton")
 from tests.codegen_fixture import shared_build  # noqa: E402
@@ -165,7 +166,7 @@ def test_bad_manifest_files(tmp_path):
     assert "unreadable manifest" in verify_dir(tmp_path).problems[0]
     (tmp_path / "manifest.json").write_text(json.dumps({"schema_version": 99, "blobs": []}))
     assert "schema_version 99" in verify_dir(tmp_path).problems[0]
-    (tmp_path / "manifest.json").write_text(json.dumps({"schema_version": 1, "arch": "gfx1", "blobs": []}))
+    (tmp_path / "manifest.json").write_text(json.dumps({"schema_version": SCHEMA_VERSION, "arch": "gfx1", "blobs": []}))
     assert "unknown arch" in verify_dir(tmp_path).problems[0]
     code, out = _verify(tmp_path)
     assert code == 1 and "FAIL" in out

@@ -9,13 +9,9 @@ set -uo pipefail
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/uq_final}
 mkdir -p "$OUT"
-# ultraquant.runtime/.codegen are package-dir mappings; without an install, link them into the package.
-# (On the device only: the links would shadow the real packages in a checkout.)
-[ -n "${UQ_LINK-1}" ] && { [ -e ultraquant/runtime ] || ln -s ../runtime ultraquant/runtime; }
-[ -n "${UQ_LINK-1}" ] && { [ -e ultraquant/codegen ] || ln -s ../codegen ultraquant/codegen; }
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 export ULTRAQUANT_GENERATED=$PWD/generated ULTRAQUANT_CACHE_DIR=$(mktemp -d)
-UQ=(python3 -c "from ultraquant.cli import main; main()")
+UQ=(python3 -m ultraquant.cli)
 PYT=(python3 -m pytest -q -p no:cacheprovider)
 t0=$(date +%s)
 STEPS=${STEPS:-"kernels-gpu-tests prefill-routes-gpu-tests bench prefill-bench runtime attention-gpu memcheck ncu"}

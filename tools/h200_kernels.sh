@@ -7,11 +7,6 @@ export PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/uq_out}
 mkdir -p "$OUT"
 steps=${*:-tests sanitize bench}
-pip install -q --no-deps --no-build-isolation -e . >/dev/null 2>&1 || echo "pip install -e . failed"
-# The editable install maps ultraquant.runtime/.codegen through a finder that did not resolve on the
-# device image: link them inside the package so a plain PYTHONPATH import works too.
-[ -e ultraquant/runtime ] || ln -s ../runtime ultraquant/runtime
-[ -e ultraquant/codegen ] || ln -s ../codegen ultraquant/codegen
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu --format=csv | tee "$OUT/smi.txt"
 t0=$(date +%s)
@@ -27,7 +22,7 @@ for step in $steps; do
       timeout 200 compute-sanitizer --tool racecheck --print-limit 20 python3 tools/h200_sanitize.py \
         2>&1 | tee "$OUT/racecheck.log" | tail -6 ;;
     bench)
-      timeout ${T_BENCH:-240} python3 -c "from ultraquant.cli import main; main()" bench ${BENCH_ARGS:---plot $OUT/decode_latency.png} \
+      timeout ${T_BENCH:-240} python3 -m ultraquant.cli bench ${BENCH_ARGS:---plot $OUT/decode_latency.png} \
         --json "$OUT/bench${BENCH_TAG:-}.json" 2>&1 | tee "$OUT/bench${BENCH_TAG:-}.log" | tail -30 ;;
   esac
   echo "== $step done at +$(( $(date +%s) - t0 ))s"

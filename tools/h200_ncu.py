@@ -11,7 +11,7 @@ import sys
 import torch
 
 import ultraquant as uq
-from ultraquant.commands.bench import SHAPES, make_decode_problem
+from ultraquant.bench.decode import SHAPES, make_decode_problem
 
 
 def main() -> None:

@@ -16,6 +16,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 import ultraquant as uq  # noqa: E402
 from tests.helpers import make_paged  # noqa: E402
+from ultraquant import config as uq_config  # noqa: E402
 from ultraquant import reference as R  # noqa: E402
 
 
@@ -34,6 +35,7 @@ def main() -> int:
     sinks = torch.randn(hq, device="cuda")
     for splits in ("1", "3", "8"):
         os.environ["ULTRAQUANT_DECODE_SPLITS"] = splits
+        uq_config.reload()
         for window, softcap in ((None, None), (20, 30.0)):
             out = torch.full_like(query, float("nan"))
             uq.decode_attention(query, prob.kv_cache, prob.block_table, prob.seq_lens, 0.1, sinks=sinks,
@@ -42,6 +44,7 @@ def main() -> int:
                                      sinks=sinks, sliding_window=window, softcap=softcap)
             worst = max(worst, rel(out, ref))
     os.environ.pop("ULTRAQUANT_DECODE_SPLITS")
+    uq_config.reload()
     k, v = uq.dequant_kv(prob.kv_cache, prob.block_table, prob.seq_lens)
     rk, rv = R.dequant_kv(prob.kv_cache, prob.block_table, prob.seq_lens)
     worst = max(worst, max(rel(a, b) for a, b in zip(k + v, rk + rv, strict=True) if b.numel()))

@@ -17,7 +17,8 @@ import sys
 
 import torch
 
-from ultraquant.commands.bench import SHAPES, bench_decode, make_decode_problem, measure_ceiling
+from ultraquant import config as uq_config
+from ultraquant.bench.decode import SHAPES, bench_decode, make_decode_problem, measure_ceiling
 
 
 def parse(arg: str) -> tuple[str, list[dict[str, str]], list[int]]:
@@ -36,6 +37,7 @@ def parse(arg: str) -> tuple[str, list[dict[str, str]], list[int]]:
 def _clear() -> None:
     for k in ("WARPS", "TILE", "STAGES", "MAXNREG", "SPLITS"):
         os.environ.pop(f"ULTRAQUANT_DECODE_{k}", None)
+    uq_config.reload()
 
 
 def main(argv: list[str]) -> None:
@@ -53,6 +55,7 @@ def main(argv: list[str]) -> None:
             for sp in splits:
                 _clear()
                 os.environ.update(variant, ULTRAQUANT_DECODE_SPLITS=str(sp))
+                uq_config.reload()
                 label = " ".join(f"{k.split('_')[-1].lower()}={v}" for k, v in variant.items())
                 try:
                     us = bench_decode(p, s["D"])

@@ -38,8 +38,8 @@ def compile_cubin(op: str, config: dict) -> tuple[bytes, object, object]:
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    from ultraquant.kernels.plans import SPECIALIZERS
     from ultraquant.kernels.registry import KERNELS
+    from ultraquant.kernels.specs import SPECIALIZERS
 
     spec = SPECIALIZERS[op](**config)
     fn = KERNELS[spec.kernel]

@@ -39,6 +39,7 @@ import torch
 from . import dense, ops
 from .errors import UltraQuantError
 from .format import SERVING_ENCODER, check_head_size
+from .kernels import heuristics
 from .validate import check_attention_options, check_encoder, check_heads, check_scale, check_tensor
 
 __all__ = [
@@ -57,21 +58,13 @@ takes precedence when it exists; see :func:`continuation_threshold`."""
 def continuation_threshold() -> int:
     """The small/large continuation-chunk boundary: the kernels' measured constant if exposed.
 
-    Looked up at call time in ``ultraquant.ops`` then ``ultraquant.kernels.plans`` (names
-    ``CONTINUATION_THRESHOLD`` or ``CONTINUATION_DECODE_THRESHOLD``), so the layer follows the kernels
-    without a code change; falls back to :data:`DEFAULT_CONTINUATION_THRESHOLD`.
+    Looked up at call time in ``ultraquant.ops`` (patchable) then ``ultraquant.kernels.heuristics``;
+    falls back to :data:`DEFAULT_CONTINUATION_THRESHOLD` when neither holds a positive int.
     """
-    sources = [ops]
-    try:
-        from .kernels import plans  # optional: exists once the Triton kernels land
-        sources.append(plans)
-    except ImportError:
-        pass
-    for module in sources:
-        for name in ("CONTINUATION_THRESHOLD", "CONTINUATION_DECODE_THRESHOLD"):
-            value = getattr(module, name, None)
-            if isinstance(value, int) and not isinstance(value, bool) and value > 0:
-                return value
+    for module in (ops, heuristics):
+        value = getattr(module, "CONTINUATION_THRESHOLD", None)
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            return value
     return DEFAULT_CONTINUATION_THRESHOLD
 
 
@@ -171,7 +164,7 @@ class PrefillRun:
     tok_end: int
 
 
-def plan_prefill(query_start_loc_cpu: torch.Tensor, seq_lens_cpu: torch.Tensor, first_req: int,
+def prefill_runs(query_start_loc_cpu: torch.Tensor, seq_lens_cpu: torch.Tensor, first_req: int,
                  threshold: int) -> list[PrefillRun]:
     """Split requests ``first_req..B-1`` into runs of one kind, in batch order (host tensors only).
 
@@ -414,7 +407,7 @@ class UltraQuantAttention:
             runs = [PrefillRun("prefill", nd, b, nd, n)]
             qsl_cpu: list[int] = []
         else:
-            runs = plan_prefill(md.query_start_loc_cpu, md.seq_lens_cpu, nd, self.threshold)
+            runs = prefill_runs(md.query_start_loc_cpu, md.seq_lens_cpu, nd, self.threshold)
             qsl_cpu = md.query_start_loc_cpu.tolist()
         ws = self._workspace(b - nd + 1, q.device)
         sinks = self._dense_sinks(q.dtype) if dense.supported(self.softcap) else None

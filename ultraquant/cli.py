@@ -32,3 +32,7 @@ class _LazyGroup(click.Group):
 @click.version_option(package_name="ultraquant")
 def main() -> None:
     """UltraQuant: 4-bit KV-cache attention kernels, compiled ahead of time."""
+
+
+if __name__ == "__main__":
+    main()

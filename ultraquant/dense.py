@@ -1,62 +1,22 @@
-"""Dense attention routes for prefill: torch SDPA on raw or dequantized K/V (imports torch only).
+"""Dense prefill routes: torch SDPA on a first chunk's raw K/V, or on a large continuation's
+dequantized prefix plus its raw chunk (flash attention's bottom-right causal mode, no mask).
 
-Two of the attention layer's three prefill routes run here (the third, small continuation chunks,
-is the Triton kernel behind :func:`ultraquant.ops.prefill_attention`):
-
-* **first chunks** (no cached prefix): :func:`first_chunks` runs SDPA per request on the chunk's raw
-  K/V, causal, GQA through ``enable_gqa`` (no copy of K/V without sinks or window);
-* **large continuations**: :func:`continuation` dequantizes the request's cached prefix once with
-  :func:`ultraquant.ops.dequant_kv_packed` (K in the original space, in the query dtype) straight
-  into rows of a :class:`DenseWorkspace` shared by all layers, copies the chunk's raw K/V into the
-  rows after it, and runs SDPA with the causal mask aligned bottom-right (query i of the chunk sees
-  the prefix and chunk[0..i]): flash attention's own causal mode is bottom-right, so no mask.
-
-Why dense: a large chunk is compute bound and flash attention runs its matmuls at tensor-core rate
-on bf16 K/V; dequantizing the prefix once costs one read of the cache, which a long chunk amortizes.
-Small chunks stay on the kernel, which reads the 4-bit cache directly (``CONTINUATION_THRESHOLD``).
-
-Host cost: serving engines run prefill eagerly, so every aten op of a call is host time per layer.
-A call therefore allocates nothing once the workspace is warm (K/V rows, the padded sink query and
-the dequant's length live in the workspace), builds no mask unless a window needs one (window masks
-are slices of one cached band), and takes per-layer constants (:class:`SinkRows`) precomputed.
-
-Memory: the workspace is bounded by :data:`DEFAULT_WORKSPACE_MB` (env
-``ULTRAQUANT_DENSE_WORKSPACE_MB``); a call that would need more is not made here (the layer checks
-:meth:`DenseWorkspace.fits` with :func:`workspace_elements` and routes it to the kernel, which
-handles any length), and :meth:`DenseWorkspace.reserve` allocates it up front.
-
-Features:
-
-* **sinks** (one extra logit per query head in the softmax denominator): SDPA has none, so the sink
-  is a real key. The head dimension is padded by :data:`SINK_COLUMNS` zero columns; an extra key
-  row (first in the key list, so every query sees it under the causal mask) holds ``1, 1`` in the
-  first two pad columns and zero values; each query head carries its sink logit divided by the scale
-  as ``hi + lo`` (two numbers of the query dtype) in the same columns. The sink key's score is then
-  ``scale * (hi + lo) = sink`` to about 2^-16 relative in bf16 (fp32 accumulation) and every other
-  score is unchanged (its pad columns are zero). This is exact softmax algebra on any SDPA backend
-  and device, with no per-head mask; the price is a D+8 head dimension (one copy of the query and
-  the K/V of a first chunk) on sink layers only. An additive mask carrying the sink would differ per
-  head, i.e. an Hq x Lq x Lk tensor; a log-sum-exp correction needs the backend ops that return it.
-* **sliding window** w (a query at p sees p-w+1..p): a boolean mask per tile of queries over the keys
-  that tile can see, so it stays (tile x (tile + w)) however long the prompt; every tile whose keys
-  are not clipped at the sequence start uses the same band (a slice of one cached tensor). With
-  sinks, the sink key is written into the row just before each tile's first key (a key no later
-  tile sees), so the tile's keys stay one slice of the workspace (no concatenation). When the window
-  covers every key of the request there is no mask at all.
-* **soft cap**: SDPA cannot apply ``c * tanh(s / c)`` to the scores, so soft-capped layers keep the
-  kernel route for every chunk (:func:`supported`).
+A long chunk is compute bound, so one dequant pass over the 4-bit prefix is amortized by tensor-core
+matmuls; small chunks stay on the kernel (``CONTINUATION_THRESHOLD``). Nothing is allocated once the
+workspace is warm; sinks ride as an extra key row in padded head columns (exact softmax algebra),
+windows use slices of one cached mask band, soft-capped layers stay on the kernel. The design and its
+reasons: docs/prefill.md.
 """
 
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
-from . import ops
+from . import config, ops
 from .errors import UltraQuantError
 
 __all__ = ["DEFAULT_WORKSPACE_MB", "SHARED", "SINK_COLUMNS", "DenseWorkspace", "SinkRows", "continuation",
@@ -144,11 +104,8 @@ class DenseWorkspace:
 
     def __init__(self, cap_bytes: int | None = None) -> None:
         if cap_bytes is None:
-            mb = os.environ.get("ULTRAQUANT_DENSE_WORKSPACE_MB", str(DEFAULT_WORKSPACE_MB))
-            try:
-                cap_bytes = int(float(mb) * (1 << 20))
-            except ValueError:
-                raise UltraQuantError(f"ULTRAQUANT_DENSE_WORKSPACE_MB: expected a number, got {mb!r}") from None
+            mb = config.get().dense_workspace_mb
+            cap_bytes = int((DEFAULT_WORKSPACE_MB if mb is None else mb) * (1 << 20))
         if cap_bytes < 0:
             raise UltraQuantError(f"cap_bytes: expected >= 0, got {cap_bytes}")
         self.cap_bytes = cap_bytes

@@ -3,7 +3,7 @@
 ``store_kv``, ``decode_attention`` and ``prefill_attention`` are registered as PyTorch custom ops
 (``torch.ops.ultraquant.*``, mutating ``kv_cache`` / ``out``) with fake implementations, so
 ``torch.compile`` traces through them and CUDA graphs capture their launches. Each call validates
-metadata on the host (no device sync on GPU tensors), then :mod:`ultraquant.dispatch` picks the
+metadata on the host (no device sync on GPU tensors), then :mod:`ultraquant.policy` picks the
 backend: the Triton kernels (or an AOT blob in front of them) on a GPU, the reference on the CPU.
 
 ``dequant_kv`` returns per-request lists (data-dependent shapes), so it reads ``seq_lens`` on the
@@ -12,18 +12,16 @@ host; :func:`dequant_kv_packed` is its sync-free form writing into caller-provid
 
 from __future__ import annotations
 
-import os
-
 import torch
 
-from . import dispatch, reference, validate
+from . import config, policy, reference, validate
 from .errors import UltraQuantError
-from .kernels import plans
+from .kernels import heuristics, plans
 
 __all__ = ["store_kv", "decode_attention", "dequant_kv", "dequant_kv_packed", "prefill_attention",
            "CONTINUATION_THRESHOLD"]
 
-CONTINUATION_THRESHOLD = plans.CONTINUATION_THRESHOLD
+CONTINUATION_THRESHOLD = heuristics.CONTINUATION_THRESHOLD
 """Small/large continuation-chunk boundary (new tokens) the attention layer reads."""
 
 
@@ -50,10 +48,10 @@ def _last_dim_contiguous(t: torch.Tensor) -> torch.Tensor:
 
 def _store_kv_impl(key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor, slot_mapping: torch.Tensor,
                  encoder: str) -> None:
-    if dispatch.backend_for(key.device) == "reference":
+    if policy.route(key.device) == "reference":
         reference.store_kv(key, value, kv_cache, slot_mapping, encoder=encoder)
         return
-    dispatch.launch(plans.plan_store(_last_dim_contiguous(key), _last_dim_contiguous(value), kv_cache,
+    policy.launch(plans.plan_store(_last_dim_contiguous(key), _last_dim_contiguous(value), kv_cache,
                                      slot_mapping, encoder))
 
 
@@ -85,12 +83,12 @@ def store_kv(key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor, slo
 def _decode_impl(query: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tensor, seq_lens: torch.Tensor,
                scale: float, sinks: torch.Tensor | None, sliding_window: int | None, softcap: float | None,
                out: torch.Tensor) -> None:
-    if dispatch.backend_for(query.device) == "reference":
+    if policy.route(query.device) == "reference":
         reference.decode_attention(query, kv_cache, block_table, seq_lens, scale, sinks=sinks,
                                    sliding_window=sliding_window, softcap=softcap, out=out)
         return
-    dispatch.launch(plans.plan_decode(_last_dim_contiguous(query), kv_cache, block_table, seq_lens, scale,
-                                      sinks, sliding_window, softcap, out))
+    policy.launch(plans.plan_decode(_last_dim_contiguous(query), kv_cache, block_table, seq_lens, scale,
+                                      sinks, sliding_window, softcap, out, config.get().tuning))
 
 
 _decode_op = torch.library.custom_op("ultraquant::decode_attention", _decode_impl, mutates_args=("out",))
@@ -132,13 +130,14 @@ def _prefill_impl(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, k
                 block_table: torch.Tensor, seq_lens: torch.Tensor, query_start_loc: torch.Tensor, scale: float,
                 sinks: torch.Tensor | None, sliding_window: int | None, softcap: float | None,
                 out: torch.Tensor) -> None:
-    if dispatch.backend_for(query.device) == "reference":
+    if policy.route(query.device) == "reference":
         reference.prefill_attention(query, key, value, kv_cache, block_table, seq_lens, query_start_loc, scale,
                                     sinks=sinks, sliding_window=sliding_window, softcap=softcap, out=out)
         return
-    dispatch.launch(plans.plan_prefill(_last_dim_contiguous(query), _last_dim_contiguous(key),
+    policy.launch(plans.plan_prefill(_last_dim_contiguous(query), _last_dim_contiguous(key),
                                        _last_dim_contiguous(value), kv_cache, block_table, seq_lens,
-                                       query_start_loc, scale, sinks, sliding_window, softcap, out))
+                                       query_start_loc, scale, sinks, sliding_window, softcap, out,
+                                       config.get().tuning))
 
 
 _prefill_op = torch.library.custom_op("ultraquant::prefill_attention", _prefill_impl, mutates_args=("out",))
@@ -200,22 +199,14 @@ def dequant_kv_packed(kv_cache: torch.Tensor, block_table: torch.Tensor, seq_len
             raise UltraQuantError(f"{name}: the last dimension must be contiguous")
     validate.check_tensor("cu_seqlens", cu_seqlens, dtypes=(torch.int32,), ndim=1, device=kv_cache.device)
     validate.check_shape("cu_seqlens", cu_seqlens, (seq_lens.shape[0] + 1,))
-    if _dequant_on_reference(kv_cache.device):
+    if policy.host_reference(kv_cache.device):
         for b, (start, length) in enumerate(zip(cu_seqlens.tolist()[:-1], seq_lens.tolist(), strict=True)):
             slots = reference._request_slots(kv_cache, block_table, b, 0, length)
             k_out[start:start + length], v_out[start:start + length] = reference.decode_slots(
                 slots, d, original_space=original_space)
         return
-    dispatch.launch(plans.plan_dequant(kv_cache, block_table, seq_lens, cu_seqlens, k_out, v_out, d,
+    policy.launch(plans.plan_dequant(kv_cache, block_table, seq_lens, cu_seqlens, k_out, v_out, d,
                                        original_space))
-
-
-def _dequant_on_reference(device: torch.device) -> bool:
-    """Whether :func:`dequant_kv_packed` computes on the host: the dispatch backend is the reference
-    and, on the CPU, Triton's interpreter is off (under it the kernel runs CPU tensors: tests)."""
-    if dispatch.backend_for(device) != "reference":
-        return False
-    return os.environ.get("ULTRAQUANT_BACKEND") == "reference" or os.environ.get("TRITON_INTERPRET") != "1"
 
 
 def dequant_kv(kv_cache: torch.Tensor, block_table: torch.Tensor, seq_lens: torch.Tensor, *,
@@ -224,7 +215,7 @@ def dequant_kv(kv_cache: torch.Tensor, block_table: torch.Tensor, seq_lens: torc
 
     Reads ``seq_lens`` on the host (the result's shapes depend on it): not for a captured path.
     """
-    if dispatch.backend_for(kv_cache.device) == "reference":
+    if policy.route(kv_cache.device) == "reference":
         return reference.dequant_kv(kv_cache, block_table, seq_lens, head_size=head_size)
     geo = validate.check_dequant(kv_cache, block_table, seq_lens, head_size)
     lens = seq_lens.tolist()

@@ -9,12 +9,12 @@ bad values there can never write outside the cache).
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterable
 from dataclasses import dataclass
 
 import torch
 
+from . import config
 from .errors import UltraQuantError
 from .format import check_head_size, slot_size
 
@@ -52,7 +52,7 @@ def check_shape(name: str, t: torch.Tensor, expected: tuple[int | None, ...]) ->
 
 def values_checkable(*tensors: torch.Tensor) -> bool:
     """True when reading these tensors' values costs no device sync (or the user asked for it)."""
-    return os.environ.get("ULTRAQUANT_CHECK_VALUES") == "1" or all(t.device.type == "cpu" for t in tensors)
+    return config.get().check_values or all(t.device.type == "cpu" for t in tensors)
 
 
 @dataclass(frozen=True)

@@ -8,5 +8,5 @@
 - :mod:`.compile_kernel`: one compile in a subprocess, from the command line (tests, debugging).
 
 The lane layout every kernel uses is defined (and emulated on the CPU) in
-:mod:`ultraquant.kernels.layout_emulation`; docs/flydsl.md derives it.
+:mod:`ultraquant.kernels.flydsl.layout`; docs/flydsl.md derives it.
 """

@@ -24,10 +24,11 @@ from pathlib import Path
 from typing import Any
 
 from ultraquant.errors import UltraQuantError
-from ultraquant.kernels.plan import Specialization
+from ultraquant.kernels.specs import Specialization
 
 from ..archs import Arch
 from ..backends import Backend
+from ..matrix import flydsl_unsupported as unsupported
 from . import isa
 
 KERNEL = "uq_decode_flydsl"
@@ -37,9 +38,6 @@ OP_MX = "decode_attention_flydsl_mx"
 """gfx950 only: scaled FP4 x FP8 MFMA for QK, hardware FP4 -> bf16 conversion for V."""
 ARCHS = ("gfx942", "gfx950")
 OPS = {OP: KERNEL, OP_MX: KERNEL_MX}
-HEAD_SIZES = (128, 256, 512)
-MAX_GQA = 16
-DTYPES = ("bf16", "fp16")
 FLYDSL_REQUIREMENT = "flydsl==0.5.0"
 WAVES_PER_BLOCK = 4
 """Waves per workgroup: they share a split's tiles round robin and fold their states through LDS,
@@ -57,25 +55,9 @@ def waves_for(head_size: int) -> int:
     return WAVES_BY_HEAD_SIZE.get(head_size, 1)
 
 
-def unsupported(config: dict[str, Any]) -> str:
-    """Why the FlyDSL decode does not serve ``config`` (matrix keys), or ``""``."""
-    d, g, bs = config.get("head_size"), config.get("gqa", 1), config.get("block_size", 16)
-    dtype = config.get("query_dtype", config.get("dtype", "bf16"))
-    if d not in HEAD_SIZES:
-        return (f"FlyDSL decode is built for head sizes {HEAD_SIZES} (below 128 a lane group would hold "
-                "no whole scale group of the QK layout)")
-    if not 1 <= g <= MAX_GQA:
-        return f"FlyDSL decode serves 1..{MAX_GQA} query heads per kv head (one 16-column MFMA tile)"
-    if bs < 16 or bs % 16:
-        return "FlyDSL decode tiles are 16 tokens inside one page: block size must be a multiple of 16"
-    if str(dtype) not in DTYPES:
-        return f"FlyDSL decode reads bf16/fp16 queries, not {dtype}"
-    return ""
-
-
 def flydsl_spec(*, kernel: str = KERNEL, **config: Any) -> Specialization:
     """The FlyDSL decode Specialization for one matrix config (the Triton spec, renamed)."""
-    from ultraquant.kernels.plans import decode_spec
+    from ultraquant.kernels.specs import decode_spec
 
     why = unsupported(config)
     if why:
@@ -115,13 +97,14 @@ class FlyDSLBackend(Backend):
         return {"flydsl": flydsl_version(), "lld": lld.splitlines()[0] if lld else "unknown"}
 
     def source_files(self) -> list[tuple[str, Path]]:
+        import ultraquant.kernels.flydsl as kernel_src
+        from ultraquant.kernels import specs
+
         here = Path(__file__).resolve().parent
         files = [(f"codegen/flydsl/{p.name}", p) for p in sorted(here.glob("*.py"))]
-        kernels = here.parent.parent / "ultraquant" / "kernels"
-        if not kernels.is_dir():  # installed: ultraquant/codegen/flydsl -> ultraquant/kernels
-            kernels = here.parent.parent / "kernels"
-        for name in ("layout_emulation.py", "plans.py", "plan.py"):
-            files.append((f"ultraquant/kernels/{name}", kernels / name))
+        src = Path(kernel_src.__file__).resolve().parent
+        files += [(f"ultraquant/kernels/flydsl/{p.name}", p) for p in sorted(src.glob("*.py"))]
+        files.append(("ultraquant/kernels/specs.py", Path(specs.__file__).resolve()))
         return files
 
     def specialize(self, op: str, config: dict[str, Any]) -> Specialization:

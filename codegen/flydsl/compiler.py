@@ -104,9 +104,9 @@ def compile_decode(arch: str, name: str, config: dict[str, Any], *, query_dtype:
     import flydsl.compiler as flyc
     from flydsl.compiler.kernel_function import CompilationContext
 
-    from ultraquant.kernels.layout_emulation import DecodeConfig
+    from ultraquant.kernels.flydsl import decode
+    from ultraquant.kernels.flydsl.layout import DecodeConfig
 
-    from . import decode
     from .isa import DESIGN_WAVES
 
     launcher = decode.build_decode(DecodeConfig(**config), arch, name=name, query_dtype=query_dtype,

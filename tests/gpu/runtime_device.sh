@@ -8,18 +8,13 @@ OUT=${OUT:-/tmp/uq_rt_out}
 mkdir -p "$OUT"
 export ULTRAQUANT_GENERATED=${ULTRAQUANT_GENERATED:-$PWD/.rtblobs}
 export ULTRAQUANT_CACHE_DIR=$(mktemp -d)
-[ -n "${UQ_NO_INSTALL:-}" ] || pip install -q --no-deps --no-build-isolation -e . >/dev/null 2>&1 || echo "pip install -e . failed"
-# ultraquant.runtime/.codegen come from package-dir mappings that the editable finder did not resolve
-# on the device image: link them inside the package so plain imports work.
-[ -e ultraquant/runtime ] || ln -s ../runtime ultraquant/runtime
-[ -e ultraquant/codegen ] || ln -s ../codegen ultraquant/codegen
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 t0=$(date +%s)
 step() { echo "== $1 at +$(( $(date +%s) - t0 ))s"; }
 nvidia-smi -L | tee "$OUT/smi.txt"
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__, 'gpus', torch.cuda.device_count())" | tee -a "$OUT/smi.txt"
 step verify-device
-timeout ${T_VERIFY:-45} python3 -c "from ultraquant.cli import main; main()" verify --device 0 2>&1 \
+timeout ${T_VERIFY:-45} python3 -m ultraquant.cli verify --device 0 2>&1 \
   | tee "$OUT/verify_device.log" | tail -4
 step gpu-tests
 timeout ${T_TESTS:-170} python3 -m pytest -q -rA -p no:cacheprovider tests/gpu/test_runtime_gpu.py -k "not memcheck" \
@@ -28,7 +23,7 @@ step multi-gpu
 timeout ${T_MULTI:-75} python3 -m pytest -q -rA -p no:cacheprovider tests/gpu/test_multi_gpu.py \
   2>&1 | tee "$OUT/multi_gpu.log" | grep -E "PASSED|FAILED|ERROR|SKIPPED|passed|failed|Error" | tail -12
 step bench
-timeout ${T_BENCH:-90} python3 -m ultraquant.runtime.bench --json "$OUT/runtime_bench.json" 2>&1 \
+timeout ${T_BENCH:-90} python3 -m ultraquant.bench.startup --json "$OUT/runtime_bench.json" 2>&1 \
   | tee "$OUT/bench.log" | tail -12
 step memcheck
 timeout ${T_MEMCHECK:-110} python3 -m pytest -q -rA -s -p no:cacheprovider tests/gpu/test_runtime_gpu.py -k memcheck \

@@ -29,7 +29,7 @@ from ultraquant.runtime import launch, loader, selftest
 import ultraquant as uq
 from ultraquant import reference as R
 from ultraquant.errors import UltraQuantError
-from ultraquant.kernels import plans
+from ultraquant.kernels import heuristics, specs, workspace
 
 pytestmark = [
     pytest.mark.gpu,
@@ -61,15 +61,15 @@ def fresh_runtime(tmp_path, monkeypatch):
     launch.reset()
 
 
-def decode_spec() -> plans.Specialization:
+def decode_spec() -> specs.Specialization:
     """The decode variant this module's calls plan on an NVIDIA GPU."""
-    return plans.decode_spec(head_size=D, gqa=HQ // HK, block_size=BS, target=plans.target_of(torch.device("cuda")))
+    return specs.decode_spec(head_size=D, gqa=HQ // HK, block_size=BS, target=specs.target_of(torch.device("cuda")))
 
 
 def store_key(encoder: str, rows: int) -> str:
     """Key of the store variant a call with ``rows`` (token, kv head) rows plans."""
-    few = rows < plans.STORE_FEW_ROWS_PER_SM * plans.num_sms(torch.device("cuda"))
-    return plans.store_spec(head_size=D, key_dtype="bf16", slot_dtype="i64", encoder=encoder, few_rows=few).key()
+    few = rows < heuristics.STORE_FEW_ROWS_PER_SM * heuristics.num_sms(torch.device("cuda"))
+    return specs.store_spec(head_size=D, key_dtype="bf16", slot_dtype="i64", encoder=encoder, few_rows=few).key()
 
 
 @pytest.fixture(scope="module")
@@ -186,7 +186,7 @@ def test_prefill_equals_jit(arch, monkeypatch, feature):
 
 @pytest.mark.parametrize("original_space", [True, False])
 def test_dequant_equals_jit(arch, monkeypatch, original_space):
-    key = plans.dequant_spec(head_size=D, block_size=BS, original_space=original_space).key()
+    key = specs.dequant_spec(head_size=D, block_size=BS, original_space=original_space).key()
     if key not in launch.index().entries[arch]:
         pytest.skip(f"{key} is not built")
     out_dtype = getattr(torch, {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}[
@@ -217,8 +217,8 @@ def test_graph_capture_after_warmup_and_replay_new_lengths(arch, monkeypatch):
     stream = torch.cuda.Stream()
     # Without warmup the first use happens inside the capture: a clear error, not a broken graph.
     graph = torch.cuda.CUDAGraph()
-    plans.decode_workspace(query.device, 1 << 22, 1 << 16, 1 << 10)  # allocate before any capture
-    plans._dummy_f32(query.device)
+    workspace.decode_workspace(query.device, 1 << 22, 1 << 16, 1 << 10)  # allocate before any capture
+    workspace._dummy_f32(query.device)
     with pytest.raises(UltraQuantError, match="warmup"):
         with torch.cuda.graph(graph, stream=stream):
             uq.decode_attention(query, cache, table, seq_lens, D ** -0.5, out=out)

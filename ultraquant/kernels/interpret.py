@@ -13,7 +13,7 @@ import os
 import sys
 from types import ModuleType
 
-_KERNEL_MODULES = ("common", "store", "dequant", "attention", "registry")
+_KERNEL_MODULES = ("triton.common", "triton.store", "triton.dequant", "triton.attention", "registry")
 
 
 def interpreted_registry() -> ModuleType:

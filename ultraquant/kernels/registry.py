@@ -1,7 +1,7 @@
 """Kernel name -> Triton JITFunction, and the Triton JIT launcher of a LaunchPlan (imports triton).
 
 Codegen compiles ``KERNELS[spec.kernel]`` with ``spec.signature``/``spec.constexprs``; the JIT path
-runs :func:`launch`. Under ``TRITON_INTERPRET=1`` (set before this module is first imported) the same
+runs :func:`jit_launch`. Under ``TRITON_INTERPRET=1`` (set before this module is first imported) the same
 kernels run on CPU tensors through Triton's interpreter, which is how CI tests them.
 """
 
@@ -11,10 +11,10 @@ from typing import Any
 
 from triton import knobs
 
-from .attention import uq_decode, uq_prefill
-from .dequant import uq_dequant_kv
-from .plan import LaunchPlan
-from .store import uq_store_kv
+from .plans import LaunchPlan
+from .triton.attention import uq_decode, uq_prefill
+from .triton.dequant import uq_dequant_kv
+from .triton.store import uq_store_kv
 
 KERNELS: dict[str, Any] = {
     "uq_store_kv": uq_store_kv,
@@ -79,7 +79,7 @@ if knobs.runtime.interpret:
     _interpreter_fixes()
 
 
-def launch(plan: LaunchPlan) -> None:
+def jit_launch(plan: LaunchPlan) -> None:
     """Run ``plan`` through Triton's JIT (compiles on first use per specialization, then caches)."""
     fn = KERNELS[plan.spec.kernel]
     extra = {} if plan.spec.maxnreg is None else {"maxnreg": plan.spec.maxnreg}

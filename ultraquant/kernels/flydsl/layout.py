@@ -31,8 +31,8 @@ from dataclasses import dataclass
 
 import torch
 
-from ..errors import UltraQuantError
-from ..format import GROUP, SlotLayout, check_head_size
+from ...errors import UltraQuantError
+from ...format import GROUP, SlotLayout, check_head_size
 
 WAVE = 64
 """Lanes per wavefront (CDNA)."""

@@ -2,7 +2,7 @@
 
 Imports flydsl: only the compile subprocess (:mod:`codegen.flydsl.compile_kernel`) loads this module.
 Every address and permutation comes from the formula functions of
-:mod:`ultraquant.kernels.layout_emulation`, the module whose pure-PyTorch emulation of this exact
+:mod:`ultraquant.kernels.flydsl.layout`, the module whose pure-PyTorch emulation of this exact
 lane layout is tested against the reference on the CPU (docs/flydsl.md has the derivation).
 
 One wave (64 lanes) computes one split of one (request, kv head): all GQA query heads of the kv head
@@ -31,8 +31,8 @@ from flydsl._mlir.dialects import llvm
 from flydsl.expr import arith, const_expr, gpu, range_constexpr, rocdl
 from flydsl.expr.typing import T
 
-from ultraquant.kernels import layout_emulation as lay
-from ultraquant.kernels.layout_emulation import LOG2E, MFMA_K, TILE, WAVE, DecodeConfig
+from ultraquant.kernels.flydsl import layout as lay
+from ultraquant.kernels.flydsl.layout import LOG2E, MFMA_K, TILE, WAVE, DecodeConfig
 
 F32_NEG_INF = float("-inf")
 
@@ -132,7 +132,7 @@ def _vselect(cond, a, b):
 def _fp8_run(vals):
     """32 float32 query values of one (head, 32-group) -> (vector<8xi32> FP8 e4m3 B operand, scale).
 
-    The shared exponent rule is :func:`ultraquant.kernels.layout_emulation.fp8_group_exponent` on the
+    The shared exponent rule is :func:`ultraquant.kernels.flydsl.layout.fp8_group_exponent` on the
     group's absmax bits: the smallest power of two that brings the absmax to <= 448. The scale operand
     is its E8M0 byte (``e + 127``) in byte 0 (opsel 0).
     """

@@ -93,8 +93,8 @@ def _nibbles_fp16_ptx(b, PURE: tl.constexpr = True):
     element where the portable integer code needs ~5 (a byte extract, shifts and a lane pack each).
     ``PURE=False`` pins the decode to the layout the bytes were loaded in: for V (whose MMA operand
     pairs tokens, not bytes) Triton then moves decoded fp16 through shared memory instead of gathering
-    single bytes. Timed on the H200 (v7b): faster at D=256 (shape C 202 -> 173 us on 8 warps), slower
-    at D=128 (shape A 265 -> 281 us) although it issues fewer instructions; the plans choose per head
+    single bytes. On the H200 that is faster at D=256 and slower at D=128 (benchmarks/NOTES.md, "v7b"),
+    although it issues fewer instructions at both; the plans choose per head
     size (constexpr ``V_IN_LOAD_LAYOUT``).
     """
     return tl.inline_asm_elementwise(

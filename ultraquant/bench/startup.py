@@ -1,7 +1,7 @@
 """Runtime benchmark (GPU): time to the first decode result with blobs vs with a cold Triton JIT, and
 host cost per decode call (ctypes AOT launcher vs Triton's launcher).
 
-``python -m ultraquant.runtime.bench [--json FILE]``. First-result runs are fresh subprocesses
+``python -m ultraquant.bench.startup [--json FILE]``. First-result runs are fresh subprocesses
 (``--child MODE``): each reports, relative to the moment the parent spawned it, when torch and the
 CUDA context were ready, when ``ultraquant`` was imported, and when the first store + decode result
 was on the host. Modes: ``aot-cold`` (blobs, empty self-test verdict cache: the self-tests run),
@@ -20,6 +20,8 @@ import sys
 import tempfile
 import time
 from typing import Any
+
+from ultraquant import config as uq_config
 
 HQ, HK, D, BS = 32, 8, 128, 16
 
@@ -77,8 +79,8 @@ def child(mode: str) -> None:
     elif dev == "cuda":
         from ultraquant.kernels import registry
 
-        registry.launch(store)
-        registry.launch(decode)
+        registry.jit_launch(store)
+        registry.jit_launch(decode)
     sync()
     marks["kernels_ready_s"] = time.time() - t0
     for name in ("first_ops_s", "second_ops_s"):
@@ -110,17 +112,18 @@ def first_result(mode: str, env: dict[str, str]) -> dict[str, Any]:
 def host_cost(calls: int = 2000) -> dict[str, float]:
     """Host microseconds per decode call: full op and bare launch, AOT vs Triton JIT."""
     import torch
-    from ultraquant.runtime import launch
-    from ultraquant.runtime.loader import Kernel
 
     import ultraquant as uq
     from ultraquant.kernels import plans, registry
+    from ultraquant.runtime import launch
+    from ultraquant.runtime.loader import Kernel
 
     p = _problem([64])
     out = torch.empty_like(p["q"])
     res: dict[str, float] = {}
     for mode in ("aot", "triton"):
         os.environ["ULTRAQUANT_BACKEND"] = mode
+        uq_config.reload()
         for _ in range(50):
             uq.decode_attention(p["q"], p["cache"], p["table"], p["lens"], D ** -0.5, out=out)
         torch.cuda.synchronize()
@@ -131,11 +134,12 @@ def host_cost(calls: int = 2000) -> dict[str, float]:
         torch.cuda.synchronize()
     plan = plans.plan_decode(p["q"], p["cache"], p["table"], p["lens"], D ** -0.5, None, None, None, out)
     os.environ["ULTRAQUANT_BACKEND"] = "aot"
+    uq_config.reload()
     kernel = launch.resolve(plan.spec, torch.cuda.current_device())
     assert isinstance(kernel, Kernel), kernel
     for name, fn in (("launch_aot_us", lambda: kernel.launch(plan.args, plan.grid)),
                      ("try_launch_aot_us", lambda: launch.try_launch(plan)),
-                     ("launch_triton_us", lambda: registry.launch(plan))):
+                     ("launch_triton_us", lambda: registry.jit_launch(plan))):
         for _ in range(50):
             fn()
         torch.cuda.synchronize()
@@ -145,6 +149,7 @@ def host_cost(calls: int = 2000) -> dict[str, float]:
         res[name] = (time.perf_counter() - t0) / calls * 1e6
         torch.cuda.synchronize()
     os.environ.pop("ULTRAQUANT_BACKEND", None)
+    uq_config.reload()
     return res
 
 

@@ -1,6 +1,6 @@
 """Run the FlyDSL decode kernel itself on the CPU: a 64-lane SIMT interpreter of its lowered MLIR.
 
-The lane-layout emulation (:mod:`ultraquant.kernels.layout_emulation`) re-implements the kernel; this
+The lane-layout emulation (:mod:`ultraquant.kernels.flydsl.layout`) re-implements the kernel; this
 module executes the kernel's *own* code, as FlyDSL lowered it (the ``canonicalize`` stage just before
 ``scf`` becomes ``cf``: arith/vector/scf/gpu/llvm/rocdl ops on ``!llvm.ptr`` arguments), one wave at
 a time, lanes in lockstep with execution masks for divergent ``scf.if``. Workgroups run one after
@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ultraquant.kernels import layout_emulation as lay
+from ultraquant.kernels.flydsl import layout as lay
 
 LANES = 64
 LDS_BYTES = 160 * 1024  # per workgroup and allocation (gfx950's limit; bounds-checked like memory)
