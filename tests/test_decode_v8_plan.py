@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from ultraquant.kernels.decode_v8_plan import decode_v8_spec, plan_decode_v8, v8_splits, v8_supports
+from ultraquant.kernels.decode_v8_plan import V8Tuning, decode_v8_spec, plan_decode_v8, v8_splits, v8_supports
 
 
 @pytest.mark.parametrize("d,gqa,hk,bs,align,target,want", [
@@ -27,14 +27,15 @@ def test_rule(d, gqa, hk, bs, align, target, want):
     assert v8_supports(head_size=d, gqa=gqa, num_kv_heads=hk, block_size=bs, align=align, target=target) is want
 
 
-def test_spec_warps_and_ring(monkeypatch):
+def test_spec_warps_and_ring():
     for hk in (1, 2, 4, 8):
         spec = decode_v8_spec(head_size=128, gqa=2, num_kv_heads=hk, block_size=64)
         assert spec.num_warps == 8 and spec.constexprs["HK"] * spec.constexprs["WT"] == 8
-    monkeypatch.setenv("ULTRAQUANT_V8_WARPS", "16")
-    monkeypatch.setenv("ULTRAQUANT_V8_MAXNREG", "128")
-    spec = decode_v8_spec(head_size=128, gqa=4, num_kv_heads=8, block_size=64, nsub=1, stages=3)
-    assert (spec.num_warps, spec.maxnreg, spec.constexprs["NSUB"], spec.constexprs["STAGES"]) == (16, 128, 1, 3)
+        assert spec.maxnreg is None and spec.constexprs["TW"] == 16 and spec.constexprs["MATH"]
+    spec = decode_v8_spec(head_size=128, gqa=4, num_kv_heads=8, block_size=64, math=False,
+                          tuning=V8Tuning(warps=16, nsub=1, stages=3, tw=32, maxnreg=128))
+    c = spec.constexprs
+    assert (spec.num_warps, spec.maxnreg, c["NSUB"], c["STAGES"], c["TW"], c["MATH"]) == (16, 128, 1, 3, 32, False)
     assert spec.constexprs["GQA_PAD"] == 4 and spec.constexprs["ROWS"] == 16
 
 
@@ -50,3 +51,6 @@ def test_plan_grid_and_workspace():
     part, ml, counter = plan.args[6], plan.args[7], plan.args[8]
     assert part.numel() >= b * hk * splits * wt * 16 * d and ml.numel() >= b * hk * splits * wt * 32
     assert counter.numel() >= b * hk and plan.spec.constexprs["ALIGN"] == 8
+    forced = plan_decode_v8(q, cache, bt, torch.ones(b, dtype=torch.int32), 0.1, None, None, None,
+                            torch.empty_like(q), tuning=V8Tuning(splits=5))
+    assert forced.grid == (b, 1, 5)

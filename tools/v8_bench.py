@@ -1,10 +1,11 @@
 """Time decode v8 (and its no-math stream: issue 14 gate 1) against the read ceiling, bf16 SDPA and v7
 in one run, timed like ``ultraquant bench`` (CUDA-graph replay, no flush, head-major caches).
 
-    python tools/v8_bench.py --json out.json [--shapes A,B,C,D] [--rings 2x4,4x3] [--splits-scale 1,2]
+    python tools/v8_bench.py --json out.json [--shapes A,B,C,D] [--rings 8:2x4,8:4x3:16] [--raw 2x3]
 
-Stream rows run every ring shape given (D=256 shapes use NSUB=1: the ring must fit shared memory);
-decode rows run where ``v8_supports`` says v8 serves the shape. Prints a table last.
+``--rings`` lists ``warps:NSUBxSTAGES[:TW]`` variants (16 warps run under a 128-register cap; D=256
+shapes run NSUB=1 and 8 warps only, stream rows only: v8's math covers D=128). ``--raw`` times the
+16-byte raw-run stream (``uq_stream_v8_raw``) with the same grid. Prints a table last.
 """
 
 from __future__ import annotations
@@ -14,12 +15,14 @@ import json
 import os
 import sys
 import traceback
+from collections.abc import Callable
+from functools import partial
 
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from ultraquant.commands.bench import (  # noqa: E402
+from ultraquant.bench.decode import (  # noqa: E402
     SHAPES,
     bench_decode,
     bench_sdpa,
@@ -27,14 +30,14 @@ from ultraquant.commands.bench import (  # noqa: E402
     measure_ceiling,
     time_graph,
 )
-from ultraquant.kernels import plans  # noqa: E402
-from ultraquant.kernels.decode_v8_plan import decode_v8, v8_splits, v8_supports  # noqa: E402
+from ultraquant.kernels.decode_v8_plan import V8Tuning, decode_v8, v8_splits, v8_supports  # noqa: E402
+from ultraquant.kernels.specs import slot_alignment  # noqa: E402
 
 
-def time_v8(p, scale: float, math: bool) -> float:
+def time_v8(p, scale: float, math: bool, tuning: V8Tuning) -> float:
     """Graph-replay microseconds of one v8 launch (``math=False``: the no-math stream)."""
     return time_graph(lambda: decode_v8(p.query, p.kv_cache, p.block_table, p.seq_lens, scale, out=p.out,
-                                        math=math))
+                                        math=math, tuning=tuning))
 
 
 def time_raw_stream(p, nsub: int, stages: int) -> float:
@@ -42,22 +45,34 @@ def time_raw_stream(p, nsub: int, stages: int) -> float:
     from ultraquant.kernels.gluon.decode_v8 import uq_stream_v8_raw
 
     B, hk, slot = p.block_table.shape[0], p.kv_cache.shape[2], p.kv_cache.shape[3]
-    wt = 8 // hk
     splits = v8_splits(B, p.block_table.shape[1] * p.kv_cache.shape[1], p.query.device)
     dst = torch.empty(B * splits * nsub * 8 * 32, dtype=torch.int32, device="cuda")
     st = p.kv_cache.stride()
     return time_graph(lambda: uq_stream_v8_raw[(B, 1, splits)](
         p.kv_cache, p.block_table, p.seq_lens, dst, splits, st[0], st[2], p.block_table.stride(0),
-        SLOT=slot, HK=hk, WT=wt, NSUB=nsub, STAGES=stages, BLOCK_SIZE=p.kv_cache.shape[1], num_warps=8,
+        SLOT=slot, HK=hk, WT=8 // hk, NSUB=nsub, STAGES=stages, BLOCK_SIZE=p.kv_cache.shape[1], num_warps=8,
         num_stages=1))
+
+
+def _variants(spec: str, d: int) -> list[V8Tuning]:
+    out = []
+    for variant in spec.split(","):
+        warps, ring, tw = (variant + ":16").split(":")[:3]
+        nsub, stages = (int(x) for x in ring.split("x"))
+        if d > 128:
+            if warps != "8":
+                continue
+            nsub = 1
+        out.append(V8Tuning(warps=int(warps), nsub=nsub, stages=stages, tw=int(tw),
+                            maxnreg=128 if warps == "16" else None))
+    return out
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--json", required=True)
     ap.add_argument("--shapes", default="A,B,C,D")
-    ap.add_argument("--rings", default="8:2x4,8:4x3,16:1x4",
-                    help="warps:NSUBxSTAGES[:TW] variants (16 warps run with a 128-register cap)")
+    ap.add_argument("--rings", default="8:2x4,8:4x3", help="warps:NSUBxSTAGES[:TW] variants")
     ap.add_argument("--splits-scale", default="1")
     ap.add_argument("--no-v7", action="store_true")
     ap.add_argument("--no-stream", action="store_true", help="skip the no-math stream rows of the variants")
@@ -70,13 +85,18 @@ def main() -> None:
 
     def add(shape: str, name: str, us: float, nbytes: int, sdpa: float | None, **extra) -> None:
         tbps = nbytes / (us * 1e-6) / 1e12
-        row = dict(shape=shape, name=name, us=us, tbps=tbps, pct_ceiling=100 * tbps / ceiling,
-                   vs_sdpa=None if sdpa is None else sdpa / us, **extra)
-        rows.append(row)
-        print(f"{shape} {name:40s} {us:8.1f} us {100 * tbps / ceiling:5.1f}% "
+        rows.append(dict(shape=shape, name=name, us=us, tbps=tbps, pct_ceiling=100 * tbps / ceiling,
+                         vs_sdpa=None if sdpa is None else sdpa / us, **extra))
+        print(f"{shape} {name:44s} {us:8.1f} us {100 * tbps / ceiling:5.1f}% "
               f"{'' if sdpa is None else f'{sdpa / us:.2f}x'}", flush=True)
         with open(a.json, "w") as f:
             json.dump(result, f, indent=1)
+
+    def attempt(shape: str, name: str, fn: Callable[[], float], nbytes: int, sdpa: float, **extra) -> None:
+        try:
+            add(shape, name, fn(), nbytes, sdpa, **extra)
+        except Exception:
+            traceback.print_exc()
 
     for shape in a.shapes.split(","):
         s = SHAPES[shape]
@@ -88,57 +108,24 @@ def main() -> None:
         scale = s["D"] ** -0.5
         for ring in [r for r in a.raw.split(",") if r]:
             nsub, stages = (int(x) for x in ring.split("x"))
-            if s["D"] > 128:
-                nsub = 1
-            try:
-                add(shape, f"v8 raw16 stream w8 ring {nsub}x{stages}", time_raw_stream(p, nsub, stages),
+            nsub = 1 if s["D"] > 128 else nsub
+            attempt(shape, f"v8 raw16 stream w8 ring {nsub}x{stages}", partial(time_raw_stream, p, nsub, stages),
                     p.stored_bytes, sdpa, nsub=nsub, stages=stages)
-            except Exception:
-                traceback.print_exc()
         base_splits = v8_splits(s["B"], p.block_table.shape[1] * s["block"], p.query.device)
-        for variant in a.rings.split(","):
-            warps, ring, tw = (variant + ":16").split(":")[:3]
-            nsub, stages = (int(x) for x in ring.split("x"))
-            if s["D"] > 128:
-                if warps != "8":
-                    continue
-                nsub = 1
-            os.environ["ULTRAQUANT_V8_NSUB"], os.environ["ULTRAQUANT_V8_STAGES"] = str(nsub), str(stages)
-            os.environ["ULTRAQUANT_V8_WARPS"] = warps
-            os.environ["ULTRAQUANT_V8_TW"] = tw
-            os.environ.pop("ULTRAQUANT_V8_MAXNREG", None)
-            if warps == "16":
-                os.environ["ULTRAQUANT_V8_MAXNREG"] = "128"
+        ok = v8_supports(head_size=s["D"], gqa=s["Hq"] // s["Hk"], num_kv_heads=s["Hk"], block_size=s["block"],
+                         align=slot_alignment(s["D"], tuple(p.kv_cache.stride()[:3])), target="cuda")
+        for base in _variants(a.rings, s["D"]):
             for k in (float(x) for x in a.splits_scale.split(",")):
-                splits = max(1, int(base_splits * k))
-                os.environ["ULTRAQUANT_V8_SPLITS"] = str(splits)
-                tag = f"w{warps} ring {nsub}x{stages} tw{tw} splits {splits}"
-                if not a.no_stream:
-                    try:
-                        us = time_v8(p, scale, False)
-                        add(shape, f"v8 stream {tag}", us, p.stored_bytes, sdpa, nsub=nsub, stages=stages,
-                            splits=splits)
-                    except Exception:
-                        traceback.print_exc()
-                ok = v8_supports(head_size=s["D"], gqa=s["Hq"] // s["Hk"], num_kv_heads=s["Hk"],
-                                 block_size=s["block"],
-                                 align=plans.slot_alignment(s["D"], tuple(p.kv_cache.stride()[:3])),
-                                 target="cuda")
-                if ok:
-                    try:
-                        us = time_v8(p, scale, True)
-                        add(shape, f"v8 decode {tag}", us, p.stored_bytes, sdpa, nsub=nsub, stages=stages,
-                            splits=splits)
-                    except Exception:
-                        traceback.print_exc()
-        for k in ("ULTRAQUANT_V8_NSUB", "ULTRAQUANT_V8_STAGES", "ULTRAQUANT_V8_SPLITS", "ULTRAQUANT_V8_WARPS",
-                  "ULTRAQUANT_V8_MAXNREG", "ULTRAQUANT_V8_TW"):
-            os.environ.pop(k, None)
+                t = V8Tuning(**{**base.__dict__, "splits": max(1, int(base_splits * k))})
+                tag = f"w{t.warps} ring {t.nsub}x{t.stages} tw{t.tw} splits {t.splits}"
+                for math in ([] if a.no_stream else [False]) + ([True] if ok else []):
+                    attempt(shape, f"v8 {'decode' if math else 'stream'} {tag}",
+                            partial(time_v8, p, scale, math, t), p.stored_bytes, sdpa, **t.__dict__)
         p = None
         torch.cuda.empty_cache()
     print("\nshape name us %ceiling vs-sdpa")
     for r in rows:
-        print(f"{r['shape']} {r['name']:40s} {r['us']:8.1f} {r['pct_ceiling']:5.1f} "
+        print(f"{r['shape']} {r['name']:44s} {r['us']:8.1f} {r['pct_ceiling']:5.1f} "
               f"{'' if r['vs_sdpa'] is None else round(r['vs_sdpa'], 2)}")
 
 

@@ -11,7 +11,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from ultraquant.commands.bench import SHAPES, make_decode_problem  # noqa: E402
+from ultraquant.bench.decode import SHAPES, make_decode_problem  # noqa: E402
 from ultraquant.kernels.decode_v8_plan import decode_v8  # noqa: E402
 
 s = SHAPES[sys.argv[1] if len(sys.argv) > 1 else "A"]

@@ -1,9 +1,10 @@
 """Decode v8 (Gluon, NVIDIA sm_90+) on a GPU against the float64 reference over the same cache bytes.
 
 Covers what v8 serves (D=128, GQA 1..16, Hk 1..8, blocks 16..128, both cache layouts): ragged lengths
-at block/split boundaries, sinks, sliding window, soft cap, V outliers 2^20 apart, NaN-poisoned
-outputs, several ring shapes and split counts, CUDA graph capture + replay with new lengths on a side
-stream. Everything else goes to v7 by ``v8_supports`` (tests/test_decode_v8_plan.py, CPU).
+at block/split boundaries (including an empty request), sinks, sliding window, soft cap, V outliers
+2^20 apart, NaN-poisoned outputs, several ring shapes, warp counts, sub-tile widths and split counts,
+CUDA graph capture + replay with new lengths on a side stream. Everything else is v7's by
+``v8_supports`` (tests/test_decode_v8_plan.py, CPU).
 """
 
 from __future__ import annotations
@@ -11,9 +12,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.gpu.test_kernels_gpu import _problem, check_close
+from tests.gpu.test_kernels_gpu import _problem, check_close, check_graph_replay_and_stream
 from ultraquant import reference as R
-from ultraquant.kernels.decode_v8_plan import decode_v8
+from ultraquant.kernels.decode_v8_plan import V8Tuning, decode_v8
 
 pytestmark = [
     pytest.mark.gpu,
@@ -33,53 +34,45 @@ CASES = {
     "gqa16-hk8-b32": ([1500, 700], 128, 8, 32, False, None, None, True),
 }
 RINGS = [(2, 4), (1, 4), (4, 3), (2, 2)]
-"""(NSUB, STAGES) ring shapes checked on the first case."""
+"""(NSUB, STAGES) ring shapes checked on one case."""
 
 
-def _run(name: str, monkeypatch, nsub: int = 2, stages: int = 4, splits: str | None = None,
-         warps: int = 8, tw: int = 16) -> None:
+def _run(name: str, tuning: V8Tuning | None = None) -> None:
+    tuning = tuning or V8Tuning()
     lens, hq, hk, bs, sinks, window, softcap, head_major = CASES[name]
-    monkeypatch.setenv("ULTRAQUANT_V8_WARPS", str(warps))
-    monkeypatch.setenv("ULTRAQUANT_V8_TW", str(tw))
-    if warps > 8:
-        monkeypatch.setenv("ULTRAQUANT_V8_MAXNREG", "128")
-    monkeypatch.setenv("ULTRAQUANT_V8_NSUB", str(nsub))
-    monkeypatch.setenv("ULTRAQUANT_V8_STAGES", str(stages))
-    if splits is not None:
-        monkeypatch.setenv("ULTRAQUANT_V8_SPLITS", splits)
     prob, query, sk = _problem(lens, hq, hk, 128, bs, head_major, seed=len(name), sinks=sinks)
     scale = 128 ** -0.5
     ref = R.decode_attention(query.float(), prob.kv_cache, prob.block_table, prob.seq_lens, scale, sinks=sk,
                              sliding_window=window, softcap=softcap)
     out = torch.full_like(query, float("nan"))
     decode_v8(query, prob.kv_cache, prob.block_table, prob.seq_lens, scale, sinks=sk, sliding_window=window,
-              softcap=softcap, out=out)
+              softcap=softcap, out=out, tuning=tuning)
     torch.cuda.synchronize()
-    check_close(out, ref, f"{name} nsub={nsub} stages={stages} splits={splits} warps={warps} tw={tw}")
+    check_close(out, ref, f"{name} {tuning}")
 
 
 @pytest.mark.parametrize("name", list(CASES))
-def test_decode_v8(name, monkeypatch):
-    _run(name, monkeypatch)
+def test_decode_v8(name):
+    _run(name)
 
 
 @pytest.mark.parametrize("nsub,stages", RINGS)
-@pytest.mark.parametrize("splits", ["1", "7", None])
-def test_decode_v8_rings_and_splits(nsub, stages, splits, monkeypatch):
-    _run("gqa4-hk8-b64-token-major", monkeypatch, nsub, stages, splits)
+@pytest.mark.parametrize("splits", [1, 7, None])
+def test_decode_v8_rings_and_splits(nsub, stages, splits):
+    _run("gqa4-hk8-b64-token-major", V8Tuning(nsub=nsub, stages=stages, splits=splits))
 
 
 @pytest.mark.parametrize("name", ["gqa4-hk8-b64-long", "gqa6-hk2-b32-window-softcap", "gqa16-hk1-b16-batch64"])
-def test_decode_v8_16_warps(name, monkeypatch):
+def test_decode_v8_16_warps(name):
     """16 warps (two token groups per kv head at Hk=8) under a 128-register cap."""
-    _run(name, monkeypatch, nsub=1, stages=4, warps=16)
+    _run(name, V8Tuning(warps=16, nsub=1, stages=4, maxnreg=128))
 
 
 @pytest.mark.parametrize("name", ["gqa4-hk8-b64-long", "gqa6-hk2-b32-window-softcap", "gqa8-hk1-b128-sinks-window",
                                   "gqa3-hk4-b64-softcap-sinks"])
-def test_decode_v8_32_token_subtiles(name, monkeypatch):
+def test_decode_v8_32_token_subtiles(name):
     """32 tokens per warp per sub-tile (one [16 x 32] score tile per warp)."""
-    _run(name, monkeypatch, nsub=1, stages=4, tw=32)
+    _run(name, V8Tuning(nsub=1, stages=4, tw=32))
 
 
 def test_decode_v8_wide_dynamic_range():
@@ -96,26 +89,6 @@ def test_decode_v8_wide_dynamic_range():
     check_close(out, ref, "wide range")
 
 
-def test_decode_v8_graph_replay_new_seq_lens():
+def test_decode_v8_graph_replay_new_seq_lens_and_stream():
     """Capture once on a side stream, replay with other seq_lens (tickets reset themselves)."""
-    capacity = [4000, 4000, 2500, 4000]
-    prob, query, _ = _problem(capacity, 16, 4, 128, 32, True, seed=99, sinks=False)
-    seq_lens = torch.tensor([4000, 1, 2500, 64], dtype=torch.int32, device="cuda")
-    out = torch.full_like(query, float("nan"))
-    scale = 128 ** -0.5
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        decode_v8(query, prob.kv_cache, prob.block_table, seq_lens, scale, out=out)
-    torch.cuda.current_stream().wait_stream(stream)
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph, stream=stream):
-        decode_v8(query, prob.kv_cache, prob.block_table, seq_lens, scale, out=out)
-    for new in ([4000, 1, 2500, 64], [17, 3999, 0, 33], [1, 1, 1, 1], [2048, 2049, 31, 4000]):
-        seq_lens.copy_(torch.tensor(new, dtype=torch.int32))
-        out.fill_(float("nan"))
-        graph.replay()
-        torch.cuda.synchronize()
-        ref = R.decode_attention(query.float(), prob.kv_cache, prob.block_table, seq_lens, scale)
-        check_close(out, ref, f"replay {new}")
+    check_graph_replay_and_stream(decode_v8)

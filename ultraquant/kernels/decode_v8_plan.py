@@ -1,101 +1,102 @@
-"""Specialization, plan rule and launch plan of decode v8 (issue 14), without importing Triton.
+"""Specialization, coverage rule and launch plan of decode v8 (issue 14), without importing Triton.
 
 v8 (``ultraquant/kernels/gluon/decode_v8.py``) is an NVIDIA sm_90+ Gluon kernel: one program owns all
-kv heads of a token range and streams whole pages through a ``cp.async`` shared-memory ring. It covers
-D = 128, GQA <= 16, 1 <= Hk <= 8 (a power of two), slots 8-byte aligned (both cache layouts), any
-block size that is a multiple of 16; :func:`v8_supports` is the rule, everything else goes to v7.
-Same run-time arguments as v7 (``DECODE_PARAMS``) and the same per-device workspace.
+kv heads of a token range and streams them through a ``cp.async`` shared-memory ring. It covers
+D = 128, GQA <= 16, 1 <= Hk <= 8 (a power of two), slots 8-byte aligned (both cache layouts), blocks
+that are a multiple of 16 tokens; :func:`v8_supports` is the rule, everything else is v7's. Same
+run-time arguments as v7 (``DECODE_PARAMS``) and the same per-device workspace. Not routed by the
+production plan yet: on the H200 it is slower than v7 (benchmarks/NOTES.md, "Decode v8").
 """
 
 from __future__ import annotations
 
-import os
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from ..format import check_head_size
-from .plan import LaunchPlan, Specialization
-from .plans import (
-    DECODE_PARAMS,
-    _cdiv,
-    _dummy_f32,
-    _pow2_at_least,
-    _signature,
-    _tname,
-    decode_workspace,
-    num_sms,
-    slot_alignment,
-)
+from .heuristics import cdiv, num_sms
+from .plans import LaunchPlan
+from .specs import DECODE_PARAMS, Specialization, _signature, _tname, pow2_at_least, slot_alignment
+from .workspace import _dummy_f32, decode_workspace
 
 V8_PROGRAMS_PER_SM = 1
-"""Programs per multiprocessor the v8 split count aims for (its ring takes most of the shared memory)."""
+"""Programs per multiprocessor the v8 split count aims for (181 registers x 8 warps and the ring's
+shared memory leave room for one)."""
 
 V8_MIN_SPLIT_TOKENS = 512
 """A v8 split never gets fewer tokens than this at the static ``max_seq_len`` bound (fewer, larger
 splits won in every prototype)."""
 
 
+@dataclass(frozen=True)
+class V8Tuning:
+    """Launch shape of v8: ``warps`` (Hk kv heads x warps/Hk token groups), a ring of ``stages`` x
+    ``nsub`` sub-tiles of ``tw`` tokens per warp, an optional register cap, an optional split count.
+    Defaults: the fastest timed on the H200 (runs 1-5)."""
+
+    warps: int = 8
+    nsub: int = 2
+    stages: int = 4
+    tw: int = 16
+    maxnreg: int | None = None
+    splits: int | None = None
+
+
 def v8_supports(*, head_size: int, gqa: int, num_kv_heads: int, block_size: int, align: int,
                 target: str) -> bool:
-    """The plan rule: True where v8 serves the decode, False where v7 does."""
+    """The coverage rule: True where v8 can serve the decode, False where v7 must."""
     return (target == "cuda" and head_size == 128 and 1 <= gqa <= 16 and num_kv_heads in (1, 2, 4, 8)
             and block_size % 16 == 0 and align % 8 == 0)
-
 
 
 def decode_v8_spec(*, head_size: int, gqa: int, num_kv_heads: int, block_size: int,
                    query_dtype: torch.dtype | str = "bf16", out_dtype: torch.dtype | str | None = None,
                    has_sinks: bool = False, has_window: bool = False, has_softcap: bool = False,
-                   align: int | None = None, math: bool = True, stages: int | None = None,
-                   nsub: int | None = None, **_: Any) -> Specialization:
-    """The v8 kernel for one config: 8 warps (Hk heads x 8/Hk token groups; ``ULTRAQUANT_V8_WARPS``),
-    a ring of ``stages`` x ``nsub`` sub-tiles of 16 tokens per warp. ``math=False`` is the no-math
-    stream of the same ring."""
+                   align: int | None = None, math: bool = True, tuning: V8Tuning = V8Tuning(),
+                   **_: Any) -> Specialization:
+    """The v8 kernel for one config (``math=False``: the no-math stream of the same grid and ring)."""
     d = check_head_size(head_size)
     hk = int(num_kv_heads)
-    warps = int(os.environ.get("ULTRAQUANT_V8_WARPS", 8))
-    maxnreg = os.environ.get("ULTRAQUANT_V8_MAXNREG")
-    wt = max(1, warps // hk)
-    nsub = int(nsub or os.environ.get("ULTRAQUANT_V8_NSUB", 2))
-    stages = int(stages or os.environ.get("ULTRAQUANT_V8_STAGES", 4))
+    wt = max(1, tuning.warps // hk)
     return Specialization(
         kernel="uq_decode_v8",
         signature=_signature(DECODE_PARAMS, query=_tname(query_dtype), out=_tname(out_dtype or query_dtype)),
         constexprs={"D": d, "LOG2D": d.bit_length() - 1, "GQA": int(gqa), "ROWS": 16,
-                    "GQA_PAD": _pow2_at_least(int(gqa)), "HK": hk, "WT": wt, "NSUB": nsub, "STAGES": stages,
-                    "TW": int(os.environ.get("ULTRAQUANT_V8_TW", 16)),
-                    "BLOCK_SIZE": int(block_size), "HAS_SINKS": bool(has_sinks),
-                    "HAS_WINDOW": bool(has_window), "HAS_SOFTCAP": bool(has_softcap),
-                    "ALIGN": int(align or slot_alignment(d)), "MATH": bool(math)},
-        num_warps=hk * wt, num_stages=1, maxnreg=int(maxnreg) if maxnreg else None)
+                    "GQA_PAD": pow2_at_least(int(gqa)), "HK": hk, "WT": wt, "NSUB": tuning.nsub,
+                    "STAGES": tuning.stages, "TW": tuning.tw, "BLOCK_SIZE": int(block_size),
+                    "HAS_SINKS": bool(has_sinks), "HAS_WINDOW": bool(has_window),
+                    "HAS_SOFTCAP": bool(has_softcap), "ALIGN": int(align or slot_alignment(d)),
+                    "MATH": bool(math)},
+        num_warps=hk * wt, num_stages=1, maxnreg=tuning.maxnreg)
 
 
-def v8_splits(batch: int, max_tokens: int, device: torch.device) -> int:
+def v8_splits(batch: int, max_tokens: int, device: torch.device, forced: int | None = None) -> int:
     """Split count from static shapes: one wave of ``V8_PROGRAMS_PER_SM`` programs per SM, never
-    splits shorter than ``V8_MIN_SPLIT_TOKENS``. ``ULTRAQUANT_V8_SPLITS`` overrides (tuning)."""
-    forced = os.environ.get("ULTRAQUANT_V8_SPLITS")
+    splits shorter than ``V8_MIN_SPLIT_TOKENS``; ``forced`` overrides (tuning)."""
     if forced:
-        return max(1, int(forced))
+        return forced
     want = (num_sms(device) * V8_PROGRAMS_PER_SM) // max(1, batch)
-    return max(1, min(want, _cdiv(max_tokens, V8_MIN_SPLIT_TOKENS)))
+    return max(1, min(want, cdiv(max_tokens, V8_MIN_SPLIT_TOKENS)))
 
 
 def plan_decode_v8(query: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tensor,
                    seq_lens: torch.Tensor, scale: float, sinks: torch.Tensor | None,
                    sliding_window: int | None, softcap: float | None, out: torch.Tensor,
-                   math: bool = True) -> LaunchPlan:
+                   math: bool = True, tuning: V8Tuning = V8Tuning()) -> LaunchPlan:
     """Launch of decode v8 (callers check :func:`v8_supports` first); grid ``(B, 1, splits)``."""
     b, hq, d = query.shape
     hk, bs = kv_cache.shape[2], kv_cache.shape[1]
     spec = decode_v8_spec(head_size=d, gqa=hq // hk, num_kv_heads=hk, block_size=bs, query_dtype=query.dtype,
                           out_dtype=out.dtype, has_sinks=sinks is not None,
                           has_window=sliding_window is not None, has_softcap=softcap is not None,
-                          align=slot_alignment(d, tuple(kv_cache.stride()[:3])), math=math)
+                          align=slot_alignment(d, tuple(kv_cache.stride()[:3])), math=math, tuning=tuning)
     c = spec.constexprs
-    splits = v8_splits(b, block_table.shape[1] * bs, query.device)
+    splits = v8_splits(b, block_table.shape[1] * bs, query.device, tuning.splits)
     parts = b * hk * splits * c["WT"]
-    part, ml, counter = decode_workspace(query.device, max(parts * c["ROWS"] * d, b * splits * 8 * 16),
+    stream_out = b * splits * spec.num_warps * c["TW"]  # the no-math stream's per-program words
+    part, ml, counter = decode_workspace(query.device, max(parts * c["ROWS"] * d, stream_out),
                                          parts * 2 * c["ROWS"], b * hk)
     args = (query, kv_cache, block_table, seq_lens, sinks if sinks is not None else _dummy_f32(query.device),
             out, part, ml, counter,
@@ -107,7 +108,8 @@ def plan_decode_v8(query: torch.Tensor, kv_cache: torch.Tensor, block_table: tor
 
 def decode_v8(query: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tensor, seq_lens: torch.Tensor,
               scale: float, sinks: torch.Tensor | None = None, sliding_window: int | None = None,
-              softcap: float | None = None, out: torch.Tensor | None = None, math: bool = True) -> torch.Tensor:
+              softcap: float | None = None, out: torch.Tensor | None = None, math: bool = True,
+              tuning: V8Tuning = V8Tuning()) -> torch.Tensor:
     """Decode through v8 on an NVIDIA GPU (same contract as ``ultraquant.decode_attention``; no
     fallback: the caller checks :func:`v8_supports`). Imports Triton lazily."""
     from .gluon.decode_v8 import launch_v8
@@ -115,8 +117,9 @@ def decode_v8(query: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Te
     if out is None:
         out = torch.empty_like(query)
     launch_v8(plan_decode_v8(query, kv_cache, block_table, seq_lens, scale, sinks, sliding_window, softcap, out,
-                             math=math))
+                             math=math, tuning=tuning))
     return out
 
 
-__all__ = ["decode_v8", "V8_PROGRAMS_PER_SM", "decode_v8_spec", "plan_decode_v8", "v8_splits", "v8_supports"]
+__all__ = ["V8Tuning", "V8_PROGRAMS_PER_SM", "decode_v8", "decode_v8_spec", "plan_decode_v8", "v8_splits",
+           "v8_supports"]
