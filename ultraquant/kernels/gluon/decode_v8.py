@@ -26,7 +26,21 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy, mma_v2
 
+from ..triton.attention import _nibble_pair
+
 LOG2E = gl.constexpr(1.4426950408889634)
+
+_FP4_SCALED_ASM = gl.constexpr(" ".join([
+    "{ .reg .b32 x, y, a, c;",
+    "prmt.b32 x, $4, 0, 0x4140;",  # bytes 0 and 1 of the input word into the two 16-bit lanes
+    "prmt.b32 y, $4, 0, 0x4342;",  # bytes 2 and 3
+    _nibble_pair("a", "x", 9, 12), "mul.rn.f16x2 $0, a, $5;",  # low nibbles of bytes 0, 1, scaled
+    _nibble_pair("a", "y", 9, 12), "mul.rn.f16x2 $1, a, $6;",
+    _nibble_pair("a", "x", 5, 8), "mul.rn.f16x2 $2, a, $5;",  # high nibbles
+    _nibble_pair("a", "y", 5, 8), "mul.rn.f16x2 $3, a, $6;",
+    "}",
+]))
+"""v7's nibble -> fp16 PTX (``_nibble_pair``) with the relative scales ($5, $6) multiplied in."""
 
 
 @gluon.constexpr_function
@@ -61,37 +75,7 @@ def _fp4_decode(b, rel):
     PRMT place byte pairs in the 16-bit lanes, shifts and masks build the subnormal pattern
     ``fp4 * 2**-14``, one ``mul.f16x2`` applies the relative scale."""
     return gl.inline_asm_elementwise(
-        asm="""
-        {
-        .reg .b32 x, y, a, c;
-        prmt.b32 x, $4, 0, 0x4140;
-        prmt.b32 y, $4, 0, 0x4342;
-        shl.b32 a, x, 9;
-        shl.b32 c, x, 12;
-        and.b32 a, a, 0x0E000E00;
-        and.b32 c, c, 0x80008000;
-        or.b32 a, a, c;
-        mul.rn.f16x2 $0, a, $5;
-        shl.b32 a, y, 9;
-        shl.b32 c, y, 12;
-        and.b32 a, a, 0x0E000E00;
-        and.b32 c, c, 0x80008000;
-        or.b32 a, a, c;
-        mul.rn.f16x2 $1, a, $6;
-        shl.b32 a, x, 5;
-        shl.b32 c, x, 8;
-        and.b32 a, a, 0x0E000E00;
-        and.b32 c, c, 0x80008000;
-        or.b32 a, a, c;
-        mul.rn.f16x2 $2, a, $5;
-        shl.b32 a, y, 5;
-        shl.b32 c, y, 8;
-        and.b32 a, a, 0x0E000E00;
-        and.b32 c, c, 0x80008000;
-        or.b32 a, a, c;
-        mul.rn.f16x2 $3, a, $6;
-        }
-        """,
+        asm=_FP4_SCALED_ASM,
         constraints="=r,=r,=r,=r,r,r,r",
         args=[b, rel],
         dtype=(gl.float16, gl.float16),
