@@ -1,9 +1,10 @@
 """Specialization, coverage rule and launch plan of decode v8 (issue 14), without importing Triton.
 
 v8 (``ultraquant/kernels/gluon/decode_v8.py``) is an NVIDIA sm_90+ Gluon kernel: one program owns all
-kv heads of a token range and streams them through a ``cp.async`` shared-memory ring. It covers
-D = 128, GQA <= 16, 1 <= Hk <= 8 (a power of two), slots 8-byte aligned (both cache layouts), blocks
-that are a multiple of 16 tokens; :func:`v8_supports` is the rule, everything else is v7's. Same
+kv heads of a token range and streams them through a ``cp.async`` shared-memory ring of whole 16-token
+runs. It covers D = 128, GQA <= 16, 1 <= Hk <= 8 (a power of two), blocks that are a multiple of 16
+tokens, head-major caches whose 16-token runs are contiguous and 16-byte aligned
+(:func:`whole_runs`); :func:`v8_supports` is the rule, everything else is v7's. Same
 run-time arguments as v7 (``DECODE_PARAMS``) and the same per-device workspace. Not routed by the
 production plan yet: on the H200 it is slower than v7 (benchmarks/NOTES.md, "Decode v8").
 """
@@ -15,10 +16,11 @@ from typing import Any
 
 import torch
 
-from ..format import check_head_size
+from ..errors import UltraQuantError
+from ..format import check_head_size, slot_size
 from .heuristics import cdiv, num_sms
 from .plans import LaunchPlan
-from .specs import DECODE_PARAMS, Specialization, _signature, _tname, pow2_at_least, slot_alignment
+from .specs import DECODE_PARAMS, Specialization, _signature, _tname, pow2_at_least
 from .workspace import _dummy_f32, decode_workspace
 
 V8_PROGRAMS_PER_SM = 1
@@ -44,17 +46,25 @@ class V8Tuning:
     splits: int | None = None
 
 
-def v8_supports(*, head_size: int, gqa: int, num_kv_heads: int, block_size: int, align: int,
+def whole_runs(head_size: int, strides: tuple[int, ...]) -> bool:
+    """True when the cache's ``(block, token, head)`` byte strides make every 16-token run of one kv
+    head one contiguous, 16-byte aligned piece (head-major pages): v8 copies runs whole."""
+    sb, st, sh = (int(x) for x in strides[:3])
+    return st == slot_size(head_size) and sb % 16 == 0 and sh % 16 == 0
+
+
+def v8_supports(*, head_size: int, gqa: int, num_kv_heads: int, block_size: int, runs: bool,
                 target: str) -> bool:
-    """The coverage rule: True where v8 can serve the decode, False where v7 must."""
+    """The coverage rule: True where v8 can serve the decode, False where v7 must (``runs``:
+    :func:`whole_runs` of the cache)."""
     return (target == "cuda" and head_size == 128 and 1 <= gqa <= 16 and num_kv_heads in (1, 2, 4, 8)
-            and block_size % 16 == 0 and align % 8 == 0)
+            and block_size % 16 == 0 and runs)
 
 
 def decode_v8_spec(*, head_size: int, gqa: int, num_kv_heads: int, block_size: int,
                    query_dtype: torch.dtype | str = "bf16", out_dtype: torch.dtype | str | None = None,
                    has_sinks: bool = False, has_window: bool = False, has_softcap: bool = False,
-                   align: int | None = None, math: bool = True, tuning: V8Tuning = V8Tuning(),
+                   math: bool = True, tuning: V8Tuning = V8Tuning(),
                    **_: Any) -> Specialization:
     """The v8 kernel for one config (``math=False``: the no-math stream of the same grid and ring)."""
     d = check_head_size(head_size)
@@ -67,8 +77,7 @@ def decode_v8_spec(*, head_size: int, gqa: int, num_kv_heads: int, block_size: i
                     "GQA_PAD": pow2_at_least(int(gqa)), "HK": hk, "WT": wt, "NSUB": tuning.nsub,
                     "STAGES": tuning.stages, "TW": tuning.tw, "BLOCK_SIZE": int(block_size),
                     "HAS_SINKS": bool(has_sinks), "HAS_WINDOW": bool(has_window),
-                    "HAS_SOFTCAP": bool(has_softcap), "ALIGN": int(align or slot_alignment(d)),
-                    "MATH": bool(math)},
+                    "HAS_SOFTCAP": bool(has_softcap), "MATH": bool(math)},
         num_warps=hk * wt, num_stages=1, maxnreg=tuning.maxnreg)
 
 
@@ -88,10 +97,13 @@ def plan_decode_v8(query: torch.Tensor, kv_cache: torch.Tensor, block_table: tor
     """Launch of decode v8 (callers check :func:`v8_supports` first); grid ``(B, 1, splits)``."""
     b, hq, d = query.shape
     hk, bs = kv_cache.shape[2], kv_cache.shape[1]
+    if not whole_runs(d, tuple(kv_cache.stride())):
+        raise UltraQuantError(f"decode v8 reads whole 16-token runs: needs a head-major cache with 16-byte aligned "
+                              f"pages (strides {tuple(kv_cache.stride())}); use decode_attention (v7)")
     spec = decode_v8_spec(head_size=d, gqa=hq // hk, num_kv_heads=hk, block_size=bs, query_dtype=query.dtype,
                           out_dtype=out.dtype, has_sinks=sinks is not None,
                           has_window=sliding_window is not None, has_softcap=softcap is not None,
-                          align=slot_alignment(d, tuple(kv_cache.stride()[:3])), math=math, tuning=tuning)
+                          math=math, tuning=tuning)
     c = spec.constexprs
     splits = v8_splits(b, block_table.shape[1] * bs, query.device, tuning.splits)
     parts = b * hk * splits * c["WT"]
@@ -122,4 +134,4 @@ def decode_v8(query: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Te
 
 
 __all__ = ["V8Tuning", "V8_PROGRAMS_PER_SM", "decode_v8", "decode_v8_spec", "plan_decode_v8", "v8_splits",
-           "v8_supports"]
+           "v8_supports", "whole_runs"]

@@ -56,6 +56,27 @@ def _v_layout(nw, tw):
         shape=[nw, tw, 8, 8])
 
 
+@gluon.constexpr_function
+def _with_unit_axes(layout, n):
+    """Linear ``layout`` with ``n`` trailing size-1 axes (to load a sliced shared view)."""
+    def ins(bases):
+        return [list(b) + [0] * n for b in bases]
+    return gl.DistributedLinearLayout(ins(layout.reg_bases), ins(layout.lane_bases), ins(layout.warp_bases),
+                                      ins(layout.block_bases), list(layout.shape) + [1] * n)
+
+
+@gluon.jit
+def _piece(view, shape: gl.constexpr, layout: gl.constexpr):
+    """Load index 0 of every trailing axis of a ring view past ``shape`` (the slot piece, not the rest
+    of the slot) as ``shape`` in ``layout``; no data moves between threads."""
+    R: gl.constexpr = len(shape)
+    if len(view.shape) == R + 2:
+        view = view.slice(0, 1, R + 1)
+    view = view.slice(0, 1, R)
+    x = view.load(_with_unit_axes(gl.to_linear_layout(layout, shape), len(view.shape) - R))
+    return gl.convert_layout(gl.reshape(x, shape), layout)
+
+
 @gluon.jit
 def _pow2(e):
     """``2**e`` as an exact float32 for int32 ``e`` in [-126, 127] (0.0 below)."""
@@ -117,47 +138,51 @@ def _fwht_rows(x, NW: gl.constexpr, R: gl.constexpr, D: gl.constexpr, LOG2D: gl.
 
 
 @gluon.jit
-def _issue_stage(kc, ks, vc, vs, first, cache_ptr, bt_row, t0, t_hi, stride_cb, stride_ct, stride_ch,
-                 NSUB: gl.constexpr, NW: gl.constexpr, WT: gl.constexpr, H: gl.constexpr, G: gl.constexpr,
-                 BLOCK_SIZE: gl.constexpr, ALIGN: gl.constexpr, TW: gl.constexpr):
-    """Start the async copies of tokens ``[t0, t0 + NSUB*WT*TW)`` of every kv head into ring entries
-    ``first .. first + NSUB - 1`` (``kc``/``vc``: [., NW, TW, H/4] words, ``ks``/``vs``: [., NW, TW];
-    warp slot ``w`` = (head ``w // WT``, TW-token group ``w % WT``)). Tokens at or past ``t_hi`` are
-    zero-filled."""
-    CW: gl.constexpr = H // 4
-    CL: gl.constexpr = gl.BlockedLayout([1, 1, 2], [1, 4, 8], [NW, 1, 1], [2, 1, 0])
-    SL: gl.constexpr = gl.BlockedLayout([1, 1], [2, 16], [NW, 1], [1, 0])
-    word = gl.expand_dims(gl.expand_dims(gl.arange(0, CW, gl.SliceLayout(0, gl.SliceLayout(1, CL))), 0), 1)
-    for j in gl.static_range(NSUB):
-        tj = t0 + j * (WT * TW)
-        base, ok = _slot_offsets(bt_row, tj, t_hi, stride_cb, stride_ct, stride_ch, NW, WT, BLOCK_SIZE, ALIGN, TW, SL)
-        async_copy.async_copy_global_to_shared(ks.index(first + j),
-                                               (cache_ptr + base + H).to(gl.pointer_type(gl.int32)), mask=ok)
-        async_copy.async_copy_global_to_shared(vs.index(first + j),
-                                               (cache_ptr + base + (2 * H + G)).to(gl.pointer_type(gl.int32)), mask=ok)
-        cbase, cok = _slot_offsets(bt_row, tj, t_hi, stride_cb, stride_ct, stride_ch, NW, WT, BLOCK_SIZE, ALIGN,
-                                   TW, gl.SliceLayout(2, CL))
-        cbase = gl.expand_dims(cbase, 2)
-        cmask = gl.expand_dims(cok, 2) & (word >= 0)
-        # int32 pointers first, then the word index: 8-byte copies where the slot alignment allows
-        kp = gl.multiple_of((cache_ptr + cbase).to(gl.pointer_type(gl.int32)), [ALIGN, ALIGN, ALIGN])
-        async_copy.async_copy_global_to_shared(kc.index(first + j), kp + word, mask=cmask)
-        vp = (cache_ptr + cbase + (H + G)).to(gl.pointer_type(gl.int32))
-        async_copy.async_copy_global_to_shared(vc.index(first + j), vp + word, mask=cmask)
+def _issue_stage(ring, stage, cache_ptr, bt_row, t0, t_hi, stride_cb, stride_ch, NSUB: gl.constexpr,
+                 NW: gl.constexpr, WT: gl.constexpr, SLOT: gl.constexpr, BLOCK_SIZE: gl.constexpr):
+    """Start the async copies of tokens ``[t0, t0 + NSUB*WT*16)`` of every kv head into ring stage
+    ``stage``: ``NR = NSUB*NW`` runs (run ``q = j*NW + w``: kv head ``w // WT``, the 16 tokens
+    ``t0 + j*WT*16 + (w % WT)*16``), each ``16*SLOT`` contiguous bytes of a head-major page, copied
+    whole as ``SLOT/8`` rows of 128 B: ``16*NR`` rows with 16-byte ``cp.async``, the last ``NR`` rows with
+    ``min(NSUB, 4)*4``-byte ones. Runs starting at or past ``t_hi`` are zero-filled (no read)."""
+    NR: gl.constexpr = NSUB * NW
+    RUN: gl.constexpr = SLOT // 8                     # 128-byte rows per run (17 at SLOT = 136)
+    V: gl.constexpr = 4 if NSUB >= 4 else NSUB          # words per copy of the last rows
+    ROWS: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [1, 0])
+    CL: gl.constexpr = gl.BlockedLayout([1, 4], [4, 8], [NW, 1], [1, 0])
+    RL: gl.constexpr = gl.BlockedLayout([1, V], [V, 32 // V], [NW, 1], [1, 0])
+    rows = ring.index(stage)._reinterpret(gl.int32, [NR * 32, 32], ROWS)
+    one_block: gl.constexpr = BLOCK_SIZE % (NSUB * WT * 16) == 0
+    blk = 0
+    if one_block:
+        blk = gl.load(bt_row + t0 // BLOCK_SIZE, mask=t0 < t_hi, other=0).to(gl.int64)
+    r = gl.expand_dims(gl.arange(0, NR * (RUN - 1), gl.SliceLayout(1, CL)), 1)
+    base, ok = _run_rows(r, RUN, bt_row, t0, t_hi, stride_cb, stride_ch, blk, one_block,
+                         NW, WT, SLOT, BLOCK_SIZE)
+    w = gl.expand_dims(gl.arange(0, 32, gl.SliceLayout(0, CL)), 0)
+    p = gl.multiple_of((cache_ptr + base).to(gl.pointer_type(gl.int32)), [16, 16])
+    async_copy.async_copy_global_to_shared(rows.slice(0, NR * (RUN - 1)), p + w, mask=ok & (w >= 0))
+    r2 = gl.expand_dims(gl.arange(0, NR, gl.SliceLayout(1, RL)), 1) + NR * (RUN - 1)
+    base2, ok2 = _run_rows(r2, RUN, bt_row, t0, t_hi, stride_cb, stride_ch, blk, one_block,
+                           NW, WT, SLOT, BLOCK_SIZE)
+    w2 = gl.expand_dims(gl.arange(0, 32, gl.SliceLayout(0, RL)), 0)
+    p2 = gl.multiple_of((cache_ptr + base2).to(gl.pointer_type(gl.int32)), [16, 16])
+    async_copy.async_copy_global_to_shared(rows.slice(NR * (RUN - 1), NR), p2 + w2, mask=ok2 & (w2 >= 0))
 
 
 @gluon.jit
-def _slot_offsets(bt_row, t0, t_hi, stride_cb, stride_ct, stride_ch, NW: gl.constexpr, WT: gl.constexpr,
-                  BLOCK_SIZE: gl.constexpr, ALIGN: gl.constexpr, TW: gl.constexpr, L: gl.constexpr):
-    """Byte offsets of the ``[NW, TW]`` slots of one sub-tile (warp slot ``w`` = head ``w // WT``,
-    tokens ``t0 + (w % WT)*TW + n``) in layout ``L``, and which tokens exist (``< t_hi``)."""
-    w = gl.expand_dims(gl.arange(0, NW, gl.SliceLayout(1, L)), 1)
-    n = gl.expand_dims(gl.arange(0, TW, gl.SliceLayout(0, L)), 0)
-    tok = t0 + (w % WT) * TW + n
+def _run_rows(r, RUN: gl.constexpr, bt_row, t0, t_hi, stride_cb, stride_ch, blk, one_block: gl.constexpr,
+              NW: gl.constexpr, WT: gl.constexpr, SLOT: gl.constexpr, BLOCK_SIZE: gl.constexpr):
+    """Byte offsets in the cache of the stage rows ``r`` (row ``r`` = 128-byte piece ``r % RUN`` of run
+    ``r // RUN``) and which rows to read (their run starts before ``t_hi``)."""
+    q = r // RUN
+    w = q % NW
+    tok = t0 + (q // NW) * (WT * 16) + (w % WT) * 16
     ok = tok < t_hi
-    blk = gl.load(bt_row + tok // BLOCK_SIZE, mask=ok, other=0)
-    base = gl.multiple_of(blk.to(gl.int64) * stride_cb + (tok % BLOCK_SIZE).to(gl.int64) * stride_ct
-                          + (w // WT).to(gl.int64) * stride_ch, [ALIGN, ALIGN])
+    if not one_block:
+        blk = gl.load(bt_row + tok // BLOCK_SIZE, mask=ok, other=0).to(gl.int64)
+    base = (blk * stride_cb + (w // WT).to(gl.int64) * stride_ch
+            + ((tok % BLOCK_SIZE) * SLOT + (r % RUN) * 128).to(gl.int64))
     return base, ok
 
 
@@ -169,17 +194,15 @@ def uq_decode_v8(q_ptr, cache_ptr, bt_ptr, seqlen_ptr, sinks_ptr, out_ptr, part_
                  D: gl.constexpr, LOG2D: gl.constexpr, GQA: gl.constexpr, ROWS: gl.constexpr,
                  GQA_PAD: gl.constexpr, HK: gl.constexpr, WT: gl.constexpr, NSUB: gl.constexpr,
                  STAGES: gl.constexpr, TW: gl.constexpr, BLOCK_SIZE: gl.constexpr, HAS_SINKS: gl.constexpr,
-                 HAS_WINDOW: gl.constexpr, HAS_SOFTCAP: gl.constexpr, ALIGN: gl.constexpr,
-                 MATH: gl.constexpr):
+                 HAS_WINDOW: gl.constexpr, HAS_SOFTCAP: gl.constexpr, MATH: gl.constexpr):
     """Whole-page split-KV paged decode, grid ``(B, 1, num_splits)``; see the module docstring."""
-    gl.static_assert(D == 128 or not MATH, "decode v8: D=128 only")
+    gl.static_assert(D == 128, "decode v8: D=128 only (the ring's padded views are built for 136-byte slots)")
     gl.static_assert(ROWS == 16, "decode v8: GQA <= 16 (16 MMA rows)")
-    gl.static_assert(ALIGN % 8 == 0, "decode v8: slots must be 8-byte aligned")
+    gl.static_assert(TW == 16, "decode v8: 16-token runs per warp")
     NW: gl.constexpr = gl.num_warps()
     gl.static_assert(NW == HK * WT, "decode v8: num_warps must be HK * WT")
     H: gl.constexpr = D // 2
     G: gl.constexpr = D // 32
-    CW: gl.constexpr = H // 4
     TT: gl.constexpr = NSUB * WT * TW
 
     # ---- layouts: warp = MMA batch
@@ -194,18 +217,30 @@ def uq_decode_v8(q_ptr, cache_ptr, bt_ptr, seqlen_ptr, sinks_ptr, out_ptr, part_
     TOK: gl.constexpr = gl.SliceLayout(1, MMA)          # [NW, TW] score columns
     VL: gl.constexpr = _v_layout(NW, TW)
     QL: gl.constexpr = gl.BlockedLayout([1, 1, D], [1, 32, 1], [NW, 1, 1], [2, 1, 0])
-    # ring entries are the leading dimension (the layouts describe one entry)
-    S2: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [1, 0])
-    S3: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [2, 1, 0])
-    S4: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [3, 2, 1, 0])
-
-    # ---- ring buffers: STAGES x NSUB sub-tiles of [NW, 16] slots
-    kc8 = gl.allocate_shared_memory(gl.uint8, [STAGES * NSUB, NW, TW, H], S3)
-    vc8 = gl.allocate_shared_memory(gl.uint8, [STAGES * NSUB, NW, TW, H // 8, 8], S4)
-    ks = gl.allocate_shared_memory(gl.int32, [STAGES * NSUB, NW, TW], S2)
-    vs = gl.allocate_shared_memory(gl.int32, [STAGES * NSUB, NW, TW], S2)
-    kc32 = kc8._reinterpret(gl.int32, [STAGES * NSUB, NW, TW, CW], S3)
-    vc32 = vc8._reinterpret(gl.int32, [STAGES * NSUB, NW, TW, CW], S3)
+    # ---- the ring: STAGES x NR runs of 16 whole slots (16 x 136 B), run q at 2176*q bytes. Entries are
+    # the leading dimension (the layouts describe one entry; padding counts over the whole buffer).
+    NR: gl.constexpr = NSUB * NW
+    SLOT: gl.constexpr = 2 * (H + G)
+    RING: gl.constexpr = gl.PaddedSharedLayout.with_identity_for([[512, 32]], [NR, 512], [1, 0])
+    ring = gl.allocate_shared_memory(gl.int32, [STAGES, NR, 512], RING)
+    # math views of sub-tile entries (NW runs): K codes at slot byte 0, V codes at byte H + G, the scale
+    # words at words H/4 and SLOT/4 - 1. Each view is [NW, TW, 2, n] over 2n-element slot pieces padded
+    # to the slot (128 + 8 bytes, 32 + 2 words) and based at its piece's offset; slicing index 0 of the
+    # size-2 axis skips the rest of the slot (shared layouts cannot broadcast)
+    FLAT: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])
+    PB: gl.constexpr = gl.PaddedSharedLayout.with_identity_for([[2 * H, SLOT - 2 * H]], [NW, TW, 2, H], [3, 2, 1, 0])
+    PV: gl.constexpr = gl.PaddedSharedLayout.with_identity_for([[2 * H, SLOT - 2 * H]], [NW, TW, 2, H // 8, 8],
+                                                               [4, 3, 2, 1, 0])
+    PWD: gl.constexpr = gl.PaddedSharedLayout.with_identity_for([[32, SLOT // 4 - 32]], [NW, TW, 2, 16], [3, 2, 1, 0])
+    E: gl.constexpr = STAGES * NSUB
+    bytes8 = ring._reinterpret(gl.uint8, [STAGES * NR * 4096], FLAT)
+    words = ring._reinterpret(gl.int32, [STAGES * NR * 1024], FLAT)
+    kc8 = ring._reinterpret(gl.uint8, [E, NW, TW, 2, H], PB)
+    vc8 = bytes8.slice(H + G, 4)._reinterpret(gl.uint8, [E, NW, TW, 2, H // 8, 8], PV)
+    ks = words.slice(H // 4, H // 4)._reinterpret(gl.int32, [E, NW, TW, 2, 16], PWD)
+    vs = words.slice(SLOT // 4 - 1, 1)._reinterpret(gl.int32, [E, NW, TW, 2, 16], PWD)
+    KW: gl.constexpr = gl.SliceLayout(1, KB)            # [NW, TW] K scale words
+    VW: gl.constexpr = gl.SliceLayout(2, gl.SliceLayout(3, VL))  # [NW, TW] V scale words
 
     b = gl.program_id(0)
     sp = gl.program_id(2)
@@ -213,16 +248,17 @@ def uq_decode_v8(q_ptr, cache_ptr, bt_ptr, seqlen_ptr, sinks_ptr, out_ptr, part_
     lo = 0
     if HAS_WINDOW:
         lo = gl.maximum(length - window, 0)
-    per = gl.cdiv(gl.cdiv(length - lo, num_splits), TT) * TT
-    t_lo = lo + sp * per
+    lo_run = (lo // TT) * TT  # stages start on TT-token boundaries (whole runs); tokens below lo are masked
+    per = gl.cdiv(gl.cdiv(length - lo_run, num_splits), TT) * TT
+    t_lo = lo_run + sp * per
     t_hi = gl.minimum(t_lo + per, length)
     n_it = gl.cdiv(gl.maximum(t_hi - t_lo, 0), TT)
     bt_row = bt_ptr + b.to(gl.int64) * stride_btb
 
     # ---- prologue: STAGES - 1 stages in flight
     for i in gl.static_range(STAGES - 1):
-        _issue_stage(kc32, ks, vc32, vs, i * NSUB, cache_ptr, bt_row, t_lo + i * TT, t_hi,
-                     stride_cb, stride_ct, stride_ch, NSUB, NW, WT, H, G, BLOCK_SIZE, ALIGN, TW)
+        _issue_stage(ring, i, cache_ptr, bt_row, t_lo + i * TT, t_hi, stride_cb, stride_ch, NSUB, NW, WT, SLOT,
+                     BLOCK_SIZE)
         async_copy.commit_group()
 
     # ---- query: rotate, scale, fp16 halves times a per-row power of two (as v7), once
@@ -265,24 +301,24 @@ def uq_decode_v8(q_ptr, cache_ptr, bt_ptr, seqlen_ptr, sinks_ptr, out_ptr, part_
     m_i = gl.full([NW, ROWS], float("-inf"), gl.float32, ROW)
     l_i = gl.zeros([NW, ROWS], gl.float32, ROW)
     run = gl.full([NW], -254, gl.int32, WARP)
-    sink_acc = gl.zeros([NW, TW], gl.int32, gl.SliceLayout(1, KB))
+    sink_acc = gl.zeros([NW, TW], gl.int32, KW)
     for it in range(n_it):
         # stage `it` landed (at most STAGES - 2 younger groups pending); the barrier also retires
         # every warp's reads of the buffer the next issue overwrites
         async_copy.wait_group(STAGES - 2)
         gl.thread_barrier()
         nxt = (it + STAGES - 1) % STAGES
-        _issue_stage(kc32, ks, vc32, vs, nxt * NSUB, cache_ptr, bt_row, t_lo + (it + STAGES - 1) * TT, t_hi,
-                     stride_cb, stride_ct, stride_ch, NSUB, NW, WT, H, G, BLOCK_SIZE, ALIGN, TW)
+        _issue_stage(ring, nxt, cache_ptr, bt_row, t_lo + (it + STAGES - 1) * TT, t_hi, stride_cb, stride_ch, NSUB,
+                     NW, WT, SLOT, BLOCK_SIZE)
         async_copy.commit_group()
         cur = (it % STAGES) * NSUB
         t0 = t_lo + it * TT
         for j in gl.static_range(NSUB):
-            kw = ks.index(cur + j).load(gl.SliceLayout(1, KB))
+            kw = _piece(ks.index(cur + j), [NW, TW], KW)
             if MATH:
                 # K: relative scales, decode, QK on the tensor cores
                 ktop = _token_top(kw)
-                kb = kc8.index(cur + j).permute([0, 2, 1]).load(KB)
+                kb = _piece(kc8.index(cur + j).permute([0, 3, 1, 2]), [NW, H, TW], KB)
                 krel = _rel_scale(gl.expand_dims(kw, 1), gl.expand_dims(ktop, 1), kgroup)
                 k_lo, k_hi = _fp4_decode(kb, krel)
                 s = mma_v2(q_e, k_lo, gl.zeros([NW, ROWS, TW], gl.float32, MMA))
@@ -297,7 +333,10 @@ def uq_decode_v8(q_ptr, cache_ptr, bt_ptr, seqlen_ptr, sinks_ptr, out_ptr, part_
                     s = s + gl.expand_dims(rowbias, 2)
                 else:
                     s = gl.fma(s, gl.expand_dims(rowfac, 2), gl.expand_dims(rowbias, 2))
-                s = gl.where(gl.expand_dims(ts < t_hi, 1), s, float("-inf"))
+                live = ts < t_hi
+                if HAS_WINDOW:
+                    live = live & (ts >= lo)
+                s = gl.where(gl.expand_dims(live, 1), s, float("-inf"))
                 m_new = gl.maximum(m_i, gl.max(s, axis=2))
                 m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)
                 alpha = gl.exp2(m_i - m_safe)
@@ -306,9 +345,9 @@ def uq_decode_v8(q_ptr, cache_ptr, bt_ptr, seqlen_ptr, sinks_ptr, out_ptr, part_
                 m_i = m_new
 
                 # V: scale word per token, reference exponent from the largest contribution
-                vw = gl.expand_dims(vs.index(cur + j).load(gl.SliceLayout(2, SV)), 2)
+                vw = gl.expand_dims(_piece(vs.index(cur + j), [NW, TW], VW), 2)
                 vtop = _token_top(vw)
-                vb = vc8.index(cur + j).load(VL)
+                vb = _piece(vc8.index(cur + j).permute([0, 1, 3, 4, 2]), [NW, TW, H // 8, 8], VL)
                 vrel = _rel_scale(gl.expand_dims(vw, 3), gl.expand_dims(vtop, 3), vgroup)
                 vb = gl.convert_layout(gl.reshape(gl.permute(vb, [0, 1, 3, 2]), [NW, TW, H]), VB)
                 vrel = gl.convert_layout(gl.reshape(gl.permute(vrel, [0, 1, 3, 2]), [NW, TW, H]), VB)
