@@ -6,25 +6,54 @@ from __future__ import annotations
 import pytest
 import torch
 
-from ultraquant.kernels.decode_v8_plan import V8Tuning, decode_v8_spec, plan_decode_v8, v8_splits, v8_supports
+from ultraquant.errors import UltraQuantError
+from ultraquant.kernels.decode_v8_plan import (
+    V8Tuning,
+    decode_v8_spec,
+    plan_decode_v8,
+    v8_splits,
+    v8_supports,
+    whole_runs,
+)
 
 
-@pytest.mark.parametrize("d,gqa,hk,bs,align,target,want", [
-    (128, 4, 8, 64, 8, "cuda", True),
-    (128, 16, 1, 16, 8, "cuda", True),
-    (128, 1, 4, 128, 16, "cuda", True),
-    (256, 8, 2, 64, 16, "cuda", False),   # D != 128 -> v7
-    (64, 4, 8, 64, 4, "cuda", False),
-    (128, 32, 1, 64, 8, "cuda", False),   # GQA > 16
-    (128, 4, 16, 64, 8, "cuda", False),   # Hk = 16
-    (128, 4, 3, 64, 8, "cuda", False),    # Hk not a power of two
-    (128, 4, 8, 8, 8, "cuda", False),     # block smaller than a 16-token group
-    (128, 4, 8, 64, 4, "cuda", False),    # slots only 4-byte aligned
-    (128, 4, 8, 64, 8, "hip", False),     # AMD -> v7
-    (128, 4, 8, 64, 8, "portable", False),
+@pytest.mark.parametrize("d,gqa,hk,bs,runs,target,want", [
+    (128, 4, 8, 64, True, "cuda", True),
+    (128, 16, 1, 16, True, "cuda", True),
+    (128, 1, 4, 128, True, "cuda", True),
+    (256, 8, 2, 64, True, "cuda", False),   # D != 128 -> v7
+    (64, 4, 8, 64, True, "cuda", False),
+    (128, 32, 1, 64, True, "cuda", False),   # GQA > 16
+    (128, 4, 16, 64, True, "cuda", False),   # Hk = 16
+    (128, 4, 3, 64, True, "cuda", False),    # Hk not a power of two
+    (128, 4, 8, 8, True, "cuda", False),     # block smaller than a 16-token run
+    (128, 4, 8, 64, False, "cuda", False),   # token-major (runs not contiguous)
+    (128, 4, 8, 64, True, "hip", False),     # AMD -> v7
+    (128, 4, 8, 64, True, "portable", False),
 ])
-def test_rule(d, gqa, hk, bs, align, target, want):
-    assert v8_supports(head_size=d, gqa=gqa, num_kv_heads=hk, block_size=bs, align=align, target=target) is want
+def test_rule(d, gqa, hk, bs, runs, target, want):
+    assert v8_supports(head_size=d, gqa=gqa, num_kv_heads=hk, block_size=bs, runs=runs, target=target) is want
+
+
+def test_whole_runs():
+    """Head-major pages: 16-token runs contiguous and 16-byte aligned; token-major or odd strides: not."""
+    head_major = torch.zeros(4, 8, 64, 136, dtype=torch.uint8).permute(0, 2, 1, 3)
+    token_major = torch.zeros(4, 64, 8, 136, dtype=torch.uint8)
+    assert whole_runs(128, head_major.stride(), 8) and not whole_runs(128, token_major.stride(), 8)
+    assert whole_runs(128, token_major[:, :, :1].stride(), 1)           # one kv head: its runs are contiguous
+    assert not whole_runs(128, (8 * 64 * 136 + 8, 136, 64 * 136), 8)   # blocks 8-byte aligned only
+    assert not whole_runs(64, head_major.stride(), 8)                   # 136-byte slots are D=128's
+
+
+def test_plan_rejects_token_major_and_bad_tuning():
+    q = torch.randn(2, 8, 128)
+    bt = torch.zeros(2, 4, dtype=torch.int32)
+    token_major = torch.zeros(10, 64, 2, 136, dtype=torch.uint8)
+    with pytest.raises(UltraQuantError, match="whole 16-token runs"):
+        plan_decode_v8(q, token_major, bt, torch.ones(2, dtype=torch.int32), 0.1, None, None, None, q.clone())
+    for bad in (V8Tuning(tw=32), V8Tuning(stages=3), V8Tuning(stages=1), V8Tuning(nsub=3)):
+        with pytest.raises(UltraQuantError, match="power-of-two"):
+            decode_v8_spec(head_size=128, gqa=4, num_kv_heads=2, block_size=64, tuning=bad)
 
 
 def test_spec_warps_and_ring():
@@ -33,9 +62,10 @@ def test_spec_warps_and_ring():
         assert spec.num_warps == 8 and spec.constexprs["HK"] * spec.constexprs["WT"] == 8
         assert spec.maxnreg is None and spec.constexprs["TW"] == 16 and spec.constexprs["MATH"]
     spec = decode_v8_spec(head_size=128, gqa=4, num_kv_heads=8, block_size=64, math=False,
-                          tuning=V8Tuning(warps=16, nsub=1, stages=3, tw=32, maxnreg=128))
+                          tuning=V8Tuning(warps=16, nsub=1, stages=2, maxnreg=128))
     c = spec.constexprs
-    assert (spec.num_warps, spec.maxnreg, c["NSUB"], c["STAGES"], c["TW"], c["MATH"]) == (16, 128, 1, 3, 32, False)
+    assert (spec.num_warps, spec.maxnreg, c["NSUB"], c["STAGES"], c["TW"], c["MATH"]) == (16, 128, 1, 2, 16, False)
+    assert "ALIGN" not in c
     assert spec.constexprs["GQA_PAD"] == 4 and spec.constexprs["ROWS"] == 16
 
 
@@ -50,7 +80,7 @@ def test_plan_grid_and_workspace():
     wt = plan.spec.constexprs["WT"]
     part, ml, counter = plan.args[6], plan.args[7], plan.args[8]
     assert part.numel() >= b * hk * splits * wt * 16 * d and ml.numel() >= b * hk * splits * wt * 32
-    assert counter.numel() >= b * hk and plan.spec.constexprs["ALIGN"] == 8
+    assert counter.numel() >= b * hk
     forced = plan_decode_v8(q, cache, bt, torch.ones(b, dtype=torch.int32), 0.1, None, None, None,
                             torch.empty_like(q), tuning=V8Tuning(splits=5))
     assert forced.grid == (b, 1, 5)

@@ -1,11 +1,12 @@
 """Time decode v8 (and its no-math stream: issue 14 gate 1) against the read ceiling, bf16 SDPA and v7
 in one run, timed like ``ultraquant bench`` (CUDA-graph replay, no flush, head-major caches).
 
-    python tools/v8_bench.py --json out.json [--shapes A,B,C,D] [--rings 8:2x4,8:4x3:16] [--raw 2x3]
+    python tools/v8_bench.py --json out.json [--shapes A,B,C,D] [--rings 8:2x4,16:1x4] [--raw 2x4]
 
-``--rings`` lists ``warps:NSUBxSTAGES[:TW]`` variants (16 warps run under a 128-register cap; D=256
-shapes run NSUB=1 and 8 warps only, stream rows only: v8's math covers D=128). ``--raw`` times the
-16-byte raw-run stream (``uq_stream_v8_raw``) with the same grid. Prints a table last.
+``--rings`` lists ``warps:NSUBxSTAGES`` variants (16 warps run under a 128-register cap; v8 covers
+D=128 only, so D=256 shapes get no v8 rows); the no-math stream of a variant (gate 1) is timed for the
+first variant only unless ``--stream-all``. ``--raw`` times the 16-byte raw-run stream
+(``uq_stream_v8_raw``) with the same grid. Prints a table last.
 """
 
 from __future__ import annotations
@@ -30,8 +31,7 @@ from ultraquant.bench.decode import (  # noqa: E402
     measure_ceiling,
     time_graph,
 )
-from ultraquant.kernels.decode_v8_plan import V8Tuning, decode_v8, v8_splits, v8_supports  # noqa: E402
-from ultraquant.kernels.specs import slot_alignment  # noqa: E402
+from ultraquant.kernels.decode_v8_plan import V8Tuning, decode_v8, v8_splits, v8_supports, whole_runs  # noqa: E402
 
 
 def time_v8(p, scale: float, math: bool, tuning: V8Tuning) -> float:
@@ -54,17 +54,12 @@ def time_raw_stream(p, nsub: int, stages: int) -> float:
         num_stages=1))
 
 
-def _variants(spec: str, d: int) -> list[V8Tuning]:
+def _variants(spec: str) -> list[V8Tuning]:
     out = []
     for variant in spec.split(","):
-        warps, ring, tw = (variant + ":16").split(":")[:3]
+        warps, ring = variant.split(":")[:2]
         nsub, stages = (int(x) for x in ring.split("x"))
-        if d > 128:
-            if warps != "8":
-                continue
-            nsub = 1
-        out.append(V8Tuning(warps=int(warps), nsub=nsub, stages=stages, tw=int(tw),
-                            maxnreg=128 if warps == "16" else None))
+        out.append(V8Tuning(warps=int(warps), nsub=nsub, stages=stages, maxnreg=128 if warps == "16" else None))
     return out
 
 
@@ -72,10 +67,11 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--json", required=True)
     ap.add_argument("--shapes", default="A,B,C,D")
-    ap.add_argument("--rings", default="8:2x4,8:4x3", help="warps:NSUBxSTAGES[:TW] variants")
+    ap.add_argument("--rings", default="8:2x4,16:1x4", help="warps:NSUBxSTAGES variants")
     ap.add_argument("--splits-scale", default="1")
     ap.add_argument("--no-v7", action="store_true")
     ap.add_argument("--no-stream", action="store_true", help="skip the no-math stream rows of the variants")
+    ap.add_argument("--stream-all", action="store_true", help="stream rows for every variant, not the first only")
     ap.add_argument("--raw", default="", help="NSUBxSTAGES rings of the 16-byte-copy stream, e.g. 2x3,1x3")
     a = ap.parse_args()
     rows: list[dict] = []
@@ -113,12 +109,13 @@ def main() -> None:
                     p.stored_bytes, sdpa, nsub=nsub, stages=stages)
         base_splits = v8_splits(s["B"], p.block_table.shape[1] * s["block"], p.query.device)
         ok = v8_supports(head_size=s["D"], gqa=s["Hq"] // s["Hk"], num_kv_heads=s["Hk"], block_size=s["block"],
-                         align=slot_alignment(s["D"], tuple(p.kv_cache.stride()[:3])), target="cuda")
-        for base in _variants(a.rings, s["D"]):
+                         runs=whole_runs(s["D"], tuple(p.kv_cache.stride()), s["Hk"]), target="cuda")
+        for i, base in enumerate(_variants(a.rings) if ok else []):
             for k in (float(x) for x in a.splits_scale.split(",")):
                 t = V8Tuning(**{**base.__dict__, "splits": max(1, int(base_splits * k))})
-                tag = f"w{t.warps} ring {t.nsub}x{t.stages} tw{t.tw} splits {t.splits}"
-                for math in ([] if a.no_stream else [False]) + ([True] if ok else []):
+                tag = f"w{t.warps} ring {t.nsub}x{t.stages} splits {t.splits}"
+                stream = not a.no_stream and (i == 0 or a.stream_all)
+                for math in ([False] if stream else []) + [True]:
                     attempt(shape, f"v8 {'decode' if math else 'stream'} {tag}",
                             partial(time_v8, p, scale, math, t), p.stored_bytes, sdpa, **t.__dict__)
         p = None

@@ -35,8 +35,8 @@ splits won in every prototype)."""
 @dataclass(frozen=True)
 class V8Tuning:
     """Launch shape of v8: ``warps`` (Hk kv heads x warps/Hk token groups), a ring of ``stages`` x
-    ``nsub`` sub-tiles of ``tw`` tokens per warp, an optional register cap, an optional split count.
-    Defaults: the fastest timed on the H200 (runs 1-5)."""
+    ``nsub`` sub-tiles of ``tw`` tokens per warp (16: one run), an optional register cap, an optional
+    split count. Defaults: the fastest timed on the H200 (runs 1-5)."""
 
     warps: int = 8
     nsub: int = 2
@@ -46,11 +46,12 @@ class V8Tuning:
     splits: int | None = None
 
 
-def whole_runs(head_size: int, strides: tuple[int, ...]) -> bool:
+def whole_runs(head_size: int, strides: tuple[int, ...], num_kv_heads: int) -> bool:
     """True when the cache's ``(block, token, head)`` byte strides make every 16-token run of one kv
-    head one contiguous, 16-byte aligned piece (head-major pages): v8 copies runs whole."""
+    head one contiguous, 16-byte aligned piece (head-major pages, or one kv head): v8 copies runs
+    whole."""
     sb, st, sh = (int(x) for x in strides[:3])
-    return st == slot_size(head_size) and sb % 16 == 0 and sh % 16 == 0
+    return st == slot_size(head_size) and sb % 16 == 0 and (sh % 16 == 0 or num_kv_heads == 1)
 
 
 def v8_supports(*, head_size: int, gqa: int, num_kv_heads: int, block_size: int, runs: bool,
@@ -70,6 +71,10 @@ def decode_v8_spec(*, head_size: int, gqa: int, num_kv_heads: int, block_size: i
     d = check_head_size(head_size)
     hk = int(num_kv_heads)
     wt = max(1, tuning.warps // hk)
+    pow2 = [tuning.warps, tuning.nsub, tuning.stages]
+    if tuning.tw != 16 or tuning.stages < 2 or any(x & (x - 1) for x in pow2):
+        raise UltraQuantError(f"decode v8 tuning {tuning}: needs 16-token runs per warp (tw=16) and power-of-two "
+                              "warps, nsub and stages >= 2 (the ring's padded shared views)")
     return Specialization(
         kernel="uq_decode_v8",
         signature=_signature(DECODE_PARAMS, query=_tname(query_dtype), out=_tname(out_dtype or query_dtype)),
@@ -97,7 +102,7 @@ def plan_decode_v8(query: torch.Tensor, kv_cache: torch.Tensor, block_table: tor
     """Launch of decode v8 (callers check :func:`v8_supports` first); grid ``(B, 1, splits)``."""
     b, hq, d = query.shape
     hk, bs = kv_cache.shape[2], kv_cache.shape[1]
-    if not whole_runs(d, tuple(kv_cache.stride())):
+    if not whole_runs(d, tuple(kv_cache.stride()), hk) or kv_cache.data_ptr() % 16:
         raise UltraQuantError(f"decode v8 reads whole 16-token runs: needs a head-major cache with 16-byte aligned "
                               f"pages (strides {tuple(kv_cache.stride())}); use decode_attention (v7)")
     spec = decode_v8_spec(head_size=d, gqa=hq // hk, num_kv_heads=hk, block_size=bs, query_dtype=query.dtype,
