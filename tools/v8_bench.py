@@ -1,12 +1,11 @@
 """Time decode v8 (and its no-math stream: issue 14 gate 1) against the read ceiling, bf16 SDPA and v7
 in one run, timed like ``ultraquant bench`` (CUDA-graph replay, no flush, head-major caches).
 
-    python tools/v8_bench.py --json out.json [--shapes A,B,C,D] [--rings 8:2x4,16:1x4] [--raw 2x4]
+    python tools/v8_bench.py --json out.json [--shapes A,B,C,D] [--rings 8:2x4,16:1x4]
 
 ``--rings`` lists ``warps:NSUBxSTAGES`` variants (16 warps run under a 128-register cap; v8 covers
 D=128 only, so D=256 shapes get no v8 rows); the no-math stream of a variant (gate 1) is timed for the
-first variant only unless ``--stream-all``. ``--raw`` times the 16-byte raw-run stream
-(``uq_stream_v8_raw``) with the same grid. Prints a table last.
+first variant only unless ``--stream-all``. Prints a table last.
 """
 
 from __future__ import annotations
@@ -40,20 +39,6 @@ def time_v8(p, scale: float, math: bool, tuning: V8Tuning) -> float:
                                         math=math, tuning=tuning))
 
 
-def time_raw_stream(p, nsub: int, stages: int) -> float:
-    """Graph-replay microseconds of the 16-byte-copy stream (``uq_stream_v8_raw``, head-major pages)."""
-    from ultraquant.kernels.gluon.decode_v8 import uq_stream_v8_raw
-
-    B, hk, slot = p.block_table.shape[0], p.kv_cache.shape[2], p.kv_cache.shape[3]
-    splits = v8_splits(B, p.block_table.shape[1] * p.kv_cache.shape[1], p.query.device)
-    dst = torch.empty(B * splits * nsub * 8 * 32, dtype=torch.int32, device="cuda")
-    st = p.kv_cache.stride()
-    return time_graph(lambda: uq_stream_v8_raw[(B, 1, splits)](
-        p.kv_cache, p.block_table, p.seq_lens, dst, splits, st[0], st[2], p.block_table.stride(0),
-        SLOT=slot, HK=hk, WT=8 // hk, NSUB=nsub, STAGES=stages, BLOCK_SIZE=p.kv_cache.shape[1], num_warps=8,
-        num_stages=1))
-
-
 def _variants(spec: str) -> list[V8Tuning]:
     out = []
     for variant in spec.split(","):
@@ -72,7 +57,6 @@ def main() -> None:
     ap.add_argument("--no-v7", action="store_true")
     ap.add_argument("--no-stream", action="store_true", help="skip the no-math stream rows of the variants")
     ap.add_argument("--stream-all", action="store_true", help="stream rows for every variant, not the first only")
-    ap.add_argument("--raw", default="", help="NSUBxSTAGES rings of the 16-byte-copy stream, e.g. 2x3,1x3")
     a = ap.parse_args()
     rows: list[dict] = []
     ceiling = measure_ceiling()
@@ -102,11 +86,6 @@ def main() -> None:
         if not a.no_v7:
             add(shape, "v7 (JIT)", bench_decode(p, s["D"]), p.stored_bytes, sdpa)
         scale = s["D"] ** -0.5
-        for ring in [r for r in a.raw.split(",") if r]:
-            nsub, stages = (int(x) for x in ring.split("x"))
-            nsub = 1 if s["D"] > 128 else nsub
-            attempt(shape, f"v8 raw16 stream w8 ring {nsub}x{stages}", partial(time_raw_stream, p, nsub, stages),
-                    p.stored_bytes, sdpa, nsub=nsub, stages=stages)
         base_splits = v8_splits(s["B"], p.block_table.shape[1] * s["block"], p.query.device)
         ok = v8_supports(head_size=s["D"], gqa=s["Hq"] // s["Hk"], num_kv_heads=s["Hk"], block_size=s["block"],
                          runs=whole_runs(s["D"], tuple(p.kv_cache.stride()), s["Hk"]), target="cuda")

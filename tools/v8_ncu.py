@@ -1,6 +1,5 @@
-"""Shape A (or another bench shape) through decode v8 and its no-math stream, twice each, then the
-16-byte raw-run stream (``uq_stream_v8_raw``, ring 2x3) twice: the workload for
-``ncu -k regex:uq_`` (issue 14: occupancy, DRAM %, stall reasons)."""
+"""Shape A (or another bench shape) through decode v8 and its no-math stream, twice each: the
+workload for ``ncu -k regex:uq_`` (issue 14: occupancy, DRAM %, stall reasons)."""
 
 from __future__ import annotations
 
@@ -19,8 +18,5 @@ p = make_decode_problem(s["B"], s["L"], s["Hq"], s["Hk"], s["D"], s["block"], he
 for math in (False, True):
     for _ in range(2):
         decode_v8(p.query, p.kv_cache, p.block_table, p.seq_lens, s["D"] ** -0.5, out=p.out, math=math)
-from tools.v8_bench import time_raw_stream  # noqa: E402
-
-time_raw_stream(p, 2, 3)
 torch.cuda.synchronize()
 print("done")

@@ -1,6 +1,6 @@
 """Small decode v8 workload for compute-sanitizer (memcheck / racecheck): ragged lengths at block and
 split boundaries, 1/3/7 splits, window + soft cap + sinks, Hk 1/2/8, head-major caches, the no-math
-stream and the 16-byte raw-run stream. Checks results against the reference (exit 1 on a mismatch)."""
+stream. Checks results against the reference (exit 1 on a mismatch)."""
 
 from __future__ import annotations
 

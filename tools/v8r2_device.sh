@@ -18,10 +18,10 @@ timeout ${TEST_S:-50} python3 -m pytest -q -x -p no:cacheprovider \
   "$G::test_decode_v8_wide_dynamic_range" "$G::test_decode_v8_token_major_is_refused" \
   > "$D/tests.log" 2>&1
 echo "tests rc=$? ($((SECONDS - T0)) s)"; tail -3 "$D/tests.log"
-# (b) timing: ceiling, bf16 SDPA, v7, the 16-byte raw-run stream, v8 no-math stream + decode (8 warps
+# (b) timing: ceiling, bf16 SDPA, v7, v8's no-math stream (gate 1) + decode (8 warps
 # ring 2x4; 16 warps ring 1x4), shapes A, B, D
 LEFT=$((145 - (SECONDS - T0))); [ $LEFT -gt ${BENCH_S:-90} ] && LEFT=${BENCH_S:-90}
-timeout $LEFT python3 tools/v8_bench.py --json "$D/bench.json" --shapes A,B,D --rings 8:2x4,16:1x4 --raw 2x4 \
+timeout $LEFT python3 tools/v8_bench.py --json "$D/bench.json" --shapes A,B,D --rings 8:2x4,16:1x4 \
   > "$D/bench.log" 2>&1
 echo "bench rc=$? ($((SECONDS - T0)) s)"
 timeout 5 python3 - "$D/bench.json" <<'PY'

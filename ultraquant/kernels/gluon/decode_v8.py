@@ -3,9 +3,12 @@
 Same run-time arguments, workspace and single-launch split merge as :func:`uq_decode` (v7); the
 difference is the read structure. One program (CTA) owns ALL kv heads of a token range of one
 request (grid ``(B, 1, splits)``) and streams it through an asynchronous global -> shared-memory ring
-(``cp.async``, ``STAGES`` deep): stage ``i`` holds ``TT = NSUB * WT * TW`` consecutive tokens of every
-kv head, i.e. whole pages when ``TT`` is the block size. Per token-head slot the four pieces go to four
-shared arrays (K codes, K scale word, V codes, V scale word), so every shape is a power of two.
+(``cp.async``, ``STAGES`` deep): stage ``i`` holds ``TT = NSUB * WT * 16`` consecutive tokens of every
+kv head as ``NSUB * NW`` runs of 16 whole slots, each run one contiguous piece of a head-major page
+copied with 16-byte ``cp.async`` (17 rows of 128 B at D=128) into the ring exactly as it lies in
+global memory. The math reads its operands (K codes, V codes, the two scale words) straight from
+that raw ring through padded shared layouts (136-byte slots = 128 + 8 padding bytes), so no copy is
+split into pieces.
 
 Math, per warp (warp ``w`` serves kv head ``w // WT`` and the ``w % WT``-th ``TW`` tokens of each
 sub-tile; per-warp online softmax, no cross-warp traffic in the loop), as the Gluon experiment of
@@ -448,64 +451,3 @@ def launch_v8(plan) -> None:
     extra = {"maxnreg": spec.maxnreg} if spec.maxnreg else {}
     uq_decode_v8[plan.grid](*plan.args, **spec.constexprs, num_warps=spec.num_warps, num_stages=spec.num_stages,
                             **extra)
-
-
-@gluon.jit
-def uq_stream_v8_raw(cache_ptr, bt_ptr, seqlen_ptr, out_ptr, num_splits, stride_cb, stride_ch, stride_btb,
-                     SLOT: gl.constexpr, HK: gl.constexpr, WT: gl.constexpr, NSUB: gl.constexpr,
-                     STAGES: gl.constexpr, BLOCK_SIZE: gl.constexpr):
-    """No-math stream of v8's grid, ring and page order with 16-byte copies (head-major dense pages
-    only): each (kv head, 16-token group) is one contiguous run of ``16 * SLOT`` bytes, copied as
-    ``SLOT / 8`` chunks of 128 B (16 + 1 at SLOT=136) into a padded ring row. The experiment behind
-    the next copy scheme (issue 14, gate 1): v8's per-piece 4/8-byte copies are LG-throttled."""
-    NW: gl.constexpr = gl.num_warps()
-    RUN: gl.constexpr = SLOT // 8          # 128-byte chunks per 16-token run: MAIN + REST (17 = 16 + 1)
-    MAIN: gl.constexpr = 32 if RUN >= 32 else 16
-    REST: gl.constexpr = RUN - MAIN
-    PAD: gl.constexpr = 2 * MAIN
-    ROWS_: gl.constexpr = NSUB * NW
-    TT: gl.constexpr = NSUB * WT * 16
-    CL: gl.constexpr = gl.BlockedLayout([1, 1, 4], [1, 4, 8], [NW, 1, 1], [2, 1, 0])
-    S3: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [2, 1, 0])
-    ring = gl.allocate_shared_memory(gl.int32, [STAGES, ROWS_, PAD, 32], S3)
-    b = gl.program_id(0)
-    sp = gl.program_id(2)
-    length = gl.load(seqlen_ptr + b)
-    per = gl.cdiv(gl.cdiv(length, num_splits), TT) * TT
-    t_lo = sp * per
-    t_hi = gl.minimum(t_lo + per, length)
-    n_it = gl.cdiv(gl.maximum(t_hi - t_lo, 0), TT)
-    bt_row = bt_ptr + b.to(gl.int64) * stride_btb
-    RL: gl.constexpr = gl.SliceLayout(2, CL)
-    c = gl.expand_dims(gl.expand_dims(gl.arange(0, MAIN, gl.SliceLayout(0, RL)), 0), 2)
-    wd = gl.expand_dims(gl.expand_dims(gl.arange(0, 32, gl.SliceLayout(0, gl.SliceLayout(1, CL))), 0), 1)
-    c1 = gl.expand_dims(gl.expand_dims(gl.arange(0, REST, gl.SliceLayout(0, RL)), 0), 2)
-    acc = gl.zeros([ROWS_, 32], gl.int32, gl.SliceLayout(1, CL))
-    for it in range(n_it + STAGES - 1):
-        if it < n_it:
-            t0 = t_lo + it * TT
-            r = gl.arange(0, ROWS_, gl.SliceLayout(1, RL))
-            w = r % NW
-            tok = t0 + (r // NW) * (WT * 16) + (w % WT) * 16
-            ok = tok < t_hi
-            blk = gl.load(bt_row + tok // BLOCK_SIZE, mask=ok, other=0)
-            base = blk.to(gl.int64) * stride_cb + (w // WT).to(gl.int64) * stride_ch + (tok % BLOCK_SIZE) * SLOT
-            p = gl.multiple_of((cache_ptr + base).to(gl.pointer_type(gl.int32)), [16])
-            p3 = gl.expand_dims(gl.expand_dims(p, 1), 2)
-            ok3 = gl.expand_dims(gl.expand_dims(ok, 1), 2)
-            dst = ring.index(it % STAGES)
-            async_copy.async_copy_global_to_shared(dst.slice(0, MAIN, 1), p3 + c * 32 + wd,
-                                                   mask=ok3 & (c >= 0) & (wd >= 0))
-            if REST > 0:
-                async_copy.async_copy_global_to_shared(dst.slice(MAIN, REST, 1), p3 + (c1 + MAIN) * 32 + wd,
-                                                       mask=ok3 & (c1 >= 0) & (wd >= 0))
-        async_copy.commit_group()
-        if it >= STAGES - 1:
-            async_copy.wait_group(STAGES - 1)
-            gl.thread_barrier()
-            acc = acc ^ gl.sum(ring.index((it - (STAGES - 1)) % STAGES).slice(0, 1, 1).load(CL), axis=1)
-            gl.thread_barrier()
-    gl.store(out_ptr + (b * num_splits + sp).to(gl.int64) * (ROWS_ * 32)
-             + gl.expand_dims(gl.arange(0, ROWS_, gl.SliceLayout(1, gl.SliceLayout(1, CL))), 1) * 32
-             + gl.expand_dims(gl.arange(0, 32, gl.SliceLayout(0, gl.SliceLayout(1, CL))), 0), acc)
-
