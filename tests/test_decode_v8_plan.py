@@ -40,7 +40,8 @@ def test_whole_runs():
     head_major = torch.zeros(4, 8, 64, 136, dtype=torch.uint8).permute(0, 2, 1, 3)
     token_major = torch.zeros(4, 64, 8, 136, dtype=torch.uint8)
     assert whole_runs(128, head_major.stride(), 8) and not whole_runs(128, token_major.stride(), 8)
-    assert whole_runs(128, token_major[:, :, :1].stride(), 1)           # one kv head: its runs are contiguous
+    one_head = torch.zeros(4, 64, 1, 136, dtype=torch.uint8)
+    assert whole_runs(128, one_head.stride(), 1)                        # one kv head: its runs are contiguous
     assert not whole_runs(128, (8 * 64 * 136 + 8, 136, 64 * 136), 8)   # blocks 8-byte aligned only
     assert not whole_runs(64, head_major.stride(), 8)                   # 136-byte slots are D=128's
 
