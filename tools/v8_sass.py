@@ -48,9 +48,9 @@ def main(argv: list[str]) -> None:
     ins = sass_lines(cubin)
     c = spec.constexprs
     print(f"{spec.kernel} {c} warps={spec.num_warps}")
-    usage = re.search(r"REG:(\d+).*?SHARED:(\d+).*?LOCAL:(\d+)", cuobjdump(cubin, "-res-usage"))
-    regs, shared, local = usage.groups() if usage else ("?", "?", "?")
-    print(f"registers={regs} local={local} shared={shared} (triton: {md.shared}) instructions={len(ins)}")
+    usage = re.search(r"REG:(\d+) STACK:(\d+)", cuobjdump(cubin, "-res-usage"))
+    regs, stack = usage.groups() if usage else ("?", "?")
+    print(f"registers={regs} stack (spills)={stack} B shared={md.shared} B instructions={len(ins)}")
     tokens = c["NSUB"] * c["TW"]
     for start, end in loops(ins)[:2]:
         body = [t for a, t in ins if start <= a <= end]

@@ -59,6 +59,30 @@ def _v_layout(nw, tw):
         shape=[nw, tw, 8, 8])
 
 
+TOKEN_BASES = gl.constexpr([8, 4, 1, 2])
+"""Logical token (MMA column / PV row) of each bit of a run's physical token index (a bit permutation):
+the 4 tokens one half-warp reads for K (logical 0..3) sit 4 slots (8 banks) apart, so the K reads have
+no bank conflicts at the 136-byte slot stride (identity order: 4-way); V reads stay at most 2-way."""
+
+
+@gluon.jit
+def _physical_token(j):
+    """The physical token of a run that holds logical token ``j`` (inverse of ``TOKEN_BASES``)."""
+    return ((j >> 3) & 1) | (((j >> 2) & 1) << 1) | ((j & 1) << 2) | (((j >> 1) & 1) << 3)
+
+
+@gluon.constexpr_function
+def _slot_layout(interval, pad, shape):
+    """Padded view of ring entries ``[NW, 16 tokens, 2, ...]``: identity over the slot piece (the last
+    axes), ``interval + pad`` elements per slot, run tokens permuted by ``TOKEN_BASES``."""
+    bases = []
+    for dim in reversed(range(len(shape))):
+        for bit in range(shape[dim].bit_length() - 1):
+            v = TOKEN_BASES.value[bit] if dim == 1 else 1 << bit
+            bases.append([v if i == dim else 0 for i in range(len(shape))])
+    return gl.PaddedSharedLayout([[interval, pad]], bases, [], list(shape))
+
+
 @gluon.constexpr_function
 def _with_unit_axes(layout, n):
     """Linear ``layout`` with ``n`` trailing size-1 axes (to load a sliced shared view)."""
@@ -231,10 +255,9 @@ def uq_decode_v8(q_ptr, cache_ptr, bt_ptr, seqlen_ptr, sinks_ptr, out_ptr, part_
     # to the slot (128 + 8 bytes, 32 + 2 words) and based at its piece's offset; slicing index 0 of the
     # size-2 axis skips the rest of the slot (shared layouts cannot broadcast)
     FLAT: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])
-    PB: gl.constexpr = gl.PaddedSharedLayout.with_identity_for([[2 * H, SLOT - 2 * H]], [NW, TW, 2, H], [3, 2, 1, 0])
-    PV: gl.constexpr = gl.PaddedSharedLayout.with_identity_for([[2 * H, SLOT - 2 * H]], [NW, TW, 2, H // 8, 8],
-                                                               [4, 3, 2, 1, 0])
-    PWD: gl.constexpr = gl.PaddedSharedLayout.with_identity_for([[32, SLOT // 4 - 32]], [NW, TW, 2, 16], [3, 2, 1, 0])
+    PB: gl.constexpr = _slot_layout(2 * H, SLOT - 2 * H, [NW, TW, 2, H])
+    PV: gl.constexpr = _slot_layout(2 * H, SLOT - 2 * H, [NW, TW, 2, H // 8, 8])
+    PWD: gl.constexpr = _slot_layout(32, SLOT // 4 - 32, [NW, TW, 2, 16])
     E: gl.constexpr = STAGES * NSUB
     bytes8 = ring._reinterpret(gl.uint8, [STAGES * NR * 4096], FLAT)
     words = ring._reinterpret(gl.int32, [STAGES * NR * 1024], FLAT)
@@ -290,7 +313,7 @@ def uq_decode_v8(q_ptr, cache_ptr, bt_ptr, seqlen_ptr, sinks_ptr, out_ptr, part_
 
     # ---- per-warp token offsets in the score (TOK) layout; K groups in the KB layout; V byte groups
     ws = gl.expand_dims(gl.arange(0, NW, gl.SliceLayout(1, TOK)) % WT, 1) * TW
-    ns = gl.expand_dims(gl.arange(0, TW, gl.SliceLayout(0, TOK)), 0)
+    ns = gl.expand_dims(_physical_token(gl.arange(0, TW, gl.SliceLayout(0, TOK))), 0)
     jk = gl.expand_dims(gl.expand_dims(gl.arange(0, H, gl.SliceLayout(0, gl.SliceLayout(2, KB))), 0), 2)
     kgroup = jk // 16
     SV: gl.constexpr = gl.SliceLayout(3, VL)
