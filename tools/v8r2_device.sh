@@ -4,15 +4,16 @@
 # bf16 SDPA, v7 and the read ceiling in the same run. Writes $OUT/v8r2/{env.txt,tests.log,bench.json,
 # bench.log} and prints a compact table. Run from the repo root: bash tools/v8r2_device.sh
 export PYTHONPATH=$PWD
+PY=${PY:-python3}
 OUT=${OUT:-/tmp/out}; D="$OUT/v8r2"; mkdir -p "$D"
 T0=$SECONDS
 timeout 10 nvidia-smi -L > "$D/env.txt" 2>&1
-timeout 20 python3 -c "import torch, triton; print(torch.__version__, triton.__version__)" >> "$D/env.txt" 2>&1
+timeout 20 $PY -c "import torch, triton; print(torch.__version__, triton.__version__)" >> "$D/env.txt" 2>&1
 cat "$D/env.txt"
 # (a) correctness: ragged lengths (0..32768), sinks, window + soft cap, Hk 1/2/8, blocks 16/32/64,
 # the V 2^20-outlier case, token-major refused (each case compiles one kernel: ~4 s)
 G=tests/gpu/test_decode_v8_gpu.py
-timeout ${TEST_S:-50} python3 -m pytest -q -x -p no:cacheprovider \
+timeout ${TEST_S:-50} $PY -m pytest -q -x -p no:cacheprovider \
   "$G::test_decode_v8[gqa4-hk8-b64-long]" "$G::test_decode_v8[gqa6-hk2-b32-window-softcap]" \
   "$G::test_decode_v8[gqa16-hk1-b16-batch64]" "$G::test_decode_v8[gqa3-hk4-b64-softcap-sinks]" \
   "$G::test_decode_v8_wide_dynamic_range" "$G::test_decode_v8_token_major_is_refused" \
@@ -21,10 +22,10 @@ echo "tests rc=$? ($((SECONDS - T0)) s)"; tail -3 "$D/tests.log"
 # (b) timing: ceiling, bf16 SDPA, v7, v8's no-math stream (gate 1) + decode (8 warps
 # ring 2x4; 16 warps ring 1x4), shapes A, B, D
 LEFT=$((145 - (SECONDS - T0))); [ $LEFT -gt ${BENCH_S:-90} ] && LEFT=${BENCH_S:-90}
-timeout $LEFT python3 tools/v8_bench.py --json "$D/bench.json" --shapes A,B,D --rings 8:2x4,16:1x4 \
+timeout $LEFT $PY tools/v8_bench.py --json "$D/bench.json" --shapes A,B,D --rings 8:2x4,16:1x4 \
   > "$D/bench.log" 2>&1
 echo "bench rc=$? ($((SECONDS - T0)) s)"
-timeout 5 python3 - "$D/bench.json" <<'PY'
+timeout 5 $PY - "$D/bench.json" <<'PY'
 import json, sys
 r = json.load(open(sys.argv[1]))
 print(f"ceiling {r['ceiling_tbps']:.3f} TB/s\nshape name us %ceiling vs-sdpa")
