@@ -67,7 +67,18 @@ def test_spec_warps_and_ring():
     c = spec.constexprs
     assert (spec.num_warps, spec.maxnreg, c["NSUB"], c["STAGES"], c["TW"], c["MATH"]) == (16, 128, 1, 2, 16, False)
     assert "ALIGN" not in c
-    assert spec.constexprs["GQA_PAD"] == 4 and spec.constexprs["ROWS"] == 16
+    assert c["GQA_PAD"] == 4 and (c["ROWS"], c["ROWS_IN_N"]) == (8, True)
+
+
+@pytest.mark.parametrize("gqa,rows_in_n,want", [
+    (1, True, (8, True)), (8, True, (8, True)),      # query rows in the MMA N dimension: 8 of them
+    (9, True, (16, False)), (16, True, (16, False)),  # more than 8: 16 M rows
+    (4, False, (16, False)),
+])
+def test_spec_rows(gqa, rows_in_n, want):
+    c = decode_v8_spec(head_size=128, gqa=gqa, num_kv_heads=1, block_size=64,
+                       tuning=V8Tuning(rows_in_n=rows_in_n)).constexprs
+    assert (c["ROWS"], c["ROWS_IN_N"]) == want
 
 
 def test_plan_grid_and_workspace():
@@ -80,7 +91,9 @@ def test_plan_grid_and_workspace():
     assert plan.grid == (b, 1, splits) and splits == v8_splits(b, 10 * bs, q.device)
     wt = plan.spec.constexprs["WT"]
     part, ml, counter = plan.args[6], plan.args[7], plan.args[8]
-    assert part.numel() >= b * hk * splits * wt * 16 * d and ml.numel() >= b * hk * splits * wt * 32
+    rows = plan.spec.constexprs["ROWS"]
+    parts = b * hk * splits * wt
+    assert rows == 8 and part.numel() >= parts * rows * d and ml.numel() >= parts * 2 * rows
     assert counter.numel() >= b * hk
     forced = plan_decode_v8(q, cache, bt, torch.ones(b, dtype=torch.int32), 0.1, None, None, None,
                             torch.empty_like(q), tuning=V8Tuning(splits=5))

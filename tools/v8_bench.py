@@ -1,9 +1,10 @@
 """Time decode v8 (and its no-math stream: issue 14 gate 1) against the read ceiling, bf16 SDPA and v7
 in one run, timed like ``ultraquant bench`` (CUDA-graph replay, no flush, head-major caches).
 
-    python tools/v8_bench.py --json out.json [--shapes A,B,C,D] [--rings 8:2x4,16:1x4]
+    python tools/v8_bench.py --json out.json [--shapes A,B,C,D] [--rings 8:2x4,8:2x4:m16,16:1x4]
 
-``--rings`` lists ``warps:NSUBxSTAGES`` variants (16 warps run under a 128-register cap; v8 covers
+``--rings`` lists ``warps:NSUBxSTAGES[:m16]`` variants (``m16``: query rows as 16 MMA M rows instead of
+8 N rows; 16 warps run under a 128-register cap; v8 covers
 D=128 only, so D=256 shapes get no v8 rows); the no-math stream of a variant (gate 1) is timed for the
 first variant only unless ``--stream-all``. Prints a table last.
 """
@@ -42,9 +43,10 @@ def time_v8(p, scale: float, math: bool, tuning: V8Tuning) -> float:
 def _variants(spec: str) -> list[V8Tuning]:
     out = []
     for variant in spec.split(","):
-        warps, ring = variant.split(":")[:2]
+        warps, ring, *flags = variant.split(":")
         nsub, stages = (int(x) for x in ring.split("x"))
-        out.append(V8Tuning(warps=int(warps), nsub=nsub, stages=stages, maxnreg=128 if warps == "16" else None))
+        out.append(V8Tuning(warps=int(warps), nsub=nsub, stages=stages, maxnreg=128 if warps == "16" else None,
+                            rows_in_n="m16" not in flags))
     return out
 
 
@@ -52,7 +54,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--json", required=True)
     ap.add_argument("--shapes", default="A,B,C,D")
-    ap.add_argument("--rings", default="8:2x4,16:1x4", help="warps:NSUBxSTAGES variants")
+    ap.add_argument("--rings", default="8:2x4,8:2x4:m16", help="warps:NSUBxSTAGES[:m16] variants")
     ap.add_argument("--splits-scale", default="1")
     ap.add_argument("--no-v7", action="store_true")
     ap.add_argument("--no-stream", action="store_true", help="skip the no-math stream rows of the variants")
@@ -92,7 +94,7 @@ def main() -> None:
         for i, base in enumerate(_variants(a.rings) if ok else []):
             for k in (float(x) for x in a.splits_scale.split(",")):
                 t = V8Tuning(**{**base.__dict__, "splits": max(1, int(base_splits * k))})
-                tag = f"w{t.warps} ring {t.nsub}x{t.stages} splits {t.splits}"
+                tag = f"w{t.warps} ring {t.nsub}x{t.stages}{'' if t.rows_in_n else ' m16'} splits {t.splits}"
                 stream = not a.no_stream and (i == 0 or a.stream_all)
                 for math in ([False] if stream else []) + [True]:
                     attempt(shape, f"v8 {'decode' if math else 'stream'} {tag}",

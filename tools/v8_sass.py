@@ -18,7 +18,7 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from tools.sass_loop import _value, cuobjdump, loops, opcode, sass_lines  # noqa: E402
 
-TUNING_KEYS = ("warps", "nsub", "stages", "tw", "maxnreg")
+TUNING_KEYS = ("warps", "rows_in_n", "nsub", "stages", "tw", "maxnreg")
 
 
 def compile_v8(config: dict) -> tuple[bytes, object, object]:

@@ -10,8 +10,9 @@ T0=$SECONDS
 timeout 10 nvidia-smi -L > "$D/env.txt" 2>&1
 timeout 20 $PY -c "import torch, triton; print(torch.__version__, triton.__version__)" >> "$D/env.txt" 2>&1
 cat "$D/env.txt"
-# (a) correctness: ragged lengths (0..32768), sinks, window + soft cap, Hk 1/2/8, blocks 16/32/64,
-# the V 2^20-outlier case, token-major refused (each case compiles one kernel: ~4 s)
+# (a) correctness: ragged lengths (0..32768), sinks, window + soft cap, Hk 1/2/4/8, blocks 16/32/64,
+# the V 2^20-outlier case, token-major refused (each case compiles one kernel: ~4 s); GQA <= 8 cases
+# run the rows-in-N math, the GQA 16 case the 16-M-row math
 G=tests/gpu/test_decode_v8_gpu.py
 timeout ${TEST_S:-50} $PY -m pytest -q -x -p no:cacheprovider \
   "$G::test_decode_v8[gqa4-hk8-b64-long]" "$G::test_decode_v8[gqa6-hk2-b32-window-softcap]" \
@@ -19,10 +20,10 @@ timeout ${TEST_S:-50} $PY -m pytest -q -x -p no:cacheprovider \
   "$G::test_decode_v8_wide_dynamic_range" "$G::test_decode_v8_token_major_is_refused" \
   > "$D/tests.log" 2>&1
 echo "tests rc=$? ($((SECONDS - T0)) s)"; tail -3 "$D/tests.log"
-# (b) timing: ceiling, bf16 SDPA, v7, v8's no-math stream (gate 1) + decode (8 warps
-# ring 2x4; 16 warps ring 1x4), shapes A, B, D
+# (b) timing: ceiling, bf16 SDPA, v7, v8's no-math stream (gate 1) + decode (8 warps, ring 2x4, query
+# rows as 8 MMA N rows (default) and as 16 M rows), shapes A, B, D
 LEFT=$((145 - (SECONDS - T0))); [ $LEFT -gt ${BENCH_S:-90} ] && LEFT=${BENCH_S:-90}
-timeout $LEFT $PY tools/v8_bench.py --json "$D/bench.json" --shapes A,B,D --rings 8:2x4,16:1x4 \
+timeout $LEFT $PY tools/v8_bench.py --json "$D/bench.json" --shapes A,B,D --rings 8:2x4,8:2x4:m16 \
   > "$D/bench.log" 2>&1
 echo "bench rc=$? ($((SECONDS - T0)) s)"
 timeout 5 $PY - "$D/bench.json" <<'PY'

@@ -36,9 +36,11 @@ splits won in every prototype)."""
 class V8Tuning:
     """Launch shape of v8: ``warps`` (Hk kv heads x warps/Hk token groups), a ring of ``stages`` x
     ``nsub`` sub-tiles of ``tw`` tokens per warp (16: one run), an optional register cap, an optional
-    split count. Defaults: the fastest timed on the H200 (runs 1-5)."""
+    split count; ``rows_in_n``: query rows in the MMA N dimension (8 rows, used where GQA <= 8).
+    Defaults: the fastest timed on the H200 (runs 1-5)."""
 
     warps: int = 8
+    rows_in_n: bool = True
     nsub: int = 2
     stages: int = 4
     tw: int = 16
@@ -75,14 +77,15 @@ def decode_v8_spec(*, head_size: int, gqa: int, num_kv_heads: int, block_size: i
     if tuning.tw != 16 or tuning.stages < 2 or any(x & (x - 1) for x in pow2):
         raise UltraQuantError(f"decode v8 tuning {tuning}: needs 16-token runs per warp (tw=16) and power-of-two "
                               "warps, nsub and stages >= 2 (the ring's padded shared views)")
+    rows_in_n = tuning.rows_in_n and int(gqa) <= 8
     return Specialization(
         kernel="uq_decode_v8",
         signature=_signature(DECODE_PARAMS, query=_tname(query_dtype), out=_tname(out_dtype or query_dtype)),
-        constexprs={"D": d, "LOG2D": d.bit_length() - 1, "GQA": int(gqa), "ROWS": 16,
+        constexprs={"D": d, "LOG2D": d.bit_length() - 1, "GQA": int(gqa), "ROWS": 8 if rows_in_n else 16,
                     "GQA_PAD": pow2_at_least(int(gqa)), "HK": hk, "WT": wt, "NSUB": tuning.nsub,
                     "STAGES": tuning.stages, "TW": tuning.tw, "BLOCK_SIZE": int(block_size),
                     "HAS_SINKS": bool(has_sinks), "HAS_WINDOW": bool(has_window),
-                    "HAS_SOFTCAP": bool(has_softcap), "MATH": bool(math)},
+                    "HAS_SOFTCAP": bool(has_softcap), "MATH": bool(math), "ROWS_IN_N": rows_in_n},
         num_warps=hk * wt, num_stages=1, maxnreg=tuning.maxnreg)
 
 

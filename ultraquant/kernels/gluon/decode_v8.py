@@ -84,6 +84,23 @@ def _slot_layout(interval, pad, shape):
 
 
 @gluon.constexpr_function
+def _pick(cond, a, b):
+    """``a`` if ``cond`` else ``b`` (layouts chosen by a constexpr flag)."""
+    return a if cond else b
+
+
+@gluon.jit
+def _iota3(n: gl.constexpr, axis: gl.constexpr, L: gl.constexpr):
+    """``arange(n)`` along ``axis`` of a 3-D tensor in layout ``L`` (size 1 on the other axes)."""
+    if axis == 0:
+        return gl.expand_dims(gl.expand_dims(gl.arange(0, n, gl.SliceLayout(1, gl.SliceLayout(2, L))), 1), 2)
+    elif axis == 1:
+        return gl.expand_dims(gl.expand_dims(gl.arange(0, n, gl.SliceLayout(0, gl.SliceLayout(2, L))), 0), 2)
+    else:
+        return gl.expand_dims(gl.expand_dims(gl.arange(0, n, gl.SliceLayout(0, gl.SliceLayout(1, L))), 0), 1)
+
+
+@gluon.constexpr_function
 def _with_unit_axes(layout, n):
     """Linear ``layout`` with ``n`` trailing size-1 axes (to load a sliced shared view)."""
     def ins(bases):
@@ -221,10 +238,14 @@ def uq_decode_v8(q_ptr, cache_ptr, bt_ptr, seqlen_ptr, sinks_ptr, out_ptr, part_
                  D: gl.constexpr, LOG2D: gl.constexpr, GQA: gl.constexpr, ROWS: gl.constexpr,
                  GQA_PAD: gl.constexpr, HK: gl.constexpr, WT: gl.constexpr, NSUB: gl.constexpr,
                  STAGES: gl.constexpr, TW: gl.constexpr, BLOCK_SIZE: gl.constexpr, HAS_SINKS: gl.constexpr,
-                 HAS_WINDOW: gl.constexpr, HAS_SOFTCAP: gl.constexpr, MATH: gl.constexpr):
-    """Whole-page split-KV paged decode, grid ``(B, 1, num_splits)``; see the module docstring."""
+                 HAS_WINDOW: gl.constexpr, HAS_SOFTCAP: gl.constexpr, MATH: gl.constexpr,
+                 ROWS_IN_N: gl.constexpr):
+    """Whole-page split-KV paged decode, grid ``(B, 1, num_splits)``; see the module docstring.
+    ``ROWS_IN_N``: the query rows are the MMA N dimension (S^T = K Q^T, O^T = V^T P^T, 8 rows: GQA <= 8)
+    instead of 16 padded M rows."""
     gl.static_assert(D == 128, "decode v8: D=128 only (the ring's padded views are built for 136-byte slots)")
-    gl.static_assert(ROWS == 16, "decode v8: GQA <= 16 (16 MMA rows)")
+    gl.static_assert((ROWS == 16 and not ROWS_IN_N) or (ROWS == 8 and ROWS_IN_N),
+                     "decode v8: 16 M rows (GQA <= 16) or 8 N rows (GQA <= 8)")
     gl.static_assert(TW == 16, "decode v8: 16-token runs per warp")
     NW: gl.constexpr = gl.num_warps()
     gl.static_assert(NW == HK * WT, "decode v8: num_warps must be HK * WT")
@@ -266,6 +287,15 @@ def uq_decode_v8(q_ptr, cache_ptr, bt_ptr, seqlen_ptr, sinks_ptr, out_ptr, part_
     ks = words.slice(H // 4, H // 4)._reinterpret(gl.int32, [E, NW, TW, 2, 16], PWD)
     vs = words.slice(SLOT // 4 - 1, 1)._reinterpret(gl.int32, [E, NW, TW, 2, 16], PWD)
     KW: gl.constexpr = gl.SliceLayout(1, KB)            # [NW, TW] K scale words
+    # rows in N: S^T [NW, TW, ROWS] = K [NW, TW, H] q^T [NW, H, ROWS]; O^T [NW, H, ROWS] = V^T P^T
+    KA: gl.constexpr = gl.DotOperandLayout(0, MMA, 8)   # K halves [NW, TW, H]: 8 bytes per lane
+    QB: gl.constexpr = gl.DotOperandLayout(1, MMA, 8)   # q^T halves [NW, H, ROWS]
+    PTB: gl.constexpr = gl.DotOperandLayout(1, MMA, 2)   # P^T [NW, TW, ROWS]
+    VA: gl.constexpr = gl.DotOperandLayout(0, MMA, 2)   # V^T halves [NW, H, TW] (rows permuted as VB's columns)
+    KWT: gl.constexpr = gl.SliceLayout(2, KA)           # [NW, TW] K scale words
+    TOKT: gl.constexpr = gl.SliceLayout(2, MMA)         # [NW, TW] score rows (tokens)
+    ROWT: gl.constexpr = gl.SliceLayout(1, MMA)         # [NW, ROWS] score columns (query rows)
+    WARPT: gl.constexpr = gl.SliceLayout(1, ROWT)       # [NW]
     VW: gl.constexpr = gl.SliceLayout(2, gl.SliceLayout(3, VL))  # [NW, TW] V scale words
 
     b = gl.program_id(0)
@@ -305,29 +335,40 @@ def uq_decode_v8(q_ptr, cache_ptr, bt_ptr, seqlen_ptr, sinks_ptr, out_ptr, part_
     e = gl.maximum(_floor_log2(amax), -100)
     q = q * gl.expand_dims(_pow2(14 - e), 2)
     q_e, q_o = gl.split(gl.reshape(q, [NW, ROWS, H, 2]))
-    q_e = gl.convert_layout(q_e.to(gl.float16), QA)
-    q_o = gl.convert_layout(q_o.to(gl.float16), QA)
-    rowfac = gl.convert_layout(_pow2(e - 14), ROW)
-    rows = gl.arange(0, ROWS, gl.SliceLayout(0, ROW))
+    if ROWS_IN_N:
+        q_e = gl.convert_layout(gl.permute(q_e.to(gl.float16), [0, 2, 1]), QB)
+        q_o = gl.convert_layout(gl.permute(q_o.to(gl.float16), [0, 2, 1]), QB)
+    else:
+        q_e = gl.convert_layout(q_e.to(gl.float16), QA)
+        q_o = gl.convert_layout(q_o.to(gl.float16), QA)
+    # score axes: rows (query rows) and tokens; QR/QW/TK: per-row, per-warp, per-token state layouts
+    RAX: gl.constexpr = _pick(ROWS_IN_N, 2, 1)
+    TAX: gl.constexpr = 3 - RAX
+    QR: gl.constexpr = _pick(ROWS_IN_N, ROWT, ROW)
+    QW: gl.constexpr = _pick(ROWS_IN_N, WARPT, WARP)
+    TK: gl.constexpr = _pick(ROWS_IN_N, TOKT, TOK)
+    KWL: gl.constexpr = _pick(ROWS_IN_N, KWT, KW)
+    rowfac = gl.convert_layout(_pow2(e - 14), QR)
+    rows = gl.arange(0, ROWS, gl.SliceLayout(0, QR))
     rowbias = gl.expand_dims(gl.where(rows < GQA, 0.0, float("-inf")), 0)
 
-    # ---- per-warp token offsets in the score (TOK) layout; K groups in the KB layout; V byte groups
-    ws = gl.expand_dims(gl.arange(0, NW, gl.SliceLayout(1, TOK)) % WT, 1) * TW
-    ns = gl.expand_dims(_physical_token(gl.arange(0, TW, gl.SliceLayout(0, TOK))), 0)
-    jk = gl.expand_dims(gl.expand_dims(gl.arange(0, H, gl.SliceLayout(0, gl.SliceLayout(2, KB))), 0), 2)
-    kgroup = jk // 16
+    # ---- per-warp token offsets in the per-token layout; K groups in the K operand layout; V byte groups
+    ws = gl.expand_dims(gl.arange(0, NW, gl.SliceLayout(1, TK)) % WT, 1) * TW
+    ns = gl.expand_dims(_physical_token(gl.arange(0, TW, gl.SliceLayout(0, TK))), 0)
+    kgroup = _iota3(H, RAX, _pick(ROWS_IN_N, KA, KB)) // 16
     SV: gl.constexpr = gl.SliceLayout(3, VL)
     gv = gl.expand_dims(gl.expand_dims(gl.arange(0, 8, gl.SliceLayout(0, gl.SliceLayout(1, SV))), 0), 1)
     R3: gl.constexpr = gl.SliceLayout(0, gl.SliceLayout(1, gl.SliceLayout(2, VL)))
     rv = gl.expand_dims(gl.expand_dims(gl.expand_dims(gl.arange(0, 8, R3), 0), 1), 2)
     vgroup = gl.expand_dims(gv // 2, 3) + rv * 0
 
-    acc_e = gl.zeros([NW, ROWS, H], gl.float32, MMA)
-    acc_o = gl.zeros([NW, ROWS, H], gl.float32, MMA)
-    m_i = gl.full([NW, ROWS], float("-inf"), gl.float32, ROW)
-    l_i = gl.zeros([NW, ROWS], gl.float32, ROW)
-    run = gl.full([NW], -254, gl.int32, WARP)
-    sink_acc = gl.zeros([NW, TW], gl.int32, KW)
+    ACC: gl.constexpr = _pick(ROWS_IN_N, [NW, H, ROWS], [NW, ROWS, H])
+    acc_e = gl.zeros(ACC, gl.float32, MMA)
+    acc_o = gl.zeros(ACC, gl.float32, MMA)
+    m_i = gl.full([NW, ROWS], float("-inf"), gl.float32, QR)
+    l_i = gl.zeros([NW, ROWS], gl.float32, QR)
+    run = gl.full([NW], -254, gl.int32, QW)
+    sink_acc = gl.zeros([NW, TW], gl.int32, KWL)
     for it in range(n_it):
         # stage `it` landed (at most STAGES - 2 younger groups pending); the barrier also retires
         # every warp's reads of the buffer the next issue overwrites
@@ -340,34 +381,43 @@ def uq_decode_v8(q_ptr, cache_ptr, bt_ptr, seqlen_ptr, sinks_ptr, out_ptr, part_
         cur = (it % STAGES) * NSUB
         t0 = t_lo + it * TT
         for j in gl.static_range(NSUB):
-            kw = _piece(ks.index(cur + j), [NW, TW], KW)
+            kw = _piece(ks.index(cur + j), [NW, TW], KWL)
             if MATH:
                 # K: relative scales, decode, QK on the tensor cores
                 ktop = _token_top(kw)
-                kb = _piece(kc8.index(cur + j).permute([0, 3, 1, 2]), [NW, H, TW], KB)
-                krel = _rel_scale(gl.expand_dims(kw, 1), gl.expand_dims(ktop, 1), kgroup)
-                k_lo, k_hi = _fp4_decode(kb, krel)
-                s = mma_v2(q_e, k_lo, gl.zeros([NW, ROWS, TW], gl.float32, MMA))
-                s = mma_v2(q_o, k_hi, s)
+                if ROWS_IN_N:
+                    kb = _piece(kc8.index(cur + j).permute([0, 1, 3, 2]), [NW, TW, H], KA)
+                    krel = _rel_scale(gl.expand_dims(kw, 2), gl.expand_dims(ktop, 2), kgroup)
+                    k_lo, k_hi = _fp4_decode(kb, krel)
+                    s = mma_v2(k_lo, q_e, gl.zeros([NW, TW, ROWS], gl.float32, MMA))
+                    s = mma_v2(k_hi, q_o, s)
+                else:
+                    kb = _piece(kc8.index(cur + j).permute([0, 3, 1, 2]), [NW, H, TW], KB)
+                    krel = _rel_scale(gl.expand_dims(kw, 1), gl.expand_dims(ktop, 1), kgroup)
+                    k_lo, k_hi = _fp4_decode(kb, krel)
+                    s = mma_v2(q_e, k_lo, gl.zeros([NW, ROWS, TW], gl.float32, MMA))
+                    s = mma_v2(q_o, k_hi, s)
 
                 ts = t0 + j * (WT * TW) + ws + ns
-                colfac = gl.expand_dims(_pow2(gl.convert_layout(ktop, TOK) - 127), 1)
+                colfac = gl.expand_dims(_pow2(gl.convert_layout(ktop, TK) - 127), RAX)
                 s = s * colfac
+                rf = gl.expand_dims(rowfac, TAX)
+                rb = gl.expand_dims(rowbias, TAX)
                 if HAS_SOFTCAP:
-                    s = s * gl.expand_dims(rowfac, 2)
+                    s = s * rf
                     s = softcap * (1.0 - 2.0 / (gl.exp2(s / softcap * (2.0 * LOG2E)) + 1.0)) * LOG2E
-                    s = s + gl.expand_dims(rowbias, 2)
+                    s = s + rb
                 else:
-                    s = gl.fma(s, gl.expand_dims(rowfac, 2), gl.expand_dims(rowbias, 2))
+                    s = gl.fma(s, rf, rb)
                 live = ts < t_hi
                 if HAS_WINDOW:
                     live = live & (ts >= lo)
-                s = gl.where(gl.expand_dims(live, 1), s, float("-inf"))
-                m_new = gl.maximum(m_i, gl.max(s, axis=2))
+                s = gl.where(gl.expand_dims(live, RAX), s, float("-inf"))
+                m_new = gl.maximum(m_i, gl.max(s, axis=TAX))
                 m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)
                 alpha = gl.exp2(m_i - m_safe)
-                p = gl.exp2(s - gl.expand_dims(m_safe, 2))
-                l_i = l_i * alpha + gl.sum(p, axis=2)
+                p = gl.exp2(s - gl.expand_dims(m_safe, TAX))
+                l_i = l_i * alpha + gl.sum(p, axis=TAX)
                 m_i = m_new
 
                 # V: scale word per token, reference exponent from the largest contribution
@@ -375,21 +425,33 @@ def uq_decode_v8(q_ptr, cache_ptr, bt_ptr, seqlen_ptr, sinks_ptr, out_ptr, part_
                 vtop = _token_top(vw)
                 vb = _piece(vc8.index(cur + j).permute([0, 1, 3, 4, 2]), [NW, TW, H // 8, 8], VL)
                 vrel = _rel_scale(gl.expand_dims(vw, 3), gl.expand_dims(vtop, 3), vgroup)
-                vb = gl.convert_layout(gl.reshape(gl.permute(vb, [0, 1, 3, 2]), [NW, TW, H]), VB)
-                vrel = gl.convert_layout(gl.reshape(gl.permute(vrel, [0, 1, 3, 2]), [NW, TW, H]), VB)
+                vb = gl.reshape(gl.permute(vb, [0, 1, 3, 2]), [NW, TW, H])
+                vrel = gl.reshape(gl.permute(vrel, [0, 1, 3, 2]), [NW, TW, H])
+                if ROWS_IN_N:
+                    vb = gl.convert_layout(gl.permute(vb, [0, 2, 1]), VA)
+                    vrel = gl.convert_layout(gl.permute(vrel, [0, 2, 1]), VA)
+                else:
+                    vb = gl.convert_layout(vb, VB)
+                    vrel = gl.convert_layout(vrel, VB)
                 v_lo, v_hi = _fp4_decode(vb, vrel)
 
-                vexp = gl.convert_layout(gl.max(vtop, axis=2), TOK) - 127
-                contrib = p * gl.expand_dims(_pow2(gl.minimum(vexp, 127)), 1)
-                ctop = _floor_log2(gl.max(gl.max(contrib, axis=2), axis=1))
+                vexp = gl.convert_layout(gl.max(vtop, axis=2), TK) - 127
+                contrib = p * gl.expand_dims(_pow2(gl.minimum(vexp, 127)), RAX)
+                ctop = _floor_log2(gl.max(gl.max(contrib, axis=TAX), axis=1))
                 shrink = _floor_log2(gl.max(alpha, axis=1))
                 new_run = gl.maximum(run + shrink, ctop)
-                c = alpha * gl.expand_dims(_pow2(gl.minimum(run - new_run, 127)), 1)
-                fac = _pow2(gl.minimum(vexp - gl.expand_dims(gl.convert_layout(new_run, gl.SliceLayout(1, TOK)), 1),
+                c = gl.expand_dims(alpha * gl.expand_dims(_pow2(gl.minimum(run - new_run, 127)), 1), TAX)
+                fac = _pow2(gl.minimum(vexp - gl.expand_dims(gl.convert_layout(new_run, gl.SliceLayout(1, TK)), 1),
                                        127))
-                pv = gl.convert_layout((p * gl.expand_dims(fac, 1)).to(gl.float16), PA)
-                acc_e = mma_v2(pv, v_lo, acc_e * gl.expand_dims(c, 2))
-                acc_o = mma_v2(pv, v_hi, acc_o * gl.expand_dims(c, 2))
+                pf = (p * gl.expand_dims(fac, RAX)).to(gl.float16)
+                if ROWS_IN_N:
+                    pv = gl.convert_layout(pf, PTB)
+                    acc_e = mma_v2(v_lo, pv, acc_e * c)
+                    acc_o = mma_v2(v_hi, pv, acc_o * c)
+                else:
+                    pv = gl.convert_layout(pf, PA)
+                    acc_e = mma_v2(pv, v_lo, acc_e * c)
+                    acc_o = mma_v2(pv, v_hi, acc_o * c)
                 run = new_run
             else:
                 sink_acc = sink_acc ^ kw
@@ -398,21 +460,20 @@ def uq_decode_v8(q_ptr, cache_ptr, bt_ptr, seqlen_ptr, sinks_ptr, out_ptr, part_
     pair0 = b * HK
     if MATH:
         # ---- every warp's partial (acc * 2**run, m, l) to the workspace: slot ((b*HK + h)*S + sp)*WT + s
-        f = gl.expand_dims(gl.expand_dims(_pow2(gl.minimum(run, 127)), 1), 2)
+        f = gl.expand_dims(gl.expand_dims(_pow2(gl.minimum(run, 127)), 1), TAX)
         acc_e = acc_e * f
         acc_o = acc_o * f
-        PW: gl.constexpr = gl.SliceLayout(1, gl.SliceLayout(2, MMA))
-        pw = gl.arange(0, NW, PW)
-        slot = (((pair0 + pw // WT) * num_splits + sp) * WT + pw % WT).to(gl.int64)
-        slot3 = gl.expand_dims(gl.expand_dims(slot, 1), 2)
-        prow = gl.expand_dims(gl.expand_dims(gl.arange(0, ROWS, gl.SliceLayout(0, gl.SliceLayout(2, MMA))), 0), 2)
-        nn = gl.expand_dims(gl.expand_dims(gl.arange(0, H, gl.SliceLayout(0, gl.SliceLayout(1, MMA))), 0), 1)
+        pw = _iota3(NW, 0, MMA)
+        slot3 = (((pair0 + pw // WT) * num_splits + sp) * WT + pw % WT).to(gl.int64)
+        prow = _iota3(ROWS, RAX, MMA)
+        nn = _iota3(H, TAX, MMA)
         d_e = 2 * (8 * (nn % 8) + nn // 8)
         pptr = part_ptr + slot3 * (ROWS * D) + prow * D + d_e
         pmask = (prow < GQA) & (nn >= 0)
         gl.store(pptr, acc_e, mask=pmask)
         gl.store(pptr + 1, acc_o, mask=pmask)
-        mlw = gl.convert_layout(slot, gl.SliceLayout(1, ROW))
+        pw1 = gl.arange(0, NW, gl.SliceLayout(1, QR))
+        mlw = (((pair0 + pw1 // WT) * num_splits + sp) * WT + pw1 % WT).to(gl.int64)
         mlp = ml_ptr + gl.expand_dims(mlw, 1) * (2 * ROWS) + gl.expand_dims(rows, 0)
         mlmask = gl.expand_dims(rows < GQA, 0)
         gl.store(mlp, m_i, mask=mlmask)
