@@ -524,8 +524,8 @@ def uq_decode_v8(q_ptr, cache_ptr, bt_ptr, seqlen_ptr, sinks_ptr, out_ptr, part_
             gl.atomic_xchg(counter_ptr + pair0, 0)
     else:
         gl.store(part_ptr + (b * num_splits + sp).to(gl.int64) * (NW * TW)
-                 + gl.expand_dims(gl.arange(0, NW, gl.SliceLayout(1, gl.SliceLayout(1, KB))), 1) * TW
-                 + gl.expand_dims(gl.arange(0, TW, gl.SliceLayout(0, gl.SliceLayout(1, KB))), 0),
+                 + gl.expand_dims(gl.arange(0, NW, gl.SliceLayout(1, KWL)), 1) * TW
+                 + gl.expand_dims(gl.arange(0, TW, gl.SliceLayout(0, KWL)), 0),
                  sink_acc.to(gl.float32, bitcast=True))
 
 
