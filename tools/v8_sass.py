@@ -23,6 +23,12 @@ TUNING_KEYS = ("warps", "rows_in_n", "nsub", "stages", "tw", "maxnreg")
 
 def compile_v8(config: dict) -> tuple[bytes, object, object]:
     """(cubin, metadata, spec) of decode v8 for ``config`` (decode_v8_spec keywords + tuning keys)."""
+    k, spec = compile_v8_kernel(config)
+    return k.asm["cubin"], k.metadata, spec
+
+
+def compile_v8_kernel(config: dict) -> tuple[object, object]:
+    """(compiled kernel: ``.asm`` holds ttgir/ptx/cubin, spec) of decode v8 for ``config``."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
@@ -38,8 +44,7 @@ def compile_v8(config: dict) -> tuple[bytes, object, object]:
     options = {"num_warps": spec.num_warps, "num_stages": spec.num_stages}
     if spec.maxnreg:
         options["maxnreg"] = spec.maxnreg
-    k = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
-    return k.asm["cubin"], k.metadata, spec
+    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options), spec
 
 
 def main(argv: list[str]) -> None:

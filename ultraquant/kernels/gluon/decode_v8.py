@@ -47,12 +47,16 @@ _FP4_SCALED_ASM = gl.constexpr(" ".join([
 
 
 @gluon.constexpr_function
-def _v_layout(nw, tw):
+def _v_layout(nw, tw, words=False):
     """V bytes as read from shared memory: [NW, TW tokens, 8 (lane group g), 8 (byte r)], byte 8g + r
     of the V codes; after permute/reshape to [NW, TW, 64] the column index is 8r + g (what the PV
-    B operand puts on lane group g). Tokens 16..TW-1 go to further registers."""
+    B operand puts on lane group g). Tokens 16..TW-1 go to further registers. ``words``: the same
+    elements with bytes 4..7 after the next token in register order, so the shared load is 4-byte
+    words (the V codes start at slot byte 68: 8-byte loads there are misaligned); converting to the
+    plain layout only renames registers."""
+    r4 = [[0, 1, 0, 0], [0, 0, 0, 4]] if words else [[0, 0, 0, 4], [0, 1, 0, 0]]
     return gl.DistributedLinearLayout(
-        reg_bases=[[0, 0, 0, 1], [0, 0, 0, 2], [0, 0, 0, 4], [0, 1, 0, 0], [0, 8, 0, 0]]
+        reg_bases=[[0, 0, 0, 1], [0, 0, 0, 2]] + r4 + [[0, 8, 0, 0]]
         + [[0, 16 << i, 0, 0] for i in range(tw.bit_length() - 5)],
         lane_bases=[[0, 2, 0, 0], [0, 4, 0, 0], [0, 0, 1, 0], [0, 0, 2, 0], [0, 0, 4, 0]],
         warp_bases=[[1 << i, 0, 0, 0] for i in range(nw.bit_length() - 1)], block_bases=[],
@@ -110,14 +114,15 @@ def _with_unit_axes(layout, n):
 
 
 @gluon.jit
-def _piece(view, shape: gl.constexpr, layout: gl.constexpr):
+def _piece(view, shape: gl.constexpr, layout: gl.constexpr, load: gl.constexpr):
     """Load index 0 of every trailing axis of a ring view past ``shape`` (the slot piece, not the rest
-    of the slot) as ``shape`` in ``layout``; no data moves between threads."""
+    of the slot) as ``shape`` in ``load`` (``layout`` or a register reordering of it that sets the
+    vector width of the shared loads), returned in ``layout``; no data moves between threads."""
     R: gl.constexpr = len(shape)
     if len(view.shape) == R + 2:
         view = view.slice(0, 1, R + 1)
     view = view.slice(0, 1, R)
-    x = view.load(_with_unit_axes(gl.to_linear_layout(layout, shape), len(view.shape) - R))
+    x = view.load(_with_unit_axes(gl.to_linear_layout(load, shape), len(view.shape) - R))
     return gl.convert_layout(gl.reshape(x, shape), layout)
 
 
@@ -264,18 +269,22 @@ def uq_decode_v8(q_ptr, cache_ptr, bt_ptr, seqlen_ptr, sinks_ptr, out_ptr, part_
     WARP: gl.constexpr = gl.SliceLayout(1, ROW)         # [NW]
     TOK: gl.constexpr = gl.SliceLayout(1, MMA)          # [NW, TW] score columns
     VL: gl.constexpr = _v_layout(NW, TW)
+    VLW: gl.constexpr = _v_layout(NW, TW, True)
     QL: gl.constexpr = gl.BlockedLayout([1, 1, D], [1, 32, 1], [NW, 1, 1], [2, 1, 0])
     # ---- the ring: STAGES x NR runs of 16 whole slots (16 x 136 B), run q at 2176*q bytes. Entries are
     # the leading dimension (the layouts describe one entry; padding counts over the whole buffer).
     NR: gl.constexpr = NSUB * NW
     SLOT: gl.constexpr = 2 * (H + G)
     RING: gl.constexpr = gl.PaddedSharedLayout.with_identity_for([[512, 32]], [NR, 512], [1, 0])
-    ring = gl.allocate_shared_memory(gl.int32, [STAGES, NR, 512], RING)
+    # allocated flat: a padded allocation stops at the last run's 512th word, but its copy fills the
+    # whole 136-byte slot stride (17 rows of 128 B), so the last run's 17th row would land past the end
+    FLAT: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])
+    ring = gl.allocate_shared_memory(gl.int32, [STAGES * NR * (SLOT * 4)], FLAT)._reinterpret(
+        gl.int32, [STAGES, NR, 512], RING)
     # math views of sub-tile entries (NW runs): K codes at slot byte 0, V codes at byte H + G, the scale
     # words at words H/4 and SLOT/4 - 1. Each view is [NW, TW, 2, n] over 2n-element slot pieces padded
     # to the slot (128 + 8 bytes, 32 + 2 words) and based at its piece's offset; slicing index 0 of the
     # size-2 axis skips the rest of the slot (shared layouts cannot broadcast)
-    FLAT: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])
     PB: gl.constexpr = _slot_layout(2 * H, SLOT - 2 * H, [NW, TW, 2, H])
     PV: gl.constexpr = _slot_layout(2 * H, SLOT - 2 * H, [NW, TW, 2, H // 8, 8])
     PWD: gl.constexpr = _slot_layout(32, SLOT // 4 - 32, [NW, TW, 2, 16])
@@ -381,18 +390,18 @@ def uq_decode_v8(q_ptr, cache_ptr, bt_ptr, seqlen_ptr, sinks_ptr, out_ptr, part_
         cur = (it % STAGES) * NSUB
         t0 = t_lo + it * TT
         for j in gl.static_range(NSUB):
-            kw = _piece(ks.index(cur + j), [NW, TW], KWL)
+            kw = _piece(ks.index(cur + j), [NW, TW], KWL, KWL)
             if MATH:
                 # K: relative scales, decode, QK on the tensor cores
                 ktop = _token_top(kw)
                 if ROWS_IN_N:
-                    kb = _piece(kc8.index(cur + j).permute([0, 1, 3, 2]), [NW, TW, H], KA)
+                    kb = _piece(kc8.index(cur + j).permute([0, 1, 3, 2]), [NW, TW, H], KA, KA)
                     krel = _rel_scale(gl.expand_dims(kw, 2), gl.expand_dims(ktop, 2), kgroup)
                     k_lo, k_hi = _fp4_decode(kb, krel)
                     s = mma_v2(k_lo, q_e, gl.zeros([NW, TW, ROWS], gl.float32, MMA))
                     s = mma_v2(k_hi, q_o, s)
                 else:
-                    kb = _piece(kc8.index(cur + j).permute([0, 3, 1, 2]), [NW, H, TW], KB)
+                    kb = _piece(kc8.index(cur + j).permute([0, 3, 1, 2]), [NW, H, TW], KB, KB)
                     krel = _rel_scale(gl.expand_dims(kw, 1), gl.expand_dims(ktop, 1), kgroup)
                     k_lo, k_hi = _fp4_decode(kb, krel)
                     s = mma_v2(q_e, k_lo, gl.zeros([NW, ROWS, TW], gl.float32, MMA))
@@ -421,9 +430,9 @@ def uq_decode_v8(q_ptr, cache_ptr, bt_ptr, seqlen_ptr, sinks_ptr, out_ptr, part_
                 m_i = m_new
 
                 # V: scale word per token, reference exponent from the largest contribution
-                vw = gl.expand_dims(_piece(vs.index(cur + j), [NW, TW], VW), 2)
+                vw = gl.expand_dims(_piece(vs.index(cur + j), [NW, TW], VW, VW), 2)
                 vtop = _token_top(vw)
-                vb = _piece(vc8.index(cur + j).permute([0, 1, 3, 4, 2]), [NW, TW, H // 8, 8], VL)
+                vb = _piece(vc8.index(cur + j).permute([0, 1, 3, 4, 2]), [NW, TW, H // 8, 8], VL, VLW)
                 vrel = _rel_scale(gl.expand_dims(vw, 3), gl.expand_dims(vtop, 3), vgroup)
                 vb = gl.reshape(gl.permute(vb, [0, 1, 3, 2]), [NW, TW, H])
                 vrel = gl.reshape(gl.permute(vrel, [0, 1, 3, 2]), [NW, TW, H])
