@@ -116,30 +116,23 @@ def ring_loads(ttgir: str, ring_bytes: int) -> tuple[list[str], collections.Coun
         nreg = 1 << len(L["register"])
         esz = BYTES[ety]
 
-        def elem(reg: int, lane: int, warp: int) -> list[int]:
-            idx = [0] * len(shape)
-            for bases, v in ((L["register"], reg), (L["lane"], lane), (L["warp"], warp)):
-                for i, b in enumerate(bases):
-                    if v >> i & 1:
-                        idx = [a ^ c for a, c in zip(idx, b)]
-            return idx
-
         # the padded layout's bases map offset bit i -> an index vector (one power of two in one axis)
         bit_of = {}
         for i, v in enumerate(obases):
             d = next(j for j, x in enumerate(v) if x)
             bit_of[(d, v[d])] = 1 << i
 
-        def offset(idx: list[int]) -> int:
-            return sum(bit_of[(d, 1 << bit)] for d, x in enumerate(idx) for bit in range(x.bit_length())
-                       if x >> bit & 1)
+        rank = len(shape)
+
+        def at(reg: int, lane: int, warp: int, L=L, n=rank, bit_of=bit_of) -> int:
+            return _offset(bit_of, _elem(L, n, reg, lane, warp))
 
         n_entries, entry_elems = (entry[0], entry[1]) if entry else (1, 0)
         # vector width: registers 0..2^k-1 at consecutive elements (checked per thread below)
         vec = 1
         while vec < nreg and vec * esz < 16:
             cand = vec * 2
-            ok = all(offset(elem(r, 0, 0)) == offset(elem(0, 0, 0)) + r for r in range(cand))
+            ok = all(at(r, 0, 0) == at(0, 0, 0) + r for r in range(cand))
             if not ok:
                 break
             vec = cand
@@ -147,17 +140,32 @@ def ring_loads(ttgir: str, ring_bytes: int) -> tuple[list[str], collections.Coun
         for e, warp, lane in itertools.product(range(n_entries), range(1 << len(L["warp"])),
                                                range(32)):
             for r0 in range(0, nreg, vec):
-                logical = [e * entry_elems + offset(elem(r0 + i, lane, warp)) for i in range(vec)]
+                logical = [e * entry_elems + at(r0 + i, lane, warp) for i in range(vec)]
                 phys = [x + (x // interval) * pad for x in logical]
                 addr = byte_off + phys[0] * esz
                 if phys != list(range(phys[0], phys[0] + vec)):
                     fails.append(f"{res}: entry {e} warp {warp} lane {lane} reg {r0}: vector not contiguous {phys}")
                 if addr % (vec * esz):
-                    fails.append(f"{res} ({ltype[1]}, {slay}, base +{byte_off} B): entry {e} warp {warp} "
-                                 f"lane {lane} reg {r0}: {vec * esz}-byte load at byte {addr} (mod {addr % (vec * esz)})")
+                    fails.append(f"{res} ({ltype[1]}, {slay}, base +{byte_off} B): entry {e} warp {warp} lane {lane} "
+                                 f"reg {r0}: {vec * esz}-byte load at byte {addr} (mod {addr % (vec * esz)})")
                 if addr + vec * esz > ring_bytes:
                     fails.append(f"{res}: entry {e} warp {warp} lane {lane}: load past the ring ({addr})")
     return fails, census
+
+
+def _elem(L: dict, n: int, reg: int, lane: int, warp: int) -> list[int]:
+    """Tensor index of (register, lane, warp) under linear layout ``L`` (XOR of the set bits' bases)."""
+    idx = [0] * n
+    for bases, v in ((L["register"], reg), (L["lane"], lane), (L["warp"], warp)):
+        for i, b in enumerate(bases):
+            if v >> i & 1:
+                idx = [a ^ c for a, c in zip(idx, b, strict=True)]
+    return idx
+
+
+def _offset(bit_of: dict, idx: list[int]) -> int:
+    """Element offset (before padding) of a tensor index under a padded layout's bit map."""
+    return sum(bit_of[(d, 1 << bit)] for d, x in enumerate(idx) for bit in range(x.bit_length()) if x >> bit & 1)
 
 
 def _cdiv(a: int, b: int) -> int:
