@@ -158,8 +158,9 @@ def test_decode_wide_dynamic_range(fp4_path):
     check_close(out, ref, "wide range")
 
 
-def test_decode_graph_replay_new_seq_lens_and_stream():
-    """Capture once (on a side stream), replay with other seq_lens: right each time."""
+def check_graph_replay_and_stream(decode) -> None:
+    """Capture ``decode(query, kv_cache, block_table, seq_lens, scale, out=out)`` once on a side stream,
+    replay it with other seq_lens (right each time), then call it eagerly on that stream."""
     capacity = [4000, 4000, 2500, 4000]  # blocks allocated per request; replays stay within them
     hq, hk, d, bs = 16, 4, 128, 32
     prob, query, _ = _problem(capacity, hq, hk, d, bs, True, seed=99, sinks=False)
@@ -169,12 +170,12 @@ def test_decode_graph_replay_new_seq_lens_and_stream():
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
-        uq.decode_attention(query, prob.kv_cache, prob.block_table, seq_lens, scale, out=out)  # warm-up
+        decode(query, prob.kv_cache, prob.block_table, seq_lens, scale, out=out)  # warm-up
     torch.cuda.current_stream().wait_stream(stream)
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph, stream=stream):
-        uq.decode_attention(query, prob.kv_cache, prob.block_table, seq_lens, scale, out=out)
+        decode(query, prob.kv_cache, prob.block_table, seq_lens, scale, out=out)
     for new in ([4000, 1, 2500, 64], [17, 3999, 0, 33], [1, 1, 1, 1], [2048, 2049, 31, 4000]):
         seq_lens.copy_(torch.tensor(new, dtype=torch.int32))
         out.fill_(float("nan"))
@@ -185,9 +186,14 @@ def test_decode_graph_replay_new_seq_lens_and_stream():
     # and eagerly on a non-default stream
     with torch.cuda.stream(stream):
         out.fill_(float("nan"))
-        uq.decode_attention(query, prob.kv_cache, prob.block_table, seq_lens, scale, out=out)
+        decode(query, prob.kv_cache, prob.block_table, seq_lens, scale, out=out)
     stream.synchronize()
     check_close(out, R.decode_attention(query.float(), prob.kv_cache, prob.block_table, seq_lens, scale), "stream")
+
+
+def test_decode_graph_replay_new_seq_lens_and_stream():
+    """Capture once (on a side stream), replay with other seq_lens: right each time."""
+    check_graph_replay_and_stream(uq.decode_attention)
 
 
 PREFILL_CASES = {
