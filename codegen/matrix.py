@@ -44,6 +44,8 @@ SOFTCAP_SLIDING: Config = {"has_softcap": True, "has_window": True}  # Gemma-2 l
 ATTENTION_FEATURES: tuple[Config, ...] = (PLAIN, GPT_OSS_FULL, GPT_OSS_SLIDING, SLIDING, SOFTCAP,
                                           SOFTCAP_SLIDING)
 ATTENTION_FLAGS: Config = {"has_sinks": False, "has_window": False, "has_softcap": False}
+V8_KV_HEADS: tuple[int, ...] = (1, 2, 4, 8)
+"""Kv-head counts decode v8 serves (``ultraquant.kernels.decode_v8_plan.v8_supports``); a v8 blob is per count."""
 """Every feature flag defaults to off; a feature set only names the ones it turns on."""
 
 
@@ -109,6 +111,13 @@ OPS: tuple[OpRow, ...] = (
           features=ATTENTION_FEATURES, flag_defaults=ATTENTION_FLAGS, targeted=True,
           grid="(num_seqs, num_kv_heads, num_splits); num_splits fixed from static shapes "
                "(ultraquant.kernels.plans.decode_splits), so graphs replay for any seq_lens"),
+    # Decode v8 (Gluon, sm_90): its own kernel, LaunchPlan and grid (ultraquant.kernels.plans.plan_decode
+    # picks it by takes_v8); one blob per kv-head count (the program holds all kv heads of a page).
+    OpRow("decode_attention_v8", ("head_size", "gqa", "block_size", "dtype"), rename={"dtype": "query_dtype"},
+          features=tuple({**f, "num_kv_heads": hk} for hk in V8_KV_HEADS for f in ATTENTION_FEATURES),
+          flag_defaults=ATTENTION_FLAGS, archs=("sm_90",),
+          grid="(num_seqs, 1, num_splits); num_splits fixed from static shapes "
+               "(ultraquant.kernels.decode_v8_plan.v8_splits); head-major caches only (takes_v8)"),
     OpRow("prefill_attention", ("head_size", "gqa", "block_size", "dtype"), rename={"dtype": "query_dtype"},
           features=ATTENTION_FEATURES, flag_defaults=ATTENTION_FLAGS, targeted=True,
           grid="(cdiv(num_tokens, ROWS // GQA_PAD) + num_seqs, num_kv_heads, 1)"),
@@ -161,6 +170,22 @@ def _bad_head_size(c: Config, arch: str) -> bool:
     return d < 32 or not _pow2(d)
 
 
+def v8_unsupported(config: Config) -> str:
+    """Why decode v8 does not serve ``config`` (matrix keys), or ``""`` (its rule: ``v8_supports``; the
+    cache layout is a run-time fact, head-major assumed here)."""
+    from ultraquant.kernels.decode_v8_plan import v8_supports
+
+    dtype = config.get("query_dtype", config.get("dtype", "bf16"))
+    if str(dtype) not in ("bf16", "fp16"):
+        return f"decode v8 reads bf16/fp16 queries, not {dtype}"
+    if not v8_supports(head_size=config.get("head_size", 0), gqa=config.get("gqa", 0),
+                       num_kv_heads=config.get("num_kv_heads", 0), block_size=config.get("block_size", 0),
+                       runs=True, target="cuda"):
+        return ("decode v8 serves D=128, GQA 1-16, 1/2/4/8 kv heads, blocks of a multiple of 16 tokens "
+                "(v8_supports); v7 serves the rest")
+    return ""
+
+
 SKIPS: tuple[Skip, ...] = (
     Skip(ALL_OPS, _bad_head_size,
          "head size must be a power of two and a multiple of 32 (the format's group size)"),
@@ -168,6 +193,8 @@ SKIPS: tuple[Skip, ...] = (
          "GQA ratio must be at least 1"),
     Skip(("dequant_kv", *ATTENTION_OPS), lambda c, a: not _pow2(c.get("block_size", 1)),
          "block size must be a power of two (Triton tiles are powers of two)"),
+    Skip(("decode_attention_v8",), lambda c, a: v8_unsupported(c),
+         "outside decode v8's rule (v8_unsupported gives the exact reason)"),
     Skip(("decode_attention_flydsl", "decode_attention_flydsl_mx"), lambda c, a: flydsl_unsupported(c),
          "outside the FlyDSL decode's limits (flydsl_unsupported gives the exact reason)"),
 )

@@ -7,6 +7,8 @@ cannot disagree about a config. Both module names are options (the tests point t
 Choices that shape the bytes:
 - ``triton.compile(ASTSource(fn, signature, constexprs, attrs), target=GPUTarget(...))`` with the
   Specialization's ``num_warps``/``num_stages``; every other option at Triton's default (as the JIT).
+  Gluon kernels (``fn.is_gluon()``: decode v8) go through ``GluonASTSource``, as Gluon's JIT does;
+  they take the same two hidden scratch pointers.
 - Pointer parameters carry ``tt.divisibility=16`` (what the JIT assumes for a 16-byte aligned tensor,
   the usual case), and so do the integer parameters the Specialization names in ``divisible`` (the
   row strides its plan proved multiples of 16: what the JIT specializes; without them Triton cannot
@@ -130,7 +132,10 @@ class TritonBackend(Backend):
         bad = [n for n in spec.divisible if not spec.signature.get(n, "").startswith(("i", "u"))]
         if bad:
             raise UltraQuantError(f"{spec.kernel}: divisible names {bad}, which are not integer parameters")
-        src = ASTSource(fn, dict(spec.signature), dict(spec.constexprs), compile_attrs(spec, names))
+        source = ASTSource
+        if fn.is_gluon():  # a Gluon kernel (decode v8): Gluon's front end, the same compile after it
+            from triton.experimental.gluon._runtime import GluonASTSource as source
+        src = source(fn, dict(spec.signature), dict(spec.constexprs), compile_attrs(spec, names))
         target = GPUTarget(arch.vendor, arch.triton_arch, arch.warp_size)
         options = {"num_warps": spec.num_warps, "num_stages": spec.num_stages}
         if spec.maxnreg is not None and arch.vendor != "hip":

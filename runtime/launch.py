@@ -351,13 +351,14 @@ def model_specializations(model: dict[str, Any], device: Any = None) -> list[Spe
     vLLM's), ``has_sinks``/``has_window``/``has_softcap``, ``encoder``, ``cache_strides`` (the cache's
     first three strides when it is not the dense layout) and ``ops`` (default: all four). Stores get
     both layouts (a decode step's few rows, a prefill's many); dequant the query dtype (the dense
-    prefill route's); decode/prefill the device's target and ``ULTRAQUANT_DECODE_*`` tuning."""
+    prefill route's); decode/prefill the device's target and ``ULTRAQUANT_DECODE_*`` tuning; decode v8
+    where the plan's rule takes it (``num_kv_heads`` and head-major ``cache_strides`` given)."""
     from ultraquant.kernels import plans, specs
 
     unknown = sorted(set(model) - set(MODEL_KEYS))
     if unknown:
         raise UltraQuantError(f"configs: unknown model keys {unknown} (known: {', '.join(MODEL_KEYS)})")
-    ops = tuple(model.get("ops", specs.SPECIALIZERS))
+    ops = tuple(model.get("ops", (op for op in specs.SPECIALIZERS if op != "decode_attention_v8")))
     for op in ops:
         if op not in specs.SPECIALIZERS:
             raise UltraQuantError(f"configs: unknown op {op!r} (ops are {', '.join(specs.SPECIALIZERS)})")
@@ -382,8 +383,9 @@ def model_specializations(model: dict[str, Any], device: Any = None) -> list[Spe
                 out.append(specs.dequant_spec(head_size=d, block_size=bs, out_dtype=q))
                 continue
             gqa = int(model["gqa"]) if "gqa" in model else int(model["num_q_heads"]) // int(model["num_kv_heads"])
-            if op == "decode_attention":
-                out.append(plans.decode_call_spec(d, gqa, bs, q, o, *flags, strides, dev, config.get().tuning))
+            if op in ("decode_attention", "decode_attention_v8"):  # the plan's rule picks v8 or v7
+                hk = int(model["num_kv_heads"]) if "num_kv_heads" in model else None
+                out.append(plans.decode_call_spec(d, gqa, bs, q, o, *flags, strides, dev, config.get().tuning, hk))
             else:
                 out.append(plans.prefill_call_spec(d, gqa, bs, q, k, o, *flags, strides, dev))
         except KeyError as exc:

@@ -29,14 +29,15 @@ from ultraquant.kernels.specs import Specialization
 from .loader import Kernel
 from .selftest import register
 
-SELFTEST_VERSION = 4
+SELFTEST_VERSION = 5
 """Version of the self-test problems and pass criteria below, part of every cached verdict's key: bump
 it whenever this file changes what a self-test launches or accepts, so verdicts recorded with the old
 problems are not trusted. 1: the problems of sessions 1-2; 2: verdicts also bound to the manifest key;
 3: a problem accepts blobs whose key differs only in the alignment facts (``Specialization.runnable_as``);
-4: the decode problem's query blocks differ in scale and keys weigh K positions 16-63 (MFMA layouts)."""
+4: the decode problem's query blocks differ in scale and keys weigh K positions 16-63 (MFMA layouts);
+5: the decode v8 problem (head-major cache, several splits)."""
 
-PROBLEMS_SOURCE_SHA256 = "4664cee4c8193bb17084be054d720c53ca86fd7b2a1ab39bd2610a01ee11dbd6"
+PROBLEMS_SOURCE_SHA256 = "a0ff3ac15b491c184655efe515856614dfa8c8b90710d6f03624bb66029546e7"
 """sha256 of this file with this line's hash blanked (see :func:`source_hash`); a test fails when the
 file changes and this is not updated, the reminder to bump :data:`SELFTEST_VERSION`."""
 
@@ -175,6 +176,33 @@ def decode_problem(kernel: Kernel, spec: Specialization, dev: Device) -> tuple[b
     scale = d ** -0.5
     out = torch.full((3, hq, d), float("nan"), dtype=od, device=dev)
     why = _launch(kernel, plans.plan_decode(query, cache, table, lens, scale, sinks, window, softcap, out), dev)
+    if why:
+        return False, why
+    want = reference.decode_attention(query.float(), cache, table, lens, scale, sinks=sinks,
+                                      sliding_window=window, softcap=softcap)
+    err = _rel_err(out, want)
+    return bool(torch.isfinite(out).all()) and err <= ATTENTION_RTOL, f"rel err {err:.2e}"
+
+
+@register("uq_decode_v8")
+def decode_v8_problem(kernel: Kernel, spec: Specialization, dev: Device) -> tuple[bool, str]:
+    """Decode v8 over a head-major copy of a paged cache: 3 requests (1100, 1, 45 tokens) x the blob's
+    kv heads, so the longest takes several splits (512 tokens each at least) and the ring's last stage
+    is partial; the block-scaled query and weighted keys of :func:`decode_problem`."""
+    from ultraquant.kernels.decode_v8_plan import plan_decode_v8
+
+    c, gen = spec.constexprs, _gen()
+    d, gqa, bs, hk = c["D"], c["GQA"], c["BLOCK_SIZE"], c["HK"]
+    hq = gqa * hk
+    qd, od = _dtype(spec, "q_ptr"), _dtype(spec, "out_ptr")
+    paged, table, lens, _, _ = _paged(dev, [1100, 1, 45], hk, d, bs, torch.float32, gen, key_weight(d))
+    cache = torch.empty((paged.shape[0], hk, bs, paged.shape[3]), dtype=paged.dtype, device=dev).transpose(1, 2)
+    cache.copy_(paged)  # head-major pages: what v8 reads (whole 16-token runs)
+    query = block_scaled_query((3, hq), d, gen).to(qd).to(dev)
+    sinks, window, softcap = _options(c, hq, gen, dev)
+    scale = d ** -0.5
+    out = torch.full((3, hq, d), float("nan"), dtype=od, device=dev)
+    why = _launch(kernel, plan_decode_v8(query, cache, table, lens, scale, sinks, window, softcap, out), dev)
     if why:
         return False, why
     want = reference.decode_attention(query.float(), cache, table, lens, scale, sinks=sinks,

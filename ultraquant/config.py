@@ -34,6 +34,8 @@ class Tuning:
     decode_maxnreg: int | None = None
     decode_splits: int | None = None
     prefill_splits: int | None = None
+    decode_v8: bool = True
+    """``ULTRAQUANT_DECODE_V8=0``: every decode takes v7, even where decode v8 applies (A/B runs)."""
 
 
 @dataclass(frozen=True)
@@ -92,6 +94,7 @@ def parse(env: dict[str, str]) -> Config:
         decode_maxnreg=_number(env, "ULTRAQUANT_DECODE_MAXNREG"),
         decode_splits=_number(env, "ULTRAQUANT_DECODE_SPLITS"),
         prefill_splits=_number(env, "ULTRAQUANT_PREFILL_SPLITS"),
+        decode_v8=_flag(env, "ULTRAQUANT_DECODE_V8", True),
     )
     return Config(
         backend=backend,

@@ -6,22 +6,24 @@ runs. It covers D = 128, GQA <= 16, 1 <= Hk <= 8 (a power of two), blocks that a
 tokens, head-major caches whose 16-token runs are contiguous and 16-byte aligned
 (:func:`whole_runs`); :func:`v8_supports` is the rule, everything else is v7's. Same
 run-time arguments as v7 (``DECODE_PARAMS``) and the same per-device workspace. Not routed by the
-production plan yet: on the H200 it is slower than v7 (benchmarks/NOTES.md, "Decode v8").
+production plan routes every decode that :func:`v8_call` accepts here (``ultraquant.kernels.plans.plan_decode``).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from ..errors import UltraQuantError
 from ..format import check_head_size, slot_size
 from .heuristics import cdiv, num_sms
-from .plans import LaunchPlan
-from .specs import DECODE_PARAMS, Specialization, _signature, _tname, pow2_at_least
+from .specs import ALIGNABLE, DECODE_PARAMS, Specialization, _signature, _tname, fit_divisible, pow2_at_least
 from .workspace import _dummy_f32, decode_workspace
+
+if TYPE_CHECKING:
+    from .plans import LaunchPlan
 
 V8_PROGRAMS_PER_SM = 1
 """Programs per multiprocessor the v8 split count aims for (181 registers x 8 warps and the ring's
@@ -64,6 +66,15 @@ def v8_supports(*, head_size: int, gqa: int, num_kv_heads: int, block_size: int,
             and block_size % 16 == 0 and runs)
 
 
+def v8_call(head_size: int, gqa: int, num_kv_heads: int, block_size: int, cache_strides: tuple[int, ...],
+            target: str, cache_aligned: bool = True) -> bool:
+    """The plan's rule for one call: :func:`v8_supports` over the cache's strides (``cache_aligned``:
+    its base address is a multiple of 16 bytes)."""
+    return cache_aligned and v8_supports(head_size=head_size, gqa=gqa, num_kv_heads=num_kv_heads,
+                                         block_size=block_size, target=target,
+                                         runs=whole_runs(head_size, cache_strides, num_kv_heads))
+
+
 def decode_v8_spec(*, head_size: int, gqa: int, num_kv_heads: int, block_size: int,
                    query_dtype: torch.dtype | str = "bf16", out_dtype: torch.dtype | str | None = None,
                    has_sinks: bool = False, has_window: bool = False, has_softcap: bool = False,
@@ -86,7 +97,7 @@ def decode_v8_spec(*, head_size: int, gqa: int, num_kv_heads: int, block_size: i
                     "STAGES": tuning.stages, "TW": tuning.tw, "BLOCK_SIZE": int(block_size),
                     "HAS_SINKS": bool(has_sinks), "HAS_WINDOW": bool(has_window),
                     "HAS_SOFTCAP": bool(has_softcap), "MATH": bool(math), "ROWS_IN_N": rows_in_n},
-        num_warps=hk * wt, num_stages=1, maxnreg=tuning.maxnreg)
+        num_warps=hk * wt, num_stages=1, maxnreg=tuning.maxnreg, divisible=ALIGNABLE["uq_decode_v8"])
 
 
 def v8_splits(batch: int, max_tokens: int, device: torch.device, forced: int | None = None) -> int:
@@ -103,6 +114,8 @@ def plan_decode_v8(query: torch.Tensor, kv_cache: torch.Tensor, block_table: tor
                    sliding_window: int | None, softcap: float | None, out: torch.Tensor,
                    math: bool = True, tuning: V8Tuning = V8Tuning()) -> LaunchPlan:
     """Launch of decode v8 (callers check :func:`v8_supports` first); grid ``(B, 1, splits)``."""
+    from .plans import LaunchPlan
+
     b, hq, d = query.shape
     hk, bs = kv_cache.shape[2], kv_cache.shape[1]
     if not whole_runs(d, tuple(kv_cache.stride()), hk) or kv_cache.data_ptr() % 16:
@@ -123,7 +136,7 @@ def plan_decode_v8(query: torch.Tensor, kv_cache: torch.Tensor, block_table: tor
             float(scale), float(softcap or 0.0), int(sliding_window or 0), splits,
             query.stride(0), query.stride(1), out.stride(0), out.stride(1),
             kv_cache.stride(0), kv_cache.stride(1), kv_cache.stride(2), block_table.stride(0))
-    return LaunchPlan(spec, args, (b, 1, splits), notes={"num_splits": splits})
+    return LaunchPlan(fit_divisible(spec, args), args, (b, 1, splits), notes={"num_splits": splits})
 
 
 def decode_v8(query: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tensor, seq_lens: torch.Tensor,
@@ -131,15 +144,15 @@ def decode_v8(query: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Te
               softcap: float | None = None, out: torch.Tensor | None = None, math: bool = True,
               tuning: V8Tuning = V8Tuning()) -> torch.Tensor:
     """Decode through v8 on an NVIDIA GPU (same contract as ``ultraquant.decode_attention``; no
-    fallback: the caller checks :func:`v8_supports`). Imports Triton lazily."""
-    from .gluon.decode_v8 import launch_v8
+    fallback: the caller checks :func:`v8_supports`; Gluon's JIT, any ``tuning``). Imports Triton lazily."""
+    from .registry import jit_launch
 
     if out is None:
         out = torch.empty_like(query)
-    launch_v8(plan_decode_v8(query, kv_cache, block_table, seq_lens, scale, sinks, sliding_window, softcap, out,
+    jit_launch(plan_decode_v8(query, kv_cache, block_table, seq_lens, scale, sinks, sliding_window, softcap, out,
                              math=math, tuning=tuning))
     return out
 
 
-__all__ = ["V8Tuning", "V8_PROGRAMS_PER_SM", "decode_v8", "decode_v8_spec", "plan_decode_v8", "v8_splits",
-           "v8_supports", "whole_runs"]
+__all__ = ["V8Tuning", "V8_PROGRAMS_PER_SM", "decode_v8", "decode_v8_spec", "plan_decode_v8", "v8_call",
+           "v8_splits", "v8_supports", "whole_runs"]

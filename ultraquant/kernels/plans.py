@@ -12,6 +12,7 @@ from typing import Any
 import torch
 
 from ..config import Tuning
+from .decode_v8_plan import V8Tuning, decode_v8_spec, plan_decode_v8, v8_call
 from .heuristics import STORE_FEW_ROWS_PER_SM, cdiv, decode_splits, num_sms, prefill_splits
 from .specs import (
     Specialization,
@@ -75,12 +76,33 @@ def plan_dequant(kv_cache: torch.Tensor, block_table: torch.Tensor, seq_lens: to
     return LaunchPlan(fit_divisible(spec, args), args, grid)
 
 
+def takes_v8(head_size: int, gqa: int, num_kv_heads: int | None, block_size: int,
+             cache_strides: tuple[int, ...] | None, device: torch.device, tuning: Tuning = NO_TUNING,
+             cache_aligned: bool = True) -> bool:
+    """THE decode rule (docs/kernels.md, "Which decode runs"): decode v8 (Gluon, sm_90) where the target
+    is ``"cuda"`` and :func:`~.decode_v8_plan.v8_supports` holds for the call's cache (head-major pages,
+    16-byte aligned), unless ``tuning.decode_v8`` is off; v7 everywhere else."""
+    if not tuning.decode_v8 or num_kv_heads is None or cache_strides is None:
+        return False
+    return v8_call(head_size, gqa, num_kv_heads, block_size, cache_strides, target_of(device), cache_aligned)
+
+
+def v8_tuning(tuning: Tuning) -> V8Tuning:
+    """v8's launch shape under the run-time tuning (a forced split count carries over)."""
+    return V8Tuning(splits=tuning.decode_splits)
+
+
 def decode_call_spec(head_size: int, gqa: int, block_size: int, query_dtype: torch.dtype | str,
                      out_dtype: torch.dtype | str, has_sinks: bool, has_window: bool, has_softcap: bool,
                      cache_strides: tuple[int, ...] | None, device: torch.device,
-                     tuning: Tuning = NO_TUNING) -> Specialization:
-    """The decode variant a call plans: slot alignment from the cache strides (None: the dense layout),
-    target from the device, tuning overrides. :func:`plan_decode` and warmup both use it."""
+                     tuning: Tuning = NO_TUNING, num_kv_heads: int | None = None) -> Specialization:
+    """The decode variant a call plans: v8 by :func:`takes_v8` (needs ``num_kv_heads``), else v7 with
+    slot alignment from the cache strides (None: the dense layout), target from the device, tuning
+    overrides. :func:`plan_decode` and warmup both use it (v8 keys gain ``divisible`` at the launch)."""
+    if takes_v8(head_size, gqa, num_kv_heads, block_size, cache_strides, device, tuning):
+        return decode_v8_spec(head_size=head_size, gqa=gqa, num_kv_heads=num_kv_heads, block_size=block_size,
+                              query_dtype=query_dtype, out_dtype=out_dtype, has_sinks=has_sinks,
+                              has_window=has_window, has_softcap=has_softcap, tuning=v8_tuning(tuning))
     return decode_spec(head_size=head_size, gqa=gqa, block_size=block_size, query_dtype=query_dtype,
                        out_dtype=out_dtype, has_sinks=has_sinks, has_window=has_window, has_softcap=has_softcap,
                        align=slot_alignment(head_size, cache_strides), target=target_of(device),
@@ -103,9 +125,13 @@ def plan_decode(query: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.
                 seq_lens: torch.Tensor, scale: float, sinks: torch.Tensor | None,
                 sliding_window: int | None, softcap: float | None, out: torch.Tensor,
                 tuning: Tuning = NO_TUNING) -> LaunchPlan:
-    """Launch of split-KV decode; the split count depends on static shapes only."""
+    """Launch of split-KV decode (v8 or v7 by :func:`takes_v8`); the split count depends on static
+    shapes only."""
     b, hq, d = query.shape
     hk, bs = kv_cache.shape[2], kv_cache.shape[1]
+    if takes_v8(d, hq // hk, hk, bs, tuple(kv_cache.stride()), query.device, tuning, kv_cache.data_ptr() % 16 == 0):
+        return plan_decode_v8(query, kv_cache, block_table, seq_lens, scale, sinks, sliding_window, softcap, out,
+                              tuning=v8_tuning(tuning))
     spec = decode_call_spec(d, hq // hk, bs, query.dtype, out.dtype, sinks is not None, sliding_window is not None,
                             softcap is not None, tuple(kv_cache.stride()[:3]), query.device, tuning)
     rows = spec.constexprs["ROWS"]

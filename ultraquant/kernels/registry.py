@@ -11,6 +11,7 @@ from typing import Any
 
 from triton import knobs
 
+from .gluon.decode_v8 import uq_decode_v8
 from .plans import LaunchPlan
 from .triton.attention import uq_decode, uq_prefill
 from .triton.dequant import uq_dequant_kv
@@ -20,6 +21,7 @@ KERNELS: dict[str, Any] = {
     "uq_store_kv": uq_store_kv,
     "uq_dequant_kv": uq_dequant_kv,
     "uq_decode": uq_decode,
+    "uq_decode_v8": uq_decode_v8,
     "uq_prefill": uq_prefill,
 }
 """Every kernel a Specialization may name."""
@@ -80,7 +82,7 @@ if knobs.runtime.interpret:
 
 
 def jit_launch(plan: LaunchPlan) -> None:
-    """Run ``plan`` through Triton's JIT (compiles on first use per specialization, then caches)."""
+    """Run ``plan`` through Triton's JIT (Gluon's for v8; compiles on first use per specialization, then caches)."""
     fn = KERNELS[plan.spec.kernel]
     extra = {} if plan.spec.maxnreg is None else {"maxnreg": plan.spec.maxnreg}
     fn[plan.grid](*plan.args, **plan.spec.constexprs, num_warps=plan.spec.num_warps,

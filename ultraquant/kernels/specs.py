@@ -138,6 +138,7 @@ ALIGNABLE: dict[str, tuple[str, ...]] = {
     "uq_store_kv": ("stride_kn", "stride_kh", "stride_vn", "stride_vh"),
     "uq_dequant_kv": ("stride_kn", "stride_kh", "stride_vn", "stride_vh"),
     "uq_decode": ("stride_qb", "stride_qh", "stride_ob", "stride_oh"),
+    "uq_decode_v8": ("stride_qb", "stride_qh", "stride_ob", "stride_oh"),
     "uq_prefill": ("stride_qn", "stride_qh", "stride_kn", "stride_kh", "stride_vn", "stride_vh",
                    "stride_on", "stride_oh"),
 }
@@ -255,10 +256,19 @@ def prefill_spec(*, head_size: int, gqa: int, block_size: int, query_dtype: torc
         num_warps=4 if d <= 128 else 8, num_stages=2, divisible=ALIGNABLE["uq_prefill"])
 
 
+def decode_v8_spec(**config: Any) -> Specialization:
+    """The Gluon decode v8 (:func:`ultraquant.kernels.decode_v8_plan.decode_v8_spec`; imported on use:
+    that module builds on the plans, which build on this one)."""
+    from .decode_v8_plan import decode_v8_spec as spec
+
+    return spec(**config)
+
+
 SPECIALIZERS = {
     "store_kv": store_spec,
     "dequant_kv": dequant_spec,
     "decode_attention": decode_spec,
+    "decode_attention_v8": decode_v8_spec,
     "prefill_attention": prefill_spec,
 }
 """Op name -> function(**config) -> Specialization (what codegen enumerates)."""

@@ -537,10 +537,3 @@ def uq_decode_v8(q_ptr, cache_ptr, bt_ptr, seqlen_ptr, sinks_ptr, out_ptr, part_
                  + gl.expand_dims(gl.arange(0, TW, gl.SliceLayout(0, KWL)), 0),
                  sink_acc.to(gl.float32, bitcast=True))
 
-
-def launch_v8(plan) -> None:
-    """Run a :func:`ultraquant.kernels.decode_v8_plan.plan_decode_v8` plan through Gluon's JIT."""
-    spec = plan.spec
-    extra = {"maxnreg": spec.maxnreg} if spec.maxnreg else {}
-    uq_decode_v8[plan.grid](*plan.args, **spec.constexprs, num_warps=spec.num_warps, num_stages=spec.num_stages,
-                            **extra)
