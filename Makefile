@@ -40,7 +40,7 @@ bench:
 #   make kernels ARCH=gfx942                      the `popular` preset: common open models at TP 1,2,4,8
 #   make kernels ARCH=gfx942 MODELS=path/to/config.json[,...] [TP=1,2,8] [BLOCK_SIZES=16]
 #   make kernels ARCH=gfx942 MATRIX=full [HEAD_SIZES=64,128 GQA=4,8 BLOCK_SIZES=16 DTYPES=bf16]
-#   (any of them: OPS=... JOBS=2 APT=1)  APT=1 lets the build apt-get the FlyDSL tools (root)
+#   (any of them: OPS=... KV_HEADS=1,8 JOBS=2 APT=1)  KV_HEADS: decode v8's kv-head counts (default 1,2,4,8)  APT=1 lets the build apt-get the FlyDSL tools (root)
 #   make wheel   ARCH=gfx942,gfx950,sm_90  (same selection) -> $(DIST)/ultraquant-<v>+<arches>.<preset>-*.whl
 ARCH       ?= gfx942,gfx950,sm_90
 GENERATED  ?= generated
@@ -50,7 +50,8 @@ BUILD_PY   := $(BUILD_VENV)/bin/python
 comma      := ,
 SELECTION_ARGS = $(if $(MODELS),--model $(MODELS)) $(if $(TP),--tp $(TP)) $(if $(MATRIX),--matrix $(MATRIX)) \
 	$(if $(HEAD_SIZES),--head-sizes $(HEAD_SIZES)) $(if $(GQA),--gqa $(GQA)) \
-	$(if $(BLOCK_SIZES),--block-sizes $(BLOCK_SIZES)) $(if $(DTYPES),--dtypes $(DTYPES)) $(if $(OPS),--ops $(OPS))
+	$(if $(BLOCK_SIZES),--block-sizes $(BLOCK_SIZES)) $(if $(DTYPES),--dtypes $(DTYPES)) $(if $(OPS),--ops $(OPS)) \
+	$(if $(KV_HEADS),--kv-heads $(KV_HEADS))
 KERNEL_ARGS = --arch $(ARCH) --out $(GENERATED) $(SELECTION_ARGS) $(if $(JOBS),-j $(JOBS)) \
 	$(if $(filter 1 yes true,$(APT)),--install-system-deps)
 

@@ -29,8 +29,9 @@ DEFAULT_BLOCK_SIZES: tuple[int, ...] = (16, 32, 64, 128)
 DEFAULT_DTYPES: tuple[str, ...] = ("bf16",)
 """Query/key/value/output dtype; fp16 is available (``DTYPES=bf16,fp16``) but not built by default."""
 
-AXES: tuple[str, ...] = ("head_size", "gqa", "block_size", "dtype")
-"""The matrix axes, in the order configs are enumerated (and their names in a config dict)."""
+AXES: tuple[str, ...] = ("head_size", "gqa", "block_size", "dtype", "num_kv_heads")
+"""The matrix axes, in the order configs are enumerated (and their names in a config dict); only decode v8
+has a ``num_kv_heads`` axis (``KV_HEADS=``, default :data:`V8_KV_HEADS`)."""
 
 Config = dict[str, Any]
 
@@ -113,9 +114,9 @@ OPS: tuple[OpRow, ...] = (
                "(ultraquant.kernels.plans.decode_splits), so graphs replay for any seq_lens"),
     # Decode v8 (Gluon, sm_90): its own kernel, LaunchPlan and grid (ultraquant.kernels.plans.plan_decode
     # picks it by takes_v8); one blob per kv-head count (the program holds all kv heads of a page).
-    OpRow("decode_attention_v8", ("head_size", "gqa", "block_size", "dtype"), rename={"dtype": "query_dtype"},
-          features=tuple({**f, "num_kv_heads": hk} for hk in V8_KV_HEADS for f in ATTENTION_FEATURES),
-          flag_defaults=ATTENTION_FLAGS, archs=("sm_90",),
+    OpRow("decode_attention_v8", ("head_size", "gqa", "block_size", "dtype", "num_kv_heads"),
+          rename={"dtype": "query_dtype"}, features=ATTENTION_FEATURES, flag_defaults=ATTENTION_FLAGS,
+          archs=("sm_90",),
           grid="(num_seqs, 1, num_splits); num_splits fixed from static shapes "
                "(ultraquant.kernels.decode_v8_plan.v8_splits); head-major caches only (takes_v8)"),
     OpRow("prefill_attention", ("head_size", "gqa", "block_size", "dtype"), rename={"dtype": "query_dtype"},
@@ -249,6 +250,8 @@ class Selection:
     block_sizes: tuple[int, ...] = DEFAULT_BLOCK_SIZES
     dtypes: tuple[str, ...] = DEFAULT_DTYPES
     ops: tuple[str, ...] | None = None
+    kv_heads: tuple[int, ...] = V8_KV_HEADS
+    """Kv-head counts of the decode v8 blobs (its only per-count axis)."""
     attention: tuple[Config, ...] | None = None
     """Model builds (codegen/models.py): the exact attention configs to build, each ``{head_size, gqa,
     block_size, dtype, has_sinks, has_window, has_softcap}``; rows with a ``gqa`` axis build only these.
@@ -262,7 +265,7 @@ class Selection:
 
     def values(self, axis: str) -> tuple[Any, ...]:
         return {"head_size": self.head_sizes, "gqa": self.gqa, "block_size": self.block_sizes,
-                "dtype": self.dtypes}[axis]
+                "dtype": self.dtypes, "num_kv_heads": self.kv_heads}[axis]
 
     def admits(self, row: OpRow, config: Config) -> bool:
         """Whether ``config`` of ``row`` is one of the selected attention configs (always, without a list)."""
@@ -275,6 +278,8 @@ class Selection:
         out = {"head_sizes": list(self.head_sizes), "gqa": list(self.gqa),
                "block_sizes": list(self.block_sizes), "dtypes": list(self.dtypes),
                "ops": list(self.ops) if self.ops is not None else None, "preset": self.preset}
+        if self.kv_heads != V8_KV_HEADS:
+            out["kv_heads"] = list(self.kv_heads)
         if self.attention is not None:
             out.update(models=list(self.models), tp=list(self.tp),
                        attention=[dict(sorted(c.items())) for c in self.attention])

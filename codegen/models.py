@@ -285,7 +285,7 @@ FULL = "full"
 
 
 def make_selection(*, models: str = "", tp: str = "", matrix_name: str = "", head_sizes: str = "", gqa: str = "",
-                   block_sizes: str = "", dtypes: str = "", ops: str = "") -> matrix.Selection:
+                   block_sizes: str = "", dtypes: str = "", ops: str = "", kv_heads: str = "") -> matrix.Selection:
     """The build selection from the command line's strings (``make kernels`` variables).
 
     - ``MODELS=<config.json>[,...]|popular [TP=...] [BLOCK_SIZES=...] [DTYPES=...]``: exactly what those
@@ -293,8 +293,10 @@ def make_selection(*, models: str = "", tp: str = "", matrix_name: str = "", hea
     - ``MATRIX=full`` (optionally narrowed by ``HEAD_SIZES= GQA= BLOCK_SIZES= DTYPES=``): the product of axes;
     - ``HEAD_SIZES=``/``GQA=`` alone: that hand-picked product (preset ``custom``);
     - nothing: ``MODELS=popular``.
-    ``OPS=`` narrows every mode. Nothing is widened silently: conflicting knobs raise.
+    ``OPS=`` and ``KV_HEADS=`` (decode v8's kv-head counts) narrow every mode. Nothing is widened
+    silently: conflicting knobs raise.
     """
+    hks = matrix.parse_int_list(kv_heads, "KV_HEADS", matrix.V8_KV_HEADS)
     axes_given = bool(head_sizes.strip() or gqa.strip())
     op_list = matrix.parse_str_list(ops, "OPS", None)
     if matrix_name.strip() and matrix_name.strip() != FULL:
@@ -308,7 +310,7 @@ def make_selection(*, models: str = "", tp: str = "", matrix_name: str = "", hea
             gqa=matrix.parse_int_list(gqa, "GQA", matrix.DEFAULT_GQA),
             block_sizes=matrix.parse_int_list(block_sizes, "BLOCK_SIZES", matrix.DEFAULT_BLOCK_SIZES),
             dtypes=matrix.parse_str_list(dtypes, "DTYPES", matrix.DEFAULT_DTYPES),
-            ops=op_list, preset="custom" if narrowed else FULL)
+            ops=op_list, kv_heads=hks, preset="custom" if narrowed else FULL)
     if axes_given:
         raise UltraQuantError("HEAD_SIZES/GQA are derived from MODELS; for a hand-picked matrix use "
                               "MATRIX=full HEAD_SIZES=... GQA=...")
@@ -323,7 +325,7 @@ def make_selection(*, models: str = "", tp: str = "", matrix_name: str = "", hea
         attention = tuple(dict(t) for t in dict.fromkeys(retyped))
     return matrix.Selection(
         head_sizes=needs.head_sizes, gqa=needs.gqa, block_sizes=needs.block_sizes,
-        dtypes=forced or needs.dtypes, ops=op_list, attention=attention,
+        dtypes=forced or needs.dtypes, ops=op_list, kv_heads=hks, attention=attention,
         preset=POPULAR if (models.strip() or POPULAR) == POPULAR else "models",
         models=tuple(f.name for f in facts), tp=degrees, notes=needs.skipped_tp)
 

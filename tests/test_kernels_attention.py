@@ -170,7 +170,8 @@ def test_plans_match_kernel_parameters():
     for op, spec in [("store_kv", specs.store_spec(head_size=128)),
                      ("dequant_kv", specs.dequant_spec(head_size=128, block_size=16)),
                      ("decode_attention", specs.decode_spec(**cfg)),
-                     ("prefill_attention", specs.prefill_spec(**cfg))]:
+                     ("prefill_attention", specs.prefill_spec(**cfg)),
+                     ("decode_attention_v8", specs.decode_v8_spec(**cfg, num_kv_heads=2))]:
         names = registry.KERNELS[spec.kernel].arg_names
         assert names == list(spec.signature) + list(spec.constexprs), op
         assert specs.SPECIALIZERS[op] is not None

@@ -77,10 +77,13 @@ def test_expand_builds_exactly_the_model_configs(configs) -> None:
         got = {(c["head_size"], c["gqa"], c["has_sinks"], c["has_window"]) for c in by_op[op]}
         assert got == want and len(by_op[op]) == 3
     assert len(by_op["store_kv"]) == 2 * 6 and len(by_op["dequant_kv"]) == 2 * 3  # per head size
-    assert skipped == []
+    # decode v8: Llama's config once per kv-head count; gpt-oss (D=64) is v7's, skipped with the reason
+    assert {(c["head_size"], c["gqa"], c["num_kv_heads"]) for c in by_op["decode_attention_v8"]} == {
+        (128, 4, hk) for hk in matrix.V8_KV_HEADS} and len(by_op["decode_attention_v8"]) == 4
+    assert {s["op"] for s in skipped} == {"decode_attention_v8"} and len(skipped) == 2 * 4
     # the full matrix is untouched by the filter
     full_points, _ = matrix.expand(matrix.OPS, models.make_selection(matrix_name="full"), "sm_90", ["triton"])
-    assert len(full_points) == 24 + 48 + 2 * 576
+    assert len(full_points) == 24 + 48 + 2 * 576 + 576  # v8: D=128 x 6 GQA x 4 blocks x 4 kv heads x 6 features
 
 
 def test_build_dry_run_cli(configs) -> None:
@@ -88,7 +91,11 @@ def test_build_dry_run_cli(configs) -> None:
     res = CliRunner().invoke(main, ["build", "--arch", "sm_90", "--model", str(a), "--tp", "1", "--dry-run",
                                     "--no-cache"])
     assert res.exit_code == 0, res.output
-    assert "sm_90: 11 blobs (store_kv 6, dequant_kv 3, decode_attention 1, prefill_attention 1)" in res.output
+    assert ("sm_90: 15 blobs (store_kv 6, dequant_kv 3, decode_attention 1, decode_attention_v8 4, "
+            "prefill_attention 1)") in res.output
+    res = CliRunner().invoke(main, ["build", "--arch", "sm_90", "--model", str(a), "--tp", "1", "--dry-run",
+                                    "--no-cache", "--kv-heads", "8"])
+    assert "decode_attention_v8 1," in res.output, res.output
     assert "selection models: llama; TP 1" in res.output
     res = CliRunner().invoke(main, ["build", "--arch", "sm_90", "--model", str(a), "--gqa", "4", "--dry-run"])
     assert res.exit_code != 0 and "derived from MODELS" in res.output and "Traceback" not in res.output
@@ -144,8 +151,9 @@ def test_info_lists_configs(tmp_path, monkeypatch, configs) -> None:
     monkeypatch.setenv("ULTRAQUANT_GENERATED", str(tmp_path))
     res = CliRunner().invoke(main, ["info"])
     assert res.exit_code == 0, res.output
-    assert "sm_90: 24 in" in res.output and "built for  models" in res.output and "llama, gpt-oss.json" in res.output
-    assert "configs    D=128 block 16 bf16 plain: GQA 4 (decode_attention, prefill_attention)" in res.output
+    assert "sm_90: 28 in" in res.output and "built for  models" in res.output and "llama, gpt-oss.json" in res.output
+    assert ("configs    D=128 block 16 bf16 plain: GQA 4 (decode_attention, decode_attention_v8, prefill_attention)"
+            in res.output)
     assert "configs    D=64 block 16 bf16 sinks+window: GQA 8" in res.output
 
 

@@ -103,6 +103,7 @@ def _selection_summary(selection) -> str:
 @click.option("--block-sizes", default="", help="Comma list (models: 16, vLLM's default; matrix: 16,32,64,128).")
 @click.option("--dtypes", default="", help="Comma list (default: the models' dtypes; matrix: bf16).")
 @click.option("--ops", default="", help="Comma list of ops to build (default: all rows of the matrix).")
+@click.option("--kv-heads", default="", help="Comma list of decode v8's kv-head counts (default 1,2,4,8).")
 @click.option("--out", "out_dir", default="generated", type=click.Path(path_type=Path),
               help="Output root; blobs go to OUT/<arch>/.")
 @click.option("--cache-dir", default=".build/cache", type=click.Path(path_type=Path),
@@ -117,8 +118,9 @@ def _selection_summary(selection) -> str:
 @click.option("--timings", type=click.Path(path_type=Path), default=None,
               help="Append one JSON line per compile (arch, op, key, seconds) to this file.")
 def command(arch_list: str, models: str, tp: str, matrix_name: str, head_sizes: str, gqa: str, block_sizes: str,
-            dtypes: str, ops: str, out_dir: Path, cache_dir: Path, no_cache: bool, jobs: int, install_deps: bool,
-            install_system_deps: bool, deps_only: bool, dry_run: bool, timings: Path | None) -> None:
+            dtypes: str, ops: str, kv_heads: str, out_dir: Path, cache_dir: Path, no_cache: bool, jobs: int,
+            install_deps: bool, install_system_deps: bool, deps_only: bool, dry_run: bool,
+            timings: Path | None) -> None:
     """Compile the selected specializations for each arch into OUT/<arch>/ + manifest.json."""
     from ultraquant.codegen import matrix
     from ultraquant.codegen.archs import parse_arch_list
@@ -127,7 +129,7 @@ def command(arch_list: str, models: str, tp: str, matrix_name: str, head_sizes: 
     try:
         archs = parse_arch_list(arch_list)
         selection = make_selection(models=models, tp=tp, matrix_name=matrix_name, head_sizes=head_sizes,
-                                   gqa=gqa, block_sizes=block_sizes, dtypes=dtypes, ops=ops)
+                                   gqa=gqa, block_sizes=block_sizes, dtypes=dtypes, ops=ops, kv_heads=kv_heads)
         click.echo(_selection_summary(selection), err=True)
         if selection.notes:
             shown = selection.notes if dry_run else ()

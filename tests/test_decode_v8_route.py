@@ -1,0 +1,136 @@
+"""Decode v8 as the product's decode, on the CPU: the plan's rule (v8 for a ``cuda`` target on the
+configs ``v8_supports`` covers, v7 otherwise), warmup's specs, and an sm_90 build of one v8 config
+whose manifest key is the plan's key and which ``ultraquant verify`` accepts.
+
+CPU tensors stand for CUDA ones by patching ``plans.target_of`` (the plan reads the target only
+there); the kernel itself runs in tests/gpu/test_decode_v8_gpu.py.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pytest
+import torch
+
+from ultraquant import config
+from ultraquant.format import slot_size
+from ultraquant.kernels import plans
+from ultraquant.kernels.decode_v8_plan import whole_runs
+
+SLOT = 136  # slot bytes at D=128
+
+
+def _call(hq: int = 32, hk: int = 8, bs: int = 64, d: int = 128, head_major: bool = True, batch: int = 3):
+    """(query, cache, block table, seq_lens, out) of a decode call on CPU tensors."""
+    slot = slot_size(d)
+    if head_major:
+        cache = torch.zeros(9, hk, bs, slot, dtype=torch.uint8).transpose(1, 2)
+    else:
+        cache = torch.zeros(9, bs, hk, slot, dtype=torch.uint8)
+    q = torch.randn(batch, hq, d).to(torch.bfloat16)
+    return q, cache, torch.zeros(batch, 3, dtype=torch.int32), torch.ones(batch, dtype=torch.int32), q.clone()
+
+
+def _plan(call, tuning=plans.NO_TUNING, **kw):
+    q, cache, bt, lens, out = call
+    return plans.plan_decode(q, cache, bt, lens, q.shape[-1] ** -0.5, None, kw.get("window"), None, out, tuning)
+
+
+@pytest.fixture
+def cuda_target(monkeypatch):
+    monkeypatch.setattr(plans, "target_of", lambda device: "cuda")
+
+
+def test_cuda_target_takes_v8_where_covered(cuda_target):
+    for hq, hk, bs in ((32, 8, 64), (16, 1, 16), (4, 4, 128), (12, 2, 32), (128, 8, 16)):
+        p = _plan(_call(hq, hk, bs))
+        assert p.spec.kernel == "uq_decode_v8", (hq, hk, bs)
+        assert p.grid[:2] == (3, 1) and p.spec.constexprs["HK"] == hk
+        assert set(p.spec.divisible) == {"stride_qb", "stride_qh", "stride_ob", "stride_oh"}
+    window = _plan(_call(), window=100)
+    assert window.spec.kernel == "uq_decode_v8" and window.spec.constexprs["HAS_WINDOW"]
+
+
+@pytest.mark.parametrize("what,call", [
+    ("token-major pages", dict(head_major=False)),
+    ("D=64", dict(d=64)),
+    ("D=256", dict(d=256)),
+    ("GQA 32", dict(hq=32, hk=1)),
+    ("16 kv heads", dict(hq=32, hk=16)),
+    ("3 kv heads", dict(hq=12, hk=3)),
+    ("8-token blocks", dict(bs=8)),
+])
+def test_cuda_target_keeps_v7_outside_the_rule(cuda_target, what, call):
+    p = _plan(_call(**call))
+    assert p.spec.kernel == "uq_decode" and p.grid[1] == p.args[1].shape[2], what
+
+
+def test_v7_when_not_cuda_or_switched_off(cuda_target, monkeypatch):
+    assert _plan(_call(), dataclasses.replace(plans.NO_TUNING, decode_v8=False)).spec.kernel == "uq_decode"
+    monkeypatch.setenv("ULTRAQUANT_DECODE_V8", "0")
+    assert config.get().tuning.decode_v8 is False
+    assert _plan(_call(), config.get().tuning).spec.kernel == "uq_decode"
+    monkeypatch.undo()
+    assert _plan(_call()).spec.kernel == "uq_decode"  # CPU tensors: target "portable"
+
+
+def test_misaligned_cache_keeps_v7(cuda_target):
+    q, cache, bt, lens, out = _call()
+    raw = torch.zeros(9 * 8 * 64 * SLOT + 8, dtype=torch.uint8)
+    shifted = raw[8:].view(9, 8, 64, SLOT).transpose(1, 2)
+    assert whole_runs(128, shifted.stride(), 8) and shifted.data_ptr() % 16
+    assert plans.plan_decode(q, shifted, bt, lens, 0.1, None, None, None, out).spec.kernel == "uq_decode"
+
+
+def test_forced_splits_carry_over(cuda_target):
+    p = _plan(_call(), dataclasses.replace(plans.NO_TUNING, decode_splits=5))
+    assert p.spec.kernel == "uq_decode_v8" and p.grid == (3, 1, 5)
+
+
+def test_warmup_specs_follow_the_rule(cuda_target, monkeypatch):
+    from ultraquant.runtime import launch
+
+    strides = _call()[1].stride()
+    model = {"head_size": 128, "block_size": 64, "num_q_heads": 32, "num_kv_heads": 8, "ops": ["decode_attention"]}
+    monkeypatch.setattr(launch, "_torch_device", lambda device: torch.device("cpu"))
+    (v8,) = launch.model_specializations({**model, "cache_strides": list(strides)})
+    (v7,) = launch.model_specializations(model)  # the dense (token-major) layout
+    assert v8.kernel == "uq_decode_v8" and v7.kernel == "uq_decode"
+    plan = _plan(_call())
+    assert dataclasses.replace(v8, divisible=plan.spec.divisible).key() == plan.spec.key()
+    assert "decode_attention_v8" not in [s.kernel for s in launch.model_specializations(
+        {k: v for k, v in model.items() if k != "ops"})]
+
+
+def test_sm90_build_of_a_v8_config_is_the_plans_key(cuda_target, tmp_path, monkeypatch):
+    pytest.importorskip("triton")
+    from ultraquant.codegen import matrix
+    from ultraquant.codegen.archs import get_arch
+    from ultraquant.codegen.build import BuildOptions, build
+    from ultraquant.codegen.verify import verify_dir
+    from ultraquant.runtime.manifest import ManifestIndex, find_manifests
+
+    (row,) = [r for r in matrix.OPS if r.op == "decode_attention_v8"]
+    one = dataclasses.replace(row, features=(matrix.PLAIN,))
+    sel = matrix.Selection(head_sizes=(128,), gqa=(4,), block_sizes=(64,), kv_heads=(8,),
+                           ops=("decode_attention_v8",))
+    build(BuildOptions(archs=[get_arch("sm_90")], selection=sel, out_dir=tmp_path, cache_dir=None, jobs=1,
+                       rows=[one], extra_env={"TRITON_INTERPRET": "0"}))
+    manifest = json.loads((tmp_path / "sm_90" / "manifest.json").read_text())
+    (blob,) = manifest["blobs"]
+    plan = _plan(_call())
+    assert blob["key"] == plan.spec.key()
+    assert [p["name"] for p in blob["params"] if p["hidden"]] == ["global_scratch", "profile_scratch"]
+    report = verify_dir(tmp_path / "sm_90")
+    assert not report.problems, report.problems
+    monkeypatch.setenv("ULTRAQUANT_GENERATED", str(tmp_path))
+    entry, why = ManifestIndex(find_manifests()).lookup("sm_90", plan.spec.key())
+    assert entry is not None and entry.kernel == "uq_decode_v8", why
+    points, skipped = matrix.expand([row], matrix.Selection(head_sizes=(64, 128), gqa=(4, 32), block_sizes=(64,),
+                                                            kv_heads=(2, 3)), "sm_90", ["triton"])
+    assert {(p.config["head_size"], p.config["gqa"], p.config["num_kv_heads"]) for p in points} == {(128, 4, 2)}
+    assert len(skipped) == 7 * len(matrix.ATTENTION_FEATURES)
+    assert all("v8_supports" in s["reason"] for s in skipped)
+    assert matrix.expand([row], sel, "gfx942", ["triton"]) == ([], [])
