@@ -1,10 +1,12 @@
 """Decode v8 (Gluon, NVIDIA sm_90+) on a GPU against the float64 reference over the same cache bytes.
 
 Covers what v8 serves (D=128, GQA 1..16, Hk 1..8, blocks 16..128, head-major caches: whole 16-token
-runs): ragged lengths at block/split boundaries (including an empty request), sinks, sliding window,
-soft cap, V outliers 2^20 apart, NaN-poisoned outputs, several ring shapes, warp counts and split
-counts, CUDA graph capture + replay with new lengths on a side stream. Token-major caches (Hk > 1)
-and everything else are v7's by ``v8_supports`` (tests/test_decode_v8_plan.py, CPU).
+runs) through the routed public API (``ultraquant.decode_attention``: the plan must pick v8; AOT blob
+or Gluon JIT by ``ULTRAQUANT_BACKEND``), tuned ring shapes through ``decode_v8``: ragged lengths at
+block/split boundaries (including an empty request), sinks, sliding window, soft cap, V outliers
+2^20 apart, NaN-poisoned outputs, several ring shapes, warp counts and split counts, CUDA graph
+capture + replay with new lengths on a side stream. Token-major caches (Hk > 1) and everything else
+are v7's by ``v8_supports`` (tests/test_decode_v8_plan.py, tests/test_decode_v8_route.py, CPU).
 """
 
 from __future__ import annotations
@@ -12,9 +14,11 @@ from __future__ import annotations
 import pytest
 import torch
 
+import ultraquant as uq
 from tests.gpu.test_kernels_gpu import _problem, check_close, check_graph_replay_and_stream
 from ultraquant import reference as R
 from ultraquant.errors import UltraQuantError
+from ultraquant.kernels import plans
 from ultraquant.kernels.decode_v8_plan import V8Tuning, decode_v8
 
 pytestmark = [
@@ -39,17 +43,25 @@ RINGS = [(2, 4), (1, 4), (4, 2), (2, 2)]
 
 
 def _run(name: str, tuning: V8Tuning | None = None) -> None:
-    tuning = tuning or V8Tuning()
+    """One case through v8: the routed public API (``ultraquant.decode_attention``: AOT blob or JIT by
+    the backend policy) without ``tuning``, else ``decode_v8`` with it (Gluon's JIT)."""
     lens, hq, hk, bs, sinks, window, softcap = CASES[name]
     prob, query, sk = _problem(lens, hq, hk, 128, bs, True, seed=len(name), sinks=sinks)
     scale = 128 ** -0.5
     ref = R.decode_attention(query.float(), prob.kv_cache, prob.block_table, prob.seq_lens, scale, sinks=sk,
                              sliding_window=window, softcap=softcap)
     out = torch.full_like(query, float("nan"))
-    decode_v8(query, prob.kv_cache, prob.block_table, prob.seq_lens, scale, sinks=sk, sliding_window=window,
-              softcap=softcap, out=out, tuning=tuning)
+    if tuning is None:
+        plan = plans.plan_decode(query, prob.kv_cache, prob.block_table, prob.seq_lens, scale, sk, window, softcap,
+                                 out)
+        assert plan.spec.kernel == "uq_decode_v8", plan.spec.key()
+        uq.decode_attention(query, prob.kv_cache, prob.block_table, prob.seq_lens, scale, sinks=sk,
+                            sliding_window=window, softcap=softcap, out=out)
+    else:
+        decode_v8(query, prob.kv_cache, prob.block_table, prob.seq_lens, scale, sinks=sk, sliding_window=window,
+                  softcap=softcap, out=out, tuning=tuning)
     torch.cuda.synchronize()
-    check_close(out, ref, f"{name} {tuning}")
+    check_close(out, ref, f"{name} {tuning or 'routed'}")
 
 
 @pytest.mark.parametrize("name", list(CASES))
@@ -76,6 +88,11 @@ def test_decode_v8_token_major_is_refused():
         decode_v8(query, prob.kv_cache, prob.block_table, prob.seq_lens, 0.1)
 
 
+def test_decode_v8_jit_default_tuning():
+    """The direct entry (Gluon JIT, default tuning) agrees with the routed one on one case."""
+    _run("gqa4-hk8-b64-sinks", V8Tuning())
+
+
 def test_decode_v8_wide_dynamic_range():
     """V outliers 2**20 above the rest with almost no attention (the v7 CPU/GPU case)."""
     from tests.test_kernels_attention import wide_range_problem
@@ -85,11 +102,14 @@ def test_decode_v8_wide_dynamic_range():
     query = query.cuda()
     ref = R.decode_attention(query.float(), prob.kv_cache, prob.block_table, prob.seq_lens, 0.125)
     out = torch.full_like(query, float("nan"))
-    decode_v8(query, prob.kv_cache, prob.block_table, prob.seq_lens, 0.125, out=out)
+    assert plans.plan_decode(query, prob.kv_cache, prob.block_table, prob.seq_lens, 0.125, None, None, None,
+                             out).spec.kernel == "uq_decode_v8"
+    uq.decode_attention(query, prob.kv_cache, prob.block_table, prob.seq_lens, 0.125, out=out)
     torch.cuda.synchronize()
     check_close(out, ref, "wide range")
 
 
 def test_decode_v8_graph_replay_new_seq_lens_and_stream():
-    """Capture once on a side stream, replay with other seq_lens (tickets reset themselves)."""
-    check_graph_replay_and_stream(decode_v8)
+    """Capture once on a side stream, replay with other seq_lens (tickets reset themselves), through the
+    routed public API (the case is v8's: D=128, GQA 4, head-major)."""
+    check_graph_replay_and_stream(uq.decode_attention)
