@@ -49,6 +49,8 @@ def test_cuda_target_takes_v8_where_covered(cuda_target):
         assert p.spec.kernel == "uq_decode_v8", (hq, hk, bs)
         assert p.grid[:2] == (3, 1) and p.spec.constexprs["HK"] == hk
         assert set(p.spec.divisible) == {"stride_qb", "stride_qh", "stride_ob", "stride_oh"}
+        assert len(p.args) == len(p.spec.signature)  # the kernel's parameters (DECODE_PARAMS), in order
+        assert p.args[list(p.spec.signature).index("stride_btb")] == p.args[2].stride(0)
     window = _plan(_call(), window=100)
     assert window.spec.kernel == "uq_decode_v8" and window.spec.constexprs["HAS_WINDOW"]
 
