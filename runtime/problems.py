@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import re
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -37,7 +38,7 @@ problems are not trusted. 1: the problems of sessions 1-2; 2: verdicts also boun
 4: the decode problem's query blocks differ in scale and keys weigh K positions 16-63 (MFMA layouts);
 5: the decode v8 problem (head-major cache, several splits)."""
 
-PROBLEMS_SOURCE_SHA256 = "a0ff3ac15b491c184655efe515856614dfa8c8b90710d6f03624bb66029546e7"
+PROBLEMS_SOURCE_SHA256 = "0a897174a91a8105b3b2e67245794ba0b009b06b61f910ad454eb9afedef76bf"
 """sha256 of this file with this line's hash blanked (see :func:`source_hash`); a test fails when the
 file changes and this is not updated, the reminder to bump :data:`SELFTEST_VERSION`."""
 
@@ -165,23 +166,7 @@ def key_weight(d: int) -> torch.Tensor:
 def decode_problem(kernel: Kernel, spec: Specialization, dev: Device) -> tuple[bool, str]:
     """3 requests (300, 1, 45 tokens) x 2 kv heads: at least two KV splits, one single-token request;
     a block-scaled query (:func:`block_scaled_query`) against keys weighted by :func:`key_weight`."""
-    c, gen = spec.constexprs, _gen()
-    d, gqa, bs = c["D"], c["GQA"], c["BLOCK_SIZE"]
-    hk = 2
-    hq = gqa * hk
-    qd, od = _dtype(spec, "q_ptr"), _dtype(spec, "out_ptr")
-    cache, table, lens, _, _ = _paged(dev, [300, 1, 45], hk, d, bs, torch.float32, gen, key_weight(d))
-    query = block_scaled_query((3, hq), d, gen).to(qd).to(dev)
-    sinks, window, softcap = _options(c, hq, gen, dev)
-    scale = d ** -0.5
-    out = torch.full((3, hq, d), float("nan"), dtype=od, device=dev)
-    why = _launch(kernel, plans.plan_decode(query, cache, table, lens, scale, sinks, window, softcap, out), dev)
-    if why:
-        return False, why
-    want = reference.decode_attention(query.float(), cache, table, lens, scale, sinks=sinks,
-                                      sliding_window=window, softcap=softcap)
-    err = _rel_err(out, want)
-    return bool(torch.isfinite(out).all()) and err <= ATTENTION_RTOL, f"rel err {err:.2e}"
+    return _decode_check(kernel, spec, dev, [300, 1, 45], 2, False, plans.plan_decode)
 
 
 @register("uq_decode_v8")
@@ -191,21 +176,31 @@ def decode_v8_problem(kernel: Kernel, spec: Specialization, dev: Device) -> tupl
     is partial; the block-scaled query and weighted keys of :func:`decode_problem`."""
     from ultraquant.kernels.decode_v8_plan import plan_decode_v8
 
+    return _decode_check(kernel, spec, dev, [1100, 1, 45], spec.constexprs["HK"], True, plan_decode_v8)
+
+
+def _decode_check(kernel: Kernel, spec: Specialization, dev: Device, lens: list[int], hk: int, head_major: bool,
+                  planner: Callable[..., LaunchPlan]) -> tuple[bool, str]:
+    """Launch ``planner``'s decode of ``lens`` x ``hk`` kv heads (a head-major copy of the cache if
+    ``head_major``) through ``kernel``; the verdict against the float64 reference."""
     c, gen = spec.constexprs, _gen()
-    d, gqa, bs, hk = c["D"], c["GQA"], c["BLOCK_SIZE"], c["HK"]
+    d, gqa, bs = c["D"], c["GQA"], c["BLOCK_SIZE"]
     hq = gqa * hk
     qd, od = _dtype(spec, "q_ptr"), _dtype(spec, "out_ptr")
-    paged, table, lens, _, _ = _paged(dev, [1100, 1, 45], hk, d, bs, torch.float32, gen, key_weight(d))
-    cache = torch.empty((paged.shape[0], hk, bs, paged.shape[3]), dtype=paged.dtype, device=dev).transpose(1, 2)
-    cache.copy_(paged)  # head-major pages: what v8 reads (whole 16-token runs)
-    query = block_scaled_query((3, hq), d, gen).to(qd).to(dev)
+    cache, table, seq_lens, _, _ = _paged(dev, lens, hk, d, bs, torch.float32, gen, key_weight(d))
+    if head_major:  # whole 16-token runs per kv head: what v8 reads
+        paged, cache = cache, torch.empty((cache.shape[0], hk, bs, cache.shape[3]), dtype=cache.dtype,
+                                          device=dev).transpose(1, 2)
+        cache.copy_(paged)
+    n = len(lens)
+    query = block_scaled_query((n, hq), d, gen).to(qd).to(dev)
     sinks, window, softcap = _options(c, hq, gen, dev)
     scale = d ** -0.5
-    out = torch.full((3, hq, d), float("nan"), dtype=od, device=dev)
-    why = _launch(kernel, plan_decode_v8(query, cache, table, lens, scale, sinks, window, softcap, out), dev)
+    out = torch.full((n, hq, d), float("nan"), dtype=od, device=dev)
+    why = _launch(kernel, planner(query, cache, table, seq_lens, scale, sinks, window, softcap, out), dev)
     if why:
         return False, why
-    want = reference.decode_attention(query.float(), cache, table, lens, scale, sinks=sinks,
+    want = reference.decode_attention(query.float(), cache, table, seq_lens, scale, sinks=sinks,
                                       sliding_window=window, softcap=softcap)
     err = _rel_err(out, want)
     return bool(torch.isfinite(out).all()) and err <= ATTENTION_RTOL, f"rel err {err:.2e}"

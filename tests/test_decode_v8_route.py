@@ -136,3 +136,44 @@ def test_sm90_build_of_a_v8_config_is_the_plans_key(cuda_target, tmp_path, monke
     assert len(skipped) == 7 * len(matrix.ATTENTION_FEATURES)
     assert all("v8_supports" in s["reason"] for s in skipped)
     assert matrix.expand([row], sel, "gfx942", ["triton"]) == ([], [])
+
+
+class ReferenceBlob:
+    """Looks like a loaded v8 blob; its launch writes the reference decode of the launch's arguments
+    (optionally without the sinks: a wrong kernel) and records the grid and cache strides."""
+
+    def __init__(self, spec, drop_sinks: bool = False) -> None:
+        self.entry = type("E", (), {"key": spec.key(), "kernel": spec.kernel, "alternate_of": ""})()
+        self.names, self.flags, self.drop_sinks = list(spec.signature), spec.constexprs, drop_sinks
+        self.seen: list = []
+
+    def launch(self, args, grid) -> None:
+        from ultraquant import reference
+
+        a = dict(zip(self.names, args, strict=True))
+        self.seen.append((grid, a["cache_ptr"].stride()))
+        sinks = a["sinks_ptr"] if self.flags["HAS_SINKS"] and not self.drop_sinks else None
+        a["out_ptr"].copy_(reference.decode_attention(
+            a["q_ptr"].float(), a["cache_ptr"], a["bt_ptr"], a["seqlen_ptr"], a["scale"], sinks=sinks,
+            sliding_window=a["window"] if self.flags["HAS_WINDOW"] else None,
+            softcap=a["softcap"] if self.flags["HAS_SOFTCAP"] else None))
+
+
+def test_selftest_problem_of_v8():
+    """The v8 self-test problem plans v8 over a head-major cache with several splits, passes a kernel
+    that computes the decode, fails one that drops the sinks, refuses a blob of another key."""
+    from ultraquant.kernels.decode_v8_plan import decode_v8_spec
+    from ultraquant.runtime import problems
+
+    spec = decode_v8_spec(head_size=128, gqa=4, num_kv_heads=2, block_size=32, has_sinks=True, has_window=True)
+    spec = dataclasses.replace(spec, divisible=("stride_qb", "stride_qh", "stride_ob", "stride_oh"))
+    good = ReferenceBlob(spec)
+    ok, detail = problems.decode_v8_problem(good, spec, torch.device("cpu"))
+    assert ok, detail
+    (grid, strides), = good.seen
+    assert grid[1] == 1 and grid[2] > 1 and whole_runs(128, strides, 2)
+    ok, detail = problems.decode_v8_problem(ReferenceBlob(spec, drop_sinks=True), spec, torch.device("cpu"))
+    assert not ok and "rel err" in detail
+    other = dataclasses.replace(spec, constexprs={**spec.constexprs, "NSUB": 4})
+    ok, detail = problems.decode_v8_problem(ReferenceBlob(other), spec, torch.device("cpu"))
+    assert not ok and "not this blob's" in detail

@@ -71,11 +71,14 @@ def main() -> None:
         os.environ.pop("ULTRAQUANT_DECODE_V8")
         p = None
         torch.cuda.empty_cache()
-    print("\nshape name kernel us %ceiling vs-sdpa")
-    for r in rows:
-        print(f"{r['shape']} {r['name']:10s} {r['kernel']:14s} {r['us']:8.1f} {r['pct_ceiling']:5.1f} "
-              f"{'' if r['vs_sdpa'] is None else round(r['vs_sdpa'], 2)}")
-
+    print("\nsummary (us; speed-up of the routed AOT decode over v7 AOT and over bf16 SDPA)")
+    by = {(r["shape"], r["name"]): r["us"] for r in rows}
+    for shape in a.shapes.split(","):
+        got = {n: by.get((shape, n)) for n in ("sdpa-bf16", *(v[0] for v in VARIANTS))}
+        line = " ".join(f"{n}={'-' if u is None else f'{u:.1f}'}" for n, u in got.items())
+        if got["v8 aot"] and got["v7 aot"] and got["sdpa-bf16"]:
+            line += f"  v8/v7 {got['v7 aot'] / got['v8 aot']:.2f}x  v8/sdpa {got['sdpa-bf16'] / got['v8 aot']:.2f}x"
+        print(f"{shape}: {line}")
 
 if __name__ == "__main__":
     main()

@@ -46,5 +46,5 @@ for f in tests_aot tests_triton_v8 tests_triton_kernels verify_device; do echo "
 LEFT=$((148 - (SECONDS - T0))); [ $LEFT -lt 20 ] && LEFT=20
 timeout $LEFT $PY tools/v8_route_bench.py --json "$D/bench.json" --shapes A,B,D > "$D/bench.log" 2>&1
 echo "bench rc=$? ($((SECONDS - T0)) s)"
-grep -A40 "^shape name" "$D/bench.log" || tail -30 "$D/bench.log"
+grep -E "^(ceiling|[ABD] )" "$D/bench.log"; grep -A5 "^summary" "$D/bench.log" || tail -30 "$D/bench.log"
 echo "total $((SECONDS - T0)) s"
