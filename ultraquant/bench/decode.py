@@ -292,7 +292,8 @@ def run_bench(shapes: list[str], plot: str | None, layouts: list[str], with_stre
     """Run everything; return a JSON-able dict and print the table."""
     torch.manual_seed(0)
     import ultraquant as uq
-    from ultraquant.kernels import heuristics
+    from ultraquant import config
+    from ultraquant.kernels import heuristics, plans
 
     ceiling = measure_ceiling()
     rows: list[Row] = []
@@ -307,10 +308,13 @@ def run_bench(shapes: list[str], plot: str | None, layouts: list[str], with_stre
                                     head_major=layout == "head")
             splits = heuristics.decode_splits(s["B"], s["Hk"], p.block_table.shape[1] * s["block"], p.query.device,
                                          s["D"])
+            plan = plans.plan_decode(p.query, p.kv_cache, p.block_table, p.seq_lens, s["D"] ** -0.5, None, None,
+                                     None, p.out, config.get().tuning)
+            label = f"{'v8' if plan.spec.kernel == 'uq_decode_v8' else 'v7'}, splits {plan.notes['num_splits']}"
             if with_stream:
                 rows.append(_row(f"{name} stream-{layout}", bench_stream(p, s["block"], splits), p.stored_bytes,
                                  ceiling, sdpa_us))
-            rows.append(_row(f"{name} uq-{layout} (splits {splits})", bench_decode(p, s["D"]), p.stored_bytes,
+            rows.append(_row(f"{name} uq-{layout} ({label})", bench_decode(p, s["D"]), p.stored_bytes,
                              ceiling, sdpa_us))
             print(f"  {rows[-1].name}: {rows[-1].us:.1f} us", flush=True)
             if aot_vs_jit:
