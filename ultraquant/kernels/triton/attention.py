@@ -17,7 +17,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .common import fwht, pow2_f32, scale_f32
+from .common import ERR_BLOCK, block_ids, clamp_length, fwht, pow2_f32, scale_f32
 
 
 @triton.jit
@@ -144,9 +144,10 @@ def _load_fp16_codes(base, tmask, T: tl.constexpr, D: tl.constexpr, FP4_PTX: tl.
 
 @triton.jit
 def _attend_paged(acc_e, acc_o, vtop_run, m_i, l_i, q_e, q_o, rowfac, qpos, rmask, cache_ptr, bt_row_ptr, head_off,
-                  t_lo, t_hi, window, softcap, stride_cb, stride_ct, D: tl.constexpr, BLOCK_SIZE: tl.constexpr,
-                  TILE: tl.constexpr, HAS_WINDOW: tl.constexpr, HAS_SOFTCAP: tl.constexpr, ALIGN: tl.constexpr,
-                  FP4_PTX: tl.constexpr, V_IN_LOAD_LAYOUT: tl.constexpr):
+                  t_lo, t_hi, window, softcap, stride_cb, stride_ct, num_blocks, err_ptr, D: tl.constexpr,
+                  BLOCK_SIZE: tl.constexpr, TILE: tl.constexpr, HAS_WINDOW: tl.constexpr,
+                  HAS_SOFTCAP: tl.constexpr, ALIGN: tl.constexpr, FP4_PTX: tl.constexpr,
+                  V_IN_LOAD_LAYOUT: tl.constexpr):
     """Attend to cached tokens ``[t_lo, t_hi)`` of one request and kv head (rotated space).
 
     Query: fp16 even/odd halves times ``rowfac`` (:func:`_paged_query`); scores are two fp16 MMAs
@@ -156,11 +157,14 @@ def _attend_paged(acc_e, acc_o, vtop_run, m_i, l_i, q_e, q_o, rowfac, qpos, rmas
     of ``2**(vtop_run - 127)``. Per element the FP4 decode is a few bit operations and half an fp16x2
     multiply. ``rmask`` marks real query rows (padding rows must not steer the reference exponent).
     ALIGN (from the host: gcd of 16 and the cache strides) lets the compiler vectorize slot loads.
+    A block id outside [0, num_blocks) is an empty block (its tokens masked out, nothing read); the
+    loop only ORs such ids into a register and one store after it sets the error word.
     """
+    bad_any = tl.zeros([TILE], dtype=tl.int32)
     for t0 in range(t_lo, t_hi, TILE):
         toks = t0 + tl.arange(0, TILE)
-        tmask = toks < t_hi
-        blk = tl.load(bt_row_ptr + toks // BLOCK_SIZE, mask=tmask, other=0)
+        blk, tmask, bad = block_ids(bt_row_ptr, toks, toks < t_hi, num_blocks, BLOCK_SIZE)
+        bad_any = bad_any | bad.to(tl.int32)
         off = blk.to(tl.int64) * stride_cb + (toks % BLOCK_SIZE).to(tl.int64) * stride_ct + head_off
         base = cache_ptr + tl.multiple_of(off, ALIGN)
         k_e, k_o, ktop = _load_fp16_codes(base, tmask, TILE, D, FP4_PTX)
@@ -182,6 +186,7 @@ def _attend_paged(acc_e, acc_o, vtop_run, m_i, l_i, q_e, q_o, rowfac, qpos, rmas
         acc_e = tl.dot(pv, v_e, acc_e * c[:, None])
         acc_o = tl.dot(pv, v_o, acc_o * c[:, None])
         vtop_run = run
+    tl.store(err_ptr + ERR_BLOCK + tl.zeros([TILE], dtype=tl.int32), 1, mask=bad_any != 0)
     return acc_e, acc_o, vtop_run, m_i, l_i
 
 
@@ -274,8 +279,8 @@ def _paged_acc(acc_e, acc_o, vtop_run, R: tl.constexpr, D: tl.constexpr):
 
 
 @triton.jit
-def uq_decode(q_ptr, cache_ptr, bt_ptr, seqlen_ptr, sinks_ptr, out_ptr, part_ptr, ml_ptr, counter_ptr,
-              scale, softcap, window, num_splits,
+def uq_decode(q_ptr, cache_ptr, bt_ptr, seqlen_ptr, sinks_ptr, out_ptr, part_ptr, ml_ptr, counter_ptr, err_ptr,
+              scale, softcap, window, num_splits, num_blocks, bt_cols,
               stride_qb, stride_qh, stride_ob, stride_oh,
               stride_cb, stride_ct, stride_ch, stride_btb,
               D: tl.constexpr, LOG2D: tl.constexpr, GQA: tl.constexpr, ROWS: tl.constexpr,
@@ -287,7 +292,7 @@ def uq_decode(q_ptr, cache_ptr, bt_ptr, seqlen_ptr, sinks_ptr, out_ptr, part_ptr
     kvh = tl.program_id(1)
     sp = tl.program_id(2)
     num_kv = tl.num_programs(1)
-    length = tl.load(seqlen_ptr + b)
+    length = clamp_length(tl.load(seqlen_ptr + b), bt_cols, err_ptr, BLOCK_SIZE)
     lo = 0
     if HAS_WINDOW:
         lo = tl.maximum(length - window, 0)
@@ -309,7 +314,8 @@ def uq_decode(q_ptr, cache_ptr, bt_ptr, seqlen_ptr, sinks_ptr, out_ptr, part_ptr
     l_i = tl.zeros([ROWS], dtype=tl.float32)
     acc_e, acc_o, vtop, m_i, l_i = _attend_paged(acc_e, acc_o, vtop, m_i, l_i, q_e, q_o, rowfac, qpos, rmask, cache_ptr,
                                                  bt_ptr + b.to(tl.int64) * stride_btb, kvh.to(tl.int64) * stride_ch,
-                                                 t_lo, t_hi, window, softcap, stride_cb, stride_ct, D, BLOCK_SIZE,
+                                                 t_lo, t_hi, window, softcap, stride_cb, stride_ct, num_blocks,
+                                                 err_ptr, D, BLOCK_SIZE,
                                                  TILE, HAS_WINDOW, HAS_SOFTCAP, ALIGN, FP4_PTX,
                                                  V_IN_LOAD_LAYOUT)
     acc = _paged_acc(acc_e, acc_o, vtop, ROWS, D)
@@ -349,8 +355,8 @@ def _store_partial_or_finish(acc, m_i, l_i, rows, cols, heads, rmask, out_rows, 
 
 @triton.jit
 def uq_prefill(q_ptr, k_ptr, v_ptr, cache_ptr, bt_ptr, seqlen_ptr, qsl_ptr, sinks_ptr, out_ptr,
-               part_ptr, ml_ptr, counter_ptr,
-               scale, softcap, window, num_reqs, num_splits,
+               part_ptr, ml_ptr, counter_ptr, err_ptr,
+               scale, softcap, window, num_reqs, num_splits, num_blocks, bt_cols,
                stride_qn, stride_qh, stride_kn, stride_kh, stride_vn, stride_vh, stride_on, stride_oh,
                stride_cb, stride_ct, stride_ch, stride_btb,
                D: tl.constexpr, LOG2D: tl.constexpr, GQA: tl.constexpr, GQA_PAD: tl.constexpr,
@@ -381,7 +387,7 @@ def uq_prefill(q_ptr, k_ptr, v_ptr, cache_ptr, bt_ptr, seqlen_ptr, qsl_ptr, sink
     if req >= 0:
         q_start = tl.load(qsl_ptr + req)
         q_len = tl.load(qsl_ptr + req + 1) - q_start
-        length = tl.load(seqlen_ptr + req)
+        length = clamp_length(tl.load(seqlen_ptr + req), bt_cols, err_ptr, BLOCK_SIZE)
         ctx = length - q_len
         rows = tl.arange(0, ROWS)
         qi = tile * QT + rows // GQA_PAD
@@ -410,7 +416,8 @@ def uq_prefill(q_ptr, k_ptr, v_ptr, cache_ptr, bt_ptr, seqlen_ptr, qsl_ptr, sink
             acc_e, acc_o, vtop, m_i, l_i = _attend_paged(acc_e, acc_o, vtop, m_i, l_i, q_e, q_o, rowfac, qpos,
                                                          rmask, cache_ptr, bt_ptr + req.to(tl.int64) * stride_btb,
                                                          kvh.to(tl.int64) * stride_ch, c_lo, c_hi, window,
-                                                         softcap, stride_cb, stride_ct, D, BLOCK_SIZE, TILE,
+                                                         softcap, stride_cb, stride_ct, num_blocks, err_ptr, D,
+                                                         BLOCK_SIZE, TILE,
                                                          HAS_WINDOW, HAS_SOFTCAP, ALIGN, FP4_PTX,
                                                          V_IN_LOAD_LAYOUT)
         acc = _paged_acc(acc_e, acc_o, vtop, ROWS, D)

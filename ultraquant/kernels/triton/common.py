@@ -12,6 +12,33 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from ..flags import KernelError
+
+ERR_SLOT = tl.constexpr(KernelError.SLOT_OUT_OF_RANGE.bit_length() - 1)
+ERR_BLOCK = tl.constexpr(KernelError.BLOCK_OUT_OF_RANGE.bit_length() - 1)
+ERR_SEQ_LEN = tl.constexpr(KernelError.SEQ_LEN_OUT_OF_RANGE.bit_length() - 1)
+"""Indices of the error words (``err_ptr``) the kernels store 1 into (:mod:`ultraquant.kernels.flags`)."""
+
+
+@triton.jit
+def clamp_length(length, bt_cols, err_ptr, BLOCK_SIZE: tl.constexpr):
+    """A request's length clamped to [0, what its block-table row covers]; outside: error word set."""
+    cap = bt_cols * BLOCK_SIZE
+    tl.store(err_ptr + ERR_SEQ_LEN, 1, mask=(length < 0) | (length > cap))
+    return tl.minimum(tl.maximum(length, 0), cap)
+
+
+@triton.jit
+def block_ids(bt_row_ptr, toks, tmask, num_blocks, BLOCK_SIZE: tl.constexpr):
+    """Block ids of tokens ``toks`` (where ``tmask``) from one block-table row, bounded per id.
+
+    Returns ``(blk, live, bad)``: ids outside [0, num_blocks) become 0 and their tokens leave ``live``
+    (an empty block: never read) and enter ``bad`` (the caller reports them).
+    """
+    blk = tl.load(bt_row_ptr + toks // BLOCK_SIZE, mask=tmask, other=0)
+    ok = (blk >= 0) & (blk < num_blocks)
+    return tl.where(ok, blk, 0), tmask & ok, tmask & ~ok
+
 
 @triton.jit
 def fwht(x, R: tl.constexpr, D: tl.constexpr, LOG2D: tl.constexpr):

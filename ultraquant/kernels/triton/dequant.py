@@ -5,11 +5,12 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .common import fwht, load_dequant
+from .common import ERR_BLOCK, ERR_SEQ_LEN, block_ids, clamp_length, fwht, load_dequant
 
 
 @triton.jit
-def uq_dequant_kv(cache_ptr, bt_ptr, seqlen_ptr, cu_ptr, k_out_ptr, v_out_ptr,
+def uq_dequant_kv(cache_ptr, bt_ptr, seqlen_ptr, cu_ptr, k_out_ptr, v_out_ptr, err_ptr,
+                  num_blocks, bt_cols, out_rows,
                   stride_cb, stride_ct, stride_ch, stride_btb,
                   stride_kn, stride_kh, stride_vn, stride_vh,
                   D: tl.constexpr, LOG2D: tl.constexpr, BLOCK_SIZE: tl.constexpr, TILE: tl.constexpr,
@@ -19,22 +20,28 @@ def uq_dequant_kv(cache_ptr, bt_ptr, seqlen_ptr, cu_ptr, k_out_ptr, v_out_ptr,
     Token t of request b goes to row ``cu[b] + t`` of the outputs (packed varlen layout). K is
     returned in the original space when ORIGINAL_SPACE (the butterfly again: H is symmetric and
     orthonormal), else in the rotated space the cache holds (what a rotated query needs).
+    Bounds: the length is clamped to the block-table row, a block id outside [0, num_blocks) reads
+    as an empty block (zeros), rows outside [0, out_rows) are not written (error words set).
     """
     tile = tl.program_id(0)
     b = tl.program_id(1)
     kvh = tl.program_id(2)
-    length = tl.load(seqlen_ptr + b)
+    length = clamp_length(tl.load(seqlen_ptr + b), bt_cols, err_ptr, BLOCK_SIZE)
     if tile * TILE < length:
         toks = tile * TILE + tl.arange(0, TILE)
         tmask = toks < length
-        blk = tl.load(bt_ptr + b.to(tl.int64) * stride_btb + toks // BLOCK_SIZE, mask=tmask, other=0)
+        blk, live, bad = block_ids(bt_ptr + b.to(tl.int64) * stride_btb, toks, tmask, num_blocks, BLOCK_SIZE)
+        tl.store(err_ptr + ERR_BLOCK + tl.zeros_like(toks), 1, mask=bad)
         base = (cache_ptr + blk.to(tl.int64) * stride_cb + (toks % BLOCK_SIZE).to(tl.int64) * stride_ct
                 + kvh.to(tl.int64) * stride_ch)
-        k = load_dequant(base, base + D // 2, tmask, TILE, D)
+        k = load_dequant(base, base + D // 2, live, TILE, D)
         if ORIGINAL_SPACE:
             k = fwht(k, TILE, D, LOG2D)
-        v = load_dequant(base + (D // 2 + D // 32), base + (D + D // 32), tmask, TILE, D)
-        row = (tl.load(cu_ptr + b) + toks).to(tl.int64)
+        v = load_dequant(base + (D // 2 + D // 32), base + (D + D // 32), live, TILE, D)
+        row = tl.load(cu_ptr + b).to(tl.int64) + toks
+        outside = tmask & ((row < 0) | (row >= out_rows))
+        tl.store(err_ptr + ERR_SEQ_LEN + tl.zeros_like(toks), 1, mask=outside)
+        tmask = tmask & ~outside
         cols = tl.arange(0, D)
         kp = k_out_ptr + row[:, None] * stride_kn + kvh * stride_kh + cols[None, :]
         tl.store(kp, k.to(k_out_ptr.dtype.element_ty), mask=tmask[:, None])
