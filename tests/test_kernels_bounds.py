@@ -134,7 +134,8 @@ def test_dequant_reads_and_writes_nothing_outside(registry):
     k_out, k_whole = guarded((rows, HK, D), torch.float32, 1234.0, 256)
     v_out, v_whole = guarded((rows, HK, D), torch.float32, 1234.0, 256)
     registry.jit_launch(plans.plan_dequant(cache, bt, seq, cu, k_out, v_out, D))
-    assert guards_intact(k_whole, k_out, 1234.0) and guards_intact(v_whole, v_out, 1234.0), "dequant wrote past its outputs"
+    assert guards_intact(k_whole, k_out, 1234.0), "dequant wrote past its outputs"
+    assert guards_intact(v_whole, v_out, 1234.0), "dequant wrote past its outputs"
     assert guards_intact(whole, cache, POISON)
     keys, values = R.dequant_kv(cache, torch.tensor([[0, 0, 2], [3, 0, 1]], dtype=torch.int32), seq)
     for k_got, k_ref in ((k_out, keys), (v_out, values)):

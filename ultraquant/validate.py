@@ -3,8 +3,10 @@
 Shapes, dtypes, devices and head sizes are always checked (metadata only, no device work). Checks
 that must read tensor *values* (slot_mapping, block_table and seq_lens ranges) run when the tensor
 lives on the CPU, or on any device when ``ULTRAQUANT_CHECK_VALUES=1`` (that costs a device sync, so
-it is off on the GPU hot path; the kernels mask out-of-range slots and clamp block ids instead, so
-bad values there can never write outside the cache).
+it is off on the GPU hot path). Unchecked values cannot make a kernel touch memory outside the cache:
+the kernels skip slots outside ``[0, num_blocks * block_size)``, read a block id outside
+``[0, num_blocks)`` as an empty block and clamp a length to its block-table row, and report each
+case in a device error word that :func:`ultraquant.check_errors` reads (docs/kernels.md, "Bounds").
 """
 
 from __future__ import annotations
@@ -19,6 +21,11 @@ from .errors import UltraQuantError
 from .format import check_head_size, slot_size
 
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+SLOT_PAD_ALIGN = 16
+"""A slot may be padded up to the next multiple of this many bytes, no further. The vLLM adapter
+allocates exactly ``slot_size(D)`` bytes (``ultraquant.vllm``: ``customize_spec``, ``kv_cache_shape``);
+16 is the widest slot alignment the kernels exploit (``kernels.specs.slot_alignment``). A wider slot
+is another head size's cache (D=64 -> 68..80 bytes, D=128 -> 136..144, D=256 -> 272, D=512 -> 544)."""
 INDEX_DTYPES = (torch.int32, torch.int64)
 
 
@@ -71,9 +78,15 @@ def check_cache(kv_cache: object, head_size: int, num_kv_heads: int | None = Non
     check_head_size(head_size)
     check_tensor("kv_cache", kv_cache, dtypes=(torch.uint8,), ndim=4)
     nb, bs, hk, sb = kv_cache.shape
-    if sb < slot_size(head_size):
+    size = slot_size(head_size)
+    widest = -(-size // SLOT_PAD_ALIGN) * SLOT_PAD_ALIGN
+    if not size <= sb <= widest:
+        d = sb * 16 // 17
+        other = f" (the slot of head size {d})" if d * 17 == sb * 16 and d % 32 == 0 else ""
         raise UltraQuantError(
-            f"kv_cache: slot_bytes (last dim) {sb} < slot_size({head_size}) = {slot_size(head_size)}")
+            f"kv_cache: slot_bytes (last dim) {sb}{other} does not fit head size {head_size}: expected "
+            f"slot_size({head_size}) = {size} bytes, padded at most to the next multiple of {SLOT_PAD_ALIGN} "
+            f"({widest})")
     if num_kv_heads is not None and hk != num_kv_heads:
         raise UltraQuantError(f"kv_cache: expected {num_kv_heads} kv heads (dim 2), got {hk}")
     if kv_cache.stride(3) != 1:

@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from ultraquant.kernels.flags import ERROR_WORDS
 from ultraquant.kernels.flydsl import layout as lay
 
 LANES = 64
@@ -597,10 +598,11 @@ def run_decode(config: dict[str, Any], arch: str, query: torch.Tensor, kv_cache:
                block_table: torch.Tensor, seq_lens: torch.Tensor, scale: float, *, num_splits: int,
                sinks: torch.Tensor | None = None, window: int | None = None, softcap: float | None = None,
                mx: bool = False, order: list[tuple[int, int, int]] | None = None,
-               kernel: Kernel | None = None, waves: int = 1) -> torch.Tensor:
+               kernel: Kernel | None = None, waves: int = 1, errors: list[int] | None = None) -> torch.Tensor:
     """Compile the decode kernel for ``config`` (DecodeConfig fields) and run it here, with the very
-    arguments and workspace ``ultraquant.kernels.plans.plan_decode`` would pass. Returns ``out``."""
-    from .compiler import compile_decode
+    arguments and workspace ``ultraquant.kernels.plans.plan_decode`` would pass. Returns ``out``;
+    the error words the kernel stored (``ultraquant.kernels.flags``) go into ``errors`` when given."""
+    from ultraquant.codegen.flydsl.compiler import compile_decode
 
     qdt = {torch.bfloat16: "bf16", torch.float16: "fp16"}[query.dtype]
     if kernel is None:
@@ -614,13 +616,15 @@ def run_decode(config: dict[str, Any], arch: str, query: torch.Tensor, kv_cache:
     ml = torch.full((b * hk * num_splits * 32,), float("nan"), dtype=torch.float32)
     counter = torch.zeros(b * hk, dtype=torch.int32)
     sink_t = sinks.float().contiguous() if sinks is not None else torch.zeros(1)
-    tensors = [query, kv_cache, block_table.int(), seq_lens.int(), sink_t, out, part, ml, counter]
+    err = torch.zeros(ERROR_WORDS, dtype=torch.int32)
+    tensors = [query, kv_cache, block_table.int(), seq_lens.int(), sink_t, out, part, ml, counter, err]
     mem = Memory()
     addrs = []
     for t in tensors:
         base = mem.add(_buffer(t))
         addrs.append(base + t.storage_offset() * t.element_size())
     scalars = [float(scale), float(softcap or 0.0), int(window or 0), num_splits,
+               kv_cache.shape[0], block_table.shape[1],
                query.stride(0), query.stride(1), out.stride(0), out.stride(1),
                kv_cache.stride(0), kv_cache.stride(1), kv_cache.stride(2), block_table.stride(0)]
     kernel.launch((b, hk, num_splits), addrs + scalars, mem, order=order)
@@ -628,6 +632,9 @@ def run_decode(config: dict[str, Any], arch: str, query: torch.Tensor, kv_cache:
     cnt_bid = addrs[8] >> _PTR_SHIFT
     result = torch.frombuffer(bytearray(mem.buffers[out_bid].tobytes()), dtype=query.dtype)
     tickets = torch.frombuffer(bytearray(mem.buffers[cnt_bid].tobytes()), dtype=torch.int32)
+    if errors is not None:
+        words = torch.frombuffer(bytearray(mem.buffers[addrs[9] >> _PTR_SHIFT].tobytes()), dtype=torch.int32)
+        errors[:] = words.tolist()
     if torch.any(tickets != 0):
         raise RuntimeError(f"tickets not reset after the launch: {tickets.tolist()}")
     return result[: out.numel()].reshape(out.shape).clone()
