@@ -145,3 +145,11 @@ def test_dequant_reads_and_writes_nothing_outside(registry):
         assert torch.allclose(k_got[32:40], k_ref[0][32:40], atol=1e-5)
         assert bool((k_got[56:70] == 0).all())
     assert uq.check_errors() == KernelError.BLOCK_OUT_OF_RANGE | KernelError.SEQ_LEN_OUT_OF_RANGE
+
+
+def test_garbage_cases_of_the_gpu_suite_hold_under_the_interpreter(registry, monkeypatch):
+    """tests/bounds_cases.py (the GPU test's and the sanitizer's cases, int32 extremes included)."""
+    monkeypatch.setenv("ULTRAQUANT_BACKEND", "triton")
+    from tests import bounds_cases
+
+    assert bounds_cases.run_all("cpu") == []
