@@ -21,8 +21,8 @@ class KernelError(enum.IntFlag):
     """Bit ``1 << i`` is set when error word ``i`` is nonzero."""
 
     SLOT_OUT_OF_RANGE = 1
-    """store: a slot_mapping entry >= num_blocks * block_size (the row was skipped; negative = padding,
-    never an error)."""
+    """store: a slot_mapping entry >= num_slots = num_blocks * block_size (the row was skipped;
+    negative = padding, never an error)."""
     BLOCK_OUT_OF_RANGE = 2
     """decode / prefill / dequant: a block id outside [0, num_blocks) in the used part of a block-table
     row (read as an empty block: its tokens are masked out, dequant writes zeros for them)."""

@@ -42,7 +42,7 @@ def plan_store(key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor, s
     spec = store_spec(head_size=d, key_dtype=key.dtype, value_dtype=value.dtype, slot_dtype=slot_mapping.dtype,
                       encoder=encoder, few_rows=few_rows)
     args = (key, value, kv_cache, slot_mapping, error_words(key.device), rows, hk, kv_cache.shape[1],
-            kv_cache.shape[0],
+            kv_cache.shape[0] * kv_cache.shape[1],
             key.stride(0), key.stride(1), value.stride(0), value.stride(1),
             kv_cache.stride(0), kv_cache.stride(1), kv_cache.stride(2))
     return LaunchPlan(spec, args, (max(1, cdiv(rows, spec.constexprs["BLOCK_R"])), 1, 1))

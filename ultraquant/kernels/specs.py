@@ -57,7 +57,7 @@ ENCODER_IDS: dict[str, int] = {"rne": 0, "upstream": 1, "mse": 2}
 STORE_PARAMS: tuple[tuple[str, str], ...] = (
     ("key_ptr", "*{key}"), ("value_ptr", "*{value}"), ("cache_ptr", "*u8"), ("slot_ptr", "*{slot}"),
     ("err_ptr", "*i32"),
-    ("n_rows", "i32"), ("num_kv_heads", "i32"), ("block_size", "i32"), ("num_blocks", "i32"),
+    ("n_rows", "i32"), ("num_kv_heads", "i32"), ("block_size", "i32"), ("num_slots", "i64"),
     ("stride_kn", "i32"), ("stride_kh", "i32"), ("stride_vn", "i32"), ("stride_vh", "i32"),
     ("stride_cb", "i32"), ("stride_ct", "i32"), ("stride_ch", "i32"),
 )
@@ -88,9 +88,10 @@ PREFILL_PARAMS: tuple[tuple[str, str], ...] = (
     ("stride_vn", "i32"), ("stride_vh", "i32"), ("stride_on", "i32"), ("stride_oh", "i32"),
     ("stride_cb", "i32"), ("stride_ct", "i32"), ("stride_ch", "i32"), ("stride_btb", "i32"),
 )
-"""Every kernel receives the cache's block count (``num_blocks``) and, where it reads a block table,
-the table's row length (``bt_cols``), plus ``err_ptr``, the per-device error words
-(:mod:`.errors`): the bounds contract of docs/kernels.md, "Bounds". A new kernel follows it."""
+"""Every kernel receives the cache's size (the store ``num_slots`` = blocks x block size, i64; the
+readers ``num_blocks``) and, where it reads a block table, the table's row length (``bt_cols``), plus
+``err_ptr``, the per-device error words (:mod:`.flags`): the bounds contract of docs/kernels.md,
+"Bounds". A new kernel follows it."""
 
 
 def pow2_at_least(n: int) -> int:

@@ -17,7 +17,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .common import ERR_BLOCK, block_ids, clamp_length, fwht, pow2_f32, scale_f32
+from .common import block_ids, blocks_inside, clamp_length, fwht, pow2_f32, scale_f32
 
 
 @triton.jit
@@ -157,28 +157,62 @@ def _attend_paged(acc_e, acc_o, vtop_run, m_i, l_i, q_e, q_o, rowfac, qpos, rmas
     of ``2**(vtop_run - 127)``. Per element the FP4 decode is a few bit operations and half an fp16x2
     multiply. ``rmask`` marks real query rows (padding rows must not steer the reference exponent).
     ALIGN (from the host: gcd of 16 and the cache strides) lets the compiler vectorize slot loads.
-    A block id outside [0, num_blocks) is an empty block (its tokens masked out, nothing read); the
-    loop only ORs such ids into a register and one store after it sets the error word.
+
+    Bounds: one pass over the range's block ids first (one id per entry, not per token); when all
+    are inside the cache the tile loop runs without checks, else a copy of it that reads a block id
+    outside [0, num_blocks) as an empty block (its tokens masked out, nothing read).
     """
-    bad_any = tl.zeros([TILE], dtype=tl.int32)
+    if blocks_inside(bt_row_ptr, t_lo, t_hi, num_blocks, err_ptr, BLOCK_SIZE):
+        acc_e, acc_o, vtop_run, m_i, l_i = _attend_tiles(
+            acc_e, acc_o, vtop_run, m_i, l_i, q_e, q_o, rowfac, qpos, rmask, cache_ptr, bt_row_ptr, head_off,
+            t_lo, t_hi, window, softcap, stride_cb, stride_ct, num_blocks, D, BLOCK_SIZE, TILE, HAS_WINDOW,
+            HAS_SOFTCAP, ALIGN, FP4_PTX, V_IN_LOAD_LAYOUT, False)
+    else:
+        acc_e, acc_o, vtop_run, m_i, l_i = _attend_tiles(
+            acc_e, acc_o, vtop_run, m_i, l_i, q_e, q_o, rowfac, qpos, rmask, cache_ptr, bt_row_ptr, head_off,
+            t_lo, t_hi, window, softcap, stride_cb, stride_ct, num_blocks, D, BLOCK_SIZE, TILE, HAS_WINDOW,
+            HAS_SOFTCAP, ALIGN, FP4_PTX, V_IN_LOAD_LAYOUT, True)
+    return acc_e, acc_o, vtop_run, m_i, l_i
+
+
+@triton.jit
+def _attend_tiles(acc_e, acc_o, vtop_run, m_i, l_i, q_e, q_o, rowfac, qpos, rmask, cache_ptr, bt_row_ptr, head_off,
+                  t_lo, t_hi, window, softcap, stride_cb, stride_ct, num_blocks, D: tl.constexpr,
+                  BLOCK_SIZE: tl.constexpr, TILE: tl.constexpr, HAS_WINDOW: tl.constexpr,
+                  HAS_SOFTCAP: tl.constexpr, ALIGN: tl.constexpr, FP4_PTX: tl.constexpr,
+                  V_IN_LOAD_LAYOUT: tl.constexpr, CHECKED: tl.constexpr):
+    """The tile loop of :func:`_attend_paged`. ``CHECKED``: a token of a block id outside the cache
+    reads nothing and carries its emptiness in its K power of two (-1: no scale byte is negative) and
+    a V power of two far below any real one (out of the reference exponent, probability flushed), so
+    the masks of the score layout need no extra layout conversion."""
     for t0 in range(t_lo, t_hi, TILE):
         toks = t0 + tl.arange(0, TILE)
-        blk, tmask, bad = block_ids(bt_row_ptr, toks, toks < t_hi, num_blocks, BLOCK_SIZE)
-        bad_any = bad_any | bad.to(tl.int32)
+        inside = toks < t_hi
+        if CHECKED:
+            blk, live, _ = block_ids(bt_row_ptr, toks, inside, num_blocks, BLOCK_SIZE)
+        else:
+            blk = tl.load(bt_row_ptr + toks // BLOCK_SIZE, mask=inside, other=0)
+            live = inside
         off = blk.to(tl.int64) * stride_cb + (toks % BLOCK_SIZE).to(tl.int64) * stride_ct + head_off
         base = cache_ptr + tl.multiple_of(off, ALIGN)
-        k_e, k_o, ktop = _load_fp16_codes(base, tmask, TILE, D, FP4_PTX)
+        k_e, k_o, ktop = _load_fp16_codes(base, live, TILE, D, FP4_PTX)
+        tmask = inside
+        if CHECKED:
+            ktop = tl.where(live, ktop, -1)
+            tmask = inside & (ktop >= 0)
         s = tl.dot(q_e, tl.trans(k_e))
         s = tl.dot(q_o, tl.trans(k_o), s)
         s = s * rowfac[:, None] * scale_f32(ktop)[None, :]
         p, alpha, m_i, l_i = _online_softmax(s, m_i, l_i, toks, tmask, qpos, window, softcap, HAS_WINDOW,
                                              HAS_SOFTCAP)
-        v_e, v_o, vtop = _load_fp16_codes(base + (D // 2 + D // 32), tmask, TILE, D, FP4_PTX, not V_IN_LOAD_LAYOUT)
+        v_e, v_o, vtop = _load_fp16_codes(base + (D // 2 + D // 32), live, TILE, D, FP4_PTX, not V_IN_LOAD_LAYOUT)
+        if CHECKED:
+            vtop = tl.where(live, vtop, -2000)
         # New reference exponent: the largest contribution (p times the token's V power of two) of
         # this tile, or the old one shrunk by the rows' largest alpha, whichever is bigger. Then every
         # fp16 probability stays below 2 and anything flushed is 2**-24 below the largest term.
         pmax = tl.max(tl.where(rmask[:, None], p, 0.0), axis=0)
-        ctop = tl.where(tmask, vtop + _floor_log2(pmax), -1000)
+        ctop = tl.where(inside, vtop + _floor_log2(pmax), -1000)
         shrink = _floor_log2(tl.max(tl.where(rmask, alpha, 0.0), axis=0))
         run = tl.maximum(vtop_run + shrink, tl.max(ctop, axis=0))
         c = alpha * pow2_f32(tl.minimum(vtop_run - run, 127))
@@ -186,7 +220,6 @@ def _attend_paged(acc_e, acc_o, vtop_run, m_i, l_i, q_e, q_o, rowfac, qpos, rmas
         acc_e = tl.dot(pv, v_e, acc_e * c[:, None])
         acc_o = tl.dot(pv, v_o, acc_o * c[:, None])
         vtop_run = run
-    tl.store(err_ptr + ERR_BLOCK + tl.zeros([TILE], dtype=tl.int32), 1, mask=bad_any != 0)
     return acc_e, acc_o, vtop_run, m_i, l_i
 
 

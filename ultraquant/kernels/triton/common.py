@@ -29,6 +29,23 @@ def clamp_length(length, bt_cols, err_ptr, BLOCK_SIZE: tl.constexpr):
 
 
 @triton.jit
+def blocks_inside(bt_row_ptr, t_lo, t_hi, num_blocks, err_ptr, BLOCK_SIZE: tl.constexpr, CHUNK: tl.constexpr = 64):
+    """True when every block id covering tokens ``[t_lo, t_hi)`` of a block-table row is inside
+    [0, num_blocks); otherwise sets the error word. One check per entry (CHUNK entries a step), not
+    per token: callers branch once to a loop without per-token checks."""
+    hi = tl.cdiv(t_hi, BLOCK_SIZE)
+    bad = tl.zeros([CHUNK], dtype=tl.int32)
+    for j0 in range(t_lo // BLOCK_SIZE, hi, CHUNK):
+        j = j0 + tl.arange(0, CHUNK)
+        used = j < hi
+        blk = tl.load(bt_row_ptr + j, mask=used, other=0)
+        bad = bad | (used & ((blk < 0) | (blk >= num_blocks))).to(tl.int32)
+    found = tl.max(bad, axis=0)
+    tl.store(err_ptr + ERR_BLOCK, 1, mask=found != 0)
+    return found == 0
+
+
+@triton.jit
 def block_ids(bt_row_ptr, toks, tmask, num_blocks, BLOCK_SIZE: tl.constexpr):
     """Block ids of tokens ``toks`` (where ``tmask``) from one block-table row, bounded per id.
 

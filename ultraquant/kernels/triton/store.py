@@ -10,15 +10,15 @@ from .common import ERR_SLOT, fwht, quantize_store
 
 @triton.jit
 def uq_store_kv(key_ptr, value_ptr, cache_ptr, slot_ptr, err_ptr,
-                n_rows, num_kv_heads, block_size, num_blocks,
+                n_rows, num_kv_heads, block_size, num_slots,
                 stride_kn, stride_kh, stride_vn, stride_vh,
                 stride_cb, stride_ct, stride_ch,
                 D: tl.constexpr, LOG2D: tl.constexpr, ENCODER: tl.constexpr, BLOCK_R: tl.constexpr):
     """One program quantizes BLOCK_R (token, kv head) rows of K and V.
 
     Row r is token ``r // Hk``, kv head ``r % Hk``; its slot is ``slot_mapping[token]`` (negative:
-    skipped, nothing written; ``>= num_blocks * block_size``: skipped too, and error word ERR_SLOT
-    set). K is rotated in registers by a Walsh-Hadamard butterfly (float32), then both are quantized
+    skipped, nothing written; ``>= num_slots`` (blocks x block size): skipped too, and error word
+    ERR_SLOT set). K is rotated in registers by a Walsh-Hadamard butterfly (float32), then both are quantized
     per group of 32 (UE8M0 scale + FP4 E2M1 codes, nibble-packed).
     """
     pid = tl.program_id(0)
@@ -27,7 +27,7 @@ def uq_store_kv(key_ptr, value_ptr, cache_ptr, slot_ptr, err_ptr,
     tok = rows // num_kv_heads
     head = rows % num_kv_heads
     slot = tl.load(slot_ptr + tok, mask=in_range, other=-1).to(tl.int64)
-    beyond = in_range & (slot // block_size >= num_blocks)
+    beyond = in_range & (slot >= num_slots)
     tl.store(err_ptr + ERR_SLOT + tl.zeros_like(rows), 1, mask=beyond)
     valid = in_range & (slot >= 0) & ~beyond
     slot = tl.where(valid, slot, 0)
