@@ -9,9 +9,9 @@ import sys
 from pathlib import Path
 
 import pytest
+
 from ultraquant.codegen.flydsl import backend as fb
 from ultraquant.codegen.flydsl import isa
-
 from ultraquant.errors import UltraQuantError
 from ultraquant.kernels.specs import DECODE_PARAMS, decode_spec
 

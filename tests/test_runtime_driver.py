@@ -14,6 +14,7 @@ import struct
 import subprocess
 
 import pytest
+
 from ultraquant.runtime.driver import CudaDriver, DriverError
 from ultraquant.runtime.packing import ArgPacker, Param
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from ultraquant.codegen.matrix import OpRow
-
 from ultraquant.kernels.specs import Specialization
 
 AXPY_SIG = {"x_ptr": "*fp32", "y_ptr": "*bf16", "out_ptr": "*fp32", "a": "fp32", "n": "i32",

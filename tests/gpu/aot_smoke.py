@@ -18,10 +18,10 @@ def main() -> int:
         sys.modules["triton"] = None  # type: ignore[assignment]  # `import triton` now raises
     os.environ["ULTRAQUANT_BACKEND"] = "aot"  # a miss raises: nothing may silently fall back
     import torch
-    from ultraquant.runtime import launch
 
     import ultraquant as uq
     from ultraquant import reference as R
+    from ultraquant.runtime import launch
 
     torch.manual_seed(0)
     dev = "cuda"

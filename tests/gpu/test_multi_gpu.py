@@ -11,12 +11,12 @@ import threading
 
 import pytest
 import torch
-from ultraquant.runtime import driver, launch, loader, selftest
 
 import ultraquant as uq
 from ultraquant import reference as R
 from ultraquant.errors import UltraQuantError
 from ultraquant.kernels import specs, workspace
+from ultraquant.runtime import driver, launch, loader, selftest
 
 pytestmark = [
     pytest.mark.gpu,

@@ -24,12 +24,12 @@ from pathlib import Path
 
 import pytest
 import torch
-from ultraquant.runtime import launch, loader, selftest
 
 import ultraquant as uq
 from ultraquant import reference as R
 from ultraquant.errors import UltraQuantError
 from ultraquant.kernels import heuristics, specs, workspace
+from ultraquant.runtime import launch, loader, selftest
 
 pytestmark = [
     pytest.mark.gpu,
