@@ -188,11 +188,7 @@ def _attend_tiles(acc_e, acc_o, vtop_run, m_i, l_i, q_e, q_o, rowfac, qpos, rmas
     for t0 in range(t_lo, t_hi, TILE):
         toks = t0 + tl.arange(0, TILE)
         inside = toks < t_hi
-        if CHECKED:
-            blk, live, _ = block_ids(bt_row_ptr, toks, inside, num_blocks, BLOCK_SIZE)
-        else:
-            blk = tl.load(bt_row_ptr + toks // BLOCK_SIZE, mask=inside, other=0)
-            live = inside
+        blk, live = block_ids(bt_row_ptr, toks, inside, num_blocks, BLOCK_SIZE, CHECKED)
         off = blk.to(tl.int64) * stride_cb + (toks % BLOCK_SIZE).to(tl.int64) * stride_ct + head_off
         base = cache_ptr + tl.multiple_of(off, ALIGN)
         k_e, k_o, ktop = _load_fp16_codes(base, live, TILE, D, FP4_PTX)

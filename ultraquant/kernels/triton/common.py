@@ -46,15 +46,17 @@ def blocks_inside(bt_row_ptr, t_lo, t_hi, num_blocks, err_ptr, BLOCK_SIZE: tl.co
 
 
 @triton.jit
-def block_ids(bt_row_ptr, toks, tmask, num_blocks, BLOCK_SIZE: tl.constexpr):
-    """Block ids of tokens ``toks`` (where ``tmask``) from one block-table row, bounded per id.
+def block_ids(bt_row_ptr, toks, tmask, num_blocks, BLOCK_SIZE: tl.constexpr, CHECKED: tl.constexpr):
+    """Block ids of tokens ``toks`` (where ``tmask``) from one block-table row, and the tokens to read.
 
-    Returns ``(blk, live, bad)``: ids outside [0, num_blocks) become 0 and their tokens leave ``live``
-    (an empty block: never read) and enter ``bad`` (the caller reports them).
+    ``CHECKED`` (a range :func:`blocks_inside` found a bad id in): ids outside [0, num_blocks) become
+    0 and their tokens leave the returned mask (an empty block: never read). Otherwise ``tmask``.
     """
     blk = tl.load(bt_row_ptr + toks // BLOCK_SIZE, mask=tmask, other=0)
-    ok = (blk >= 0) & (blk < num_blocks)
-    return tl.where(ok, blk, 0), tmask & ok, tmask & ~ok
+    if CHECKED:
+        ok = (blk >= 0) & (blk < num_blocks)
+        return tl.where(ok, blk, 0), tmask & ok
+    return blk, tmask
 
 
 @triton.jit

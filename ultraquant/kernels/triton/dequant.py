@@ -55,11 +55,7 @@ def _dequant_tile(cache_ptr, bt_row, k_out_ptr, v_out_ptr, num_blocks, t_lo, t_h
     (``CHECKED``: block ids outside the cache read as zeros)."""
     toks = t_lo + tl.arange(0, TILE)
     tmask = toks < t_hi
-    if CHECKED:
-        blk, live, _ = block_ids(bt_row, toks, tmask, num_blocks, BLOCK_SIZE)
-    else:
-        blk = tl.load(bt_row + toks // BLOCK_SIZE, mask=tmask, other=0)
-        live = tmask
+    blk, live = block_ids(bt_row, toks, tmask, num_blocks, BLOCK_SIZE, CHECKED)
     base = (cache_ptr + blk.to(tl.int64) * stride_cb + (toks % BLOCK_SIZE).to(tl.int64) * stride_ct
             + kvh.to(tl.int64) * stride_ch)
     k = load_dequant(base, base + D // 2, live, TILE, D)
