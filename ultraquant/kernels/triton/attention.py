@@ -17,7 +17,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .common import block_ids, blocks_inside, clamp_length, fwht, pow2_f32, scale_f32
+from .common import block_ids, blocks_inside, clamp_length, fwht, pow2_f32, row_capacity, scale_f32
 
 
 @triton.jit
@@ -416,7 +416,8 @@ def uq_prefill(q_ptr, k_ptr, v_ptr, cache_ptr, bt_ptr, seqlen_ptr, qsl_ptr, sink
     if req >= 0:
         q_start = tl.load(qsl_ptr + req)
         q_len = tl.load(qsl_ptr + req + 1) - q_start
-        length = clamp_length(tl.load(seqlen_ptr + req), bt_cols, err_ptr, BLOCK_SIZE)
+        length = tl.load(seqlen_ptr + req)
+        cap = row_capacity(length, bt_cols, err_ptr, BLOCK_SIZE)
         ctx = length - q_len
         rows = tl.arange(0, ROWS)
         qi = tile * QT + rows // GQA_PAD
@@ -439,7 +440,7 @@ def uq_prefill(q_ptr, k_ptr, v_ptr, cache_ptr, bt_ptr, seqlen_ptr, qsl_ptr, sink
             lo = tl.maximum(pos_first - window + 1, 0)
         per = tl.cdiv(tl.cdiv(tl.maximum(ctx - lo, 0), num_splits), TILE) * TILE
         c_lo = lo + sp * per
-        c_hi = tl.minimum(c_lo + per, ctx)
+        c_hi = tl.minimum(tl.minimum(c_lo + per, ctx), cap)  # the cache is read within the row only
         if c_lo < c_hi:
             q_e, q_o, rowfac = _paged_query(q, scale, ROWS, D, LOG2D, HAS_SOFTCAP)
             acc_e, acc_o, vtop, m_i, l_i = _attend_paged(acc_e, acc_o, vtop, m_i, l_i, q_e, q_o, rowfac, qpos,

@@ -21,11 +21,17 @@ ERR_SEQ_LEN = tl.constexpr(KernelError.SEQ_LEN_OUT_OF_RANGE.bit_length() - 1)
 
 
 @triton.jit
-def clamp_length(length, bt_cols, err_ptr, BLOCK_SIZE: tl.constexpr):
-    """A request's length clamped to [0, what its block-table row covers]; outside: error word set."""
+def row_capacity(length, bt_cols, err_ptr, BLOCK_SIZE: tl.constexpr):
+    """Tokens a block-table row covers; a request ``length`` outside [0, that] sets the error word."""
     cap = bt_cols * BLOCK_SIZE
     tl.store(err_ptr + ERR_SEQ_LEN, 1, mask=(length < 0) | (length > cap))
-    return tl.minimum(tl.maximum(length, 0), cap)
+    return cap
+
+
+@triton.jit
+def clamp_length(length, bt_cols, err_ptr, BLOCK_SIZE: tl.constexpr):
+    """A request's length clamped to [0, what its block-table row covers] (:func:`row_capacity`)."""
+    return tl.minimum(tl.maximum(length, 0), row_capacity(length, bt_cols, err_ptr, BLOCK_SIZE))
 
 
 @triton.jit
