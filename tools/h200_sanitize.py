@@ -104,8 +104,9 @@ def bounds(seeds: int = 3) -> int:
     return 1 if failures else 0
 
 
-def memcheck(out: str) -> int:
-    """Both workloads under ``compute-sanitizer --tool memcheck``; logs in ``out``; one verdict line."""
+def memcheck(out: str, limit_s: int = 270) -> int:
+    """Both workloads under ``compute-sanitizer --tool memcheck`` (``limit_s`` each); logs in ``out``;
+    one verdict line."""
     tool = shutil.which("compute-sanitizer") or "/usr/local/cuda/bin/compute-sanitizer"
     os.makedirs(out, exist_ok=True)
     parts, ok = [], True
@@ -113,7 +114,10 @@ def memcheck(out: str) -> int:
         log = os.path.join(out, f"memcheck_{name}.log")
         cmd = [tool, "--tool", "memcheck", "--print-limit", "20", sys.executable, os.path.abspath(__file__), *extra]
         with open(log, "w") as f:
-            rc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, timeout=480).returncode
+            try:
+                rc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, timeout=limit_s).returncode
+            except subprocess.TimeoutExpired:
+                rc = f"timeout {limit_s} s"
         text = open(log).read()
         m = re.search(r"ERROR SUMMARY: (\d+) error", text)
         errors = int(m.group(1)) if m else -1
@@ -130,9 +134,10 @@ def main() -> int:
     ap.add_argument("--bounds", action="store_true", help="the garbage-index workload")
     ap.add_argument("--memcheck", action="store_true", help="run both workloads under memcheck (one verdict)")
     ap.add_argument("--out", default=os.environ.get("OUT", "/tmp/uq_out"), help="log folder of --memcheck")
+    ap.add_argument("--limit-s", type=int, default=270, help="seconds per workload under --memcheck")
     args = ap.parse_args()
     if args.memcheck:
-        return memcheck(args.out)
+        return memcheck(args.out, args.limit_s)
     return bounds() if args.bounds else workload()
 
 

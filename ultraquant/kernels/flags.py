@@ -36,6 +36,7 @@ ERROR_WORDS = 4
 
 _lock = threading.Lock()
 _buffers: dict[str, torch.Tensor] = {}
+_by_device: dict[torch.device, torch.Tensor] = {}
 
 
 def _key(device: torch.device | str) -> str:
@@ -46,14 +47,16 @@ def _key(device: torch.device | str) -> str:
 
 
 def error_words(device: torch.device) -> torch.Tensor:
-    """The device's zeroed error words (created on first use, then always the same tensor)."""
-    key = _key(device)
-    buf = _buffers.get(key)
+    """The device's zeroed error words (created on first use, then always the same tensor; every plan
+    asks, so the hit is one dict lookup on the device object)."""
+    buf = _by_device.get(device)
     if buf is None:
+        key = _key(device)
         with _lock:
             buf = _buffers.get(key)
             if buf is None:
                 buf = _buffers[key] = torch.zeros(ERROR_WORDS, dtype=torch.int32, device=device)
+            _by_device[device] = buf
     return buf
 
 
