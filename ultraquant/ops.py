@@ -227,7 +227,9 @@ def dequant_kv(kv_cache: torch.Tensor, block_table: torch.Tensor, seq_lens: torc
     """
     if policy.route(kv_cache.device) == "reference":
         return reference.dequant_kv(kv_cache, block_table, seq_lens, head_size=head_size)
-    geo = validate.check_dequant(kv_cache, block_table, seq_lens, head_size)
+    # this op reads seq_lens on the host anyway (the result's shapes), so it checks every value too:
+    # a garbage length would otherwise size a huge allocation
+    geo = validate.check_dequant(kv_cache, block_table, seq_lens, head_size, read_values=True)
     lens = seq_lens.tolist()
     total = sum(lens)
     cu = torch.zeros(len(lens) + 1, dtype=torch.int32, device=kv_cache.device)

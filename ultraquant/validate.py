@@ -117,14 +117,15 @@ def check_slot_mapping(slot_mapping: object, num_tokens: int, geo: CacheGeometry
 
 
 def check_block_table(block_table: object, seq_lens: object, geo: CacheGeometry,
-                      device: torch.device, batch: int | None = None) -> None:
-    """block_table (B, max_blocks) int32 and seq_lens (B,) int32, consistent with the cache."""
+                      device: torch.device, batch: int | None = None, read_values: bool = False) -> None:
+    """block_table (B, max_blocks) int32 and seq_lens (B,) int32, consistent with the cache
+    (values too where :func:`values_checkable`, or with ``read_values``: a caller that syncs anyway)."""
     check_tensor("block_table", block_table, dtypes=(torch.int32,), ndim=2, device=device)
     check_tensor("seq_lens", seq_lens, dtypes=(torch.int32,), ndim=1, device=device)
     b = block_table.shape[0] if batch is None else batch
     check_shape("block_table", block_table, (b, None))
     check_shape("seq_lens", seq_lens, (b,))
-    if b == 0 or not values_checkable(block_table, seq_lens):
+    if b == 0 or not (read_values or values_checkable(block_table, seq_lens)):
         return
     capacity = block_table.shape[1] * geo.block_size
     lens = seq_lens.to("cpu", torch.int64)
@@ -265,10 +266,11 @@ def check_prefill(query: object, key: object, value: object, kv_cache: object, b
 
 
 def check_dequant(kv_cache: object, block_table: object, seq_lens: object,
-                  head_size: int | None) -> CacheGeometry:
-    """All checks of dequant_kv; the head size comes from the slot size unless given."""
+                  head_size: int | None, read_values: bool = False) -> CacheGeometry:
+    """All checks of dequant_kv; the head size comes from the slot size unless given
+    (``read_values``: see :func:`check_block_table`)."""
     check_tensor("kv_cache", kv_cache, dtypes=(torch.uint8,), ndim=4)
     d = head_size_from_slot(kv_cache.shape[3]) if head_size is None else head_size
     geo = check_cache(kv_cache, d)
-    check_block_table(block_table, seq_lens, geo, kv_cache.device)
+    check_block_table(block_table, seq_lens, geo, kv_cache.device, read_values=read_values)
     return geo

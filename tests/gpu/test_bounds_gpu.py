@@ -22,3 +22,17 @@ pytestmark = [
 def test_garbage_indices_stay_inside_the_cache(monkeypatch, seed):
     monkeypatch.delenv("ULTRAQUANT_CHECK_VALUES", raising=False)
     assert bounds_cases.run_all("cuda", seed) == []
+
+
+def test_list_dequant_checks_values_it_reads_anyway(monkeypatch):
+    """dequant_kv reads seq_lens on the host (its result's shapes): a garbage length or block id is an
+    UltraQuantError there even with value checks off, not a huge allocation."""
+    import ultraquant as uq
+
+    monkeypatch.delenv("ULTRAQUANT_CHECK_VALUES", raising=False)
+    cache = torch.zeros(4, 16, 1, uq.slot_size(64), dtype=torch.uint8, device="cuda")
+    bt = torch.zeros(1, 2, dtype=torch.int32, device="cuda")
+    with pytest.raises(uq.UltraQuantError, match="seq_lens"):
+        uq.dequant_kv(cache, bt, torch.tensor([2**31 - 1], dtype=torch.int32, device="cuda"))
+    with pytest.raises(uq.UltraQuantError, match="block_table"):
+        uq.dequant_kv(cache, bt.fill_(7), torch.tensor([20], dtype=torch.int32, device="cuda"))
