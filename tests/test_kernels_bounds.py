@@ -5,8 +5,9 @@ The cache is carved out of a larger buffer whose guard bytes around it are poiso
 2**120, codes +-6): a write past either end changes a guard byte, and a read of one turns the
 attention output into inf/NaN or far from the expected values. Value checks run on CPU tensors, so
 these tests launch the plans directly (what a GPU call with ULTRAQUANT_CHECK_VALUES unset does).
-Only ids just outside the cache are used here (huge ones would crash the interpreter on a faulty
-kernel); tests/gpu/test_bounds_gpu.py sends huge ones on the GPU.
+The first tests use ids just outside the cache (a faulty kernel then fails on poison instead of
+crashing the interpreter); the last runs tests/bounds_cases.py, the GPU test's random garbage with the
+int32 extremes, here under the interpreter.
 """
 
 from __future__ import annotations
