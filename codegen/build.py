@@ -115,7 +115,8 @@ def _canonical(obj: Any) -> str:
 def _spec_dict(spec: Specialization) -> dict[str, Any]:
     return {"kernel": spec.kernel, "signature": dict(spec.signature), "constexprs": dict(spec.constexprs),
             "num_warps": spec.num_warps, "num_stages": spec.num_stages,
-            **({} if spec.maxnreg is None else {"maxnreg": spec.maxnreg})}
+            **({} if spec.maxnreg is None else {"maxnreg": spec.maxnreg}),
+            **({"divisible": list(spec.divisible)} if spec.divisible else {})}
 
 
 # --- worker pool ------------------------------------------------------------------------------------
@@ -235,6 +236,7 @@ def make_entry(job: _Job, file_name: str) -> dict[str, Any]:
         "priority": job.point.row.priority,
         "config": job.point.config,
         "constexprs": dict(spec.constexprs),
+        "divisible": list(spec.divisible),
         "arch": arch.name,
         "file": file_name,
         "size": len(binary),

@@ -6,12 +6,13 @@ backend, the ``selection`` (matrix axes built), ``blobs`` (sorted by key) and ``
 the matrix table excludes, with the reason). One blob entry:
 
 - ``op``, ``backend``, ``kernel``, ``key`` (``Specialization.key()``), ``config`` (the matrix
-  config), ``constexprs``, ``arch``, ``file``, ``size``, ``sha256``, ``symbol``;
+  config), ``constexprs``, ``divisible`` (integer parameters the plan proves multiples of 16, part of
+  the key), ``arch``, ``file``, ``size``, ``sha256``, ``symbol``;
 - ``launch``: ``grid`` (rule text), ``threads`` (per block), ``num_warps``, ``num_stages``,
   ``num_ctas``, ``shared`` (dynamic shared memory bytes to pass at launch);
 - ``params``: every kernel parameter in order (hidden trailing ones included, ``hidden: true``) with
   ``name``, ``type`` (Triton type string), ``size``, ``offset``, ``divisibility`` (the value must
-  divide by it: pointers are compiled as 16-byte aligned) and, for scratch pointers,
+  divide by it: what the binary was compiled to assume, checked at launch) and, for scratch pointers,
   ``scratch_bytes``/``scratch_align``; ``kernarg_size`` is the whole argument block;
 - ``resources``: from the binary (HSACO: ``vgpr``, ``agpr``, ``sgpr``, ``vgpr_spill``,
   ``sgpr_spill``, ``lds_static``, ``scratch``...; cubin: ``registers``, ``local``, ``min_stack``,

@@ -7,9 +7,11 @@ the launch rule text copied into the manifest. :data:`SKIPS` lists every config 
 with the reason; skipped configs are recorded in the manifest too, so the runtime can tell "this
 config is unsupported" from "this arch was not built".
 
-Defaults cover the common models (head sizes 64/128/256/512, GQA 1/4/5/6/8/16, block sizes
-16/32/64/128); ``make kernels HEAD_SIZES=... GQA=... BLOCK_SIZES=... DTYPES=... OPS=...`` narrows or
-extends them (any value may be given: out-of-range ones are skipped with their reason).
+What is built comes from a :class:`Selection`: by default the exact attention configs of the
+``popular`` models or of given config.json files (codegen/models.py, ``Selection.attention``), or
+with ``MATRIX=full`` every combination of the axes below (head sizes 64/128/256/512, GQA
+1/4/5/6/8/16, block sizes 16/32/64/128), which ``HEAD_SIZES=... GQA=... BLOCK_SIZES=... DTYPES=...
+OPS=...`` narrow or extend (any value may be given: out-of-range ones are skipped with their reason).
 """
 
 from __future__ import annotations
@@ -220,16 +222,43 @@ class Selection:
     block_sizes: tuple[int, ...] = DEFAULT_BLOCK_SIZES
     dtypes: tuple[str, ...] = DEFAULT_DTYPES
     ops: tuple[str, ...] | None = None
+    attention: tuple[Config, ...] | None = None
+    """Model builds (codegen/models.py): the exact attention configs to build, each ``{head_size, gqa,
+    block_size, dtype, has_sinks, has_window, has_softcap}``; rows with a ``gqa`` axis build only these.
+    ``None``: every combination of the axes and the row's feature sets."""
+    preset: str = "custom"
+    """What the selection was made from: ``popular``, ``models`` (config files), ``full`` or ``custom``."""
+    models: tuple[str, ...] = ()
+    tp: tuple[int, ...] = ()
+    notes: tuple[str, ...] = field(default=(), compare=False)
+    """What the derivation left out (a model at a TP degree vLLM cannot shard it to); not recorded."""
 
     def values(self, axis: str) -> tuple[Any, ...]:
         return {"head_size": self.head_sizes, "gqa": self.gqa, "block_size": self.block_sizes,
                 "dtype": self.dtypes}[axis]
 
+    def admits(self, row: OpRow, config: Config) -> bool:
+        """Whether ``config`` of ``row`` is one of the selected attention configs (always, without a list)."""
+        if self.attention is None or "gqa" not in row.axes:
+            return True
+        return attention_key(config) in {attention_key(c) for c in self.attention}
+
     def as_dict(self) -> dict[str, Any]:
         """JSON form recorded in the manifest."""
-        return {"head_sizes": list(self.head_sizes), "gqa": list(self.gqa),
-                "block_sizes": list(self.block_sizes), "dtypes": list(self.dtypes),
-                "ops": list(self.ops) if self.ops is not None else None}
+        out = {"head_sizes": list(self.head_sizes), "gqa": list(self.gqa),
+               "block_sizes": list(self.block_sizes), "dtypes": list(self.dtypes),
+               "ops": list(self.ops) if self.ops is not None else None, "preset": self.preset}
+        if self.attention is not None:
+            out.update(models=list(self.models), tp=list(self.tp),
+                       attention=[dict(sorted(c.items())) for c in self.attention])
+        return out
+
+
+def attention_key(config: Config) -> tuple[Any, ...]:
+    """The identity of an attention config across the matrix's spelling (``query_dtype``) and a model's (``dtype``)."""
+    dtype = config.get("query_dtype", config.get("dtype"))
+    return (config["head_size"], config["gqa"], config["block_size"], dtype, bool(config.get("has_sinks")),
+            bool(config.get("has_window")), bool(config.get("has_softcap")))
 
 
 def parse_int_list(text: str | None, name: str, default: tuple[int, ...]) -> tuple[int, ...]:
@@ -289,6 +318,8 @@ def expand(rows: Sequence[OpRow], selection: Selection, arch: str, backends_for_
             for feats in row.features:
                 axes = {row.rename.get(a, a): v for a, v in zip(row.axes, values, strict=True)}
                 config = {**axes, **row.flag_defaults, **feats}
+                if not selection.admits(row, config):
+                    continue
                 if row.targeted:
                     config["target"] = "cuda" if arch.startswith("sm_") else "hip"
                 reason = _skip_reason(skips, row.op, config, arch)

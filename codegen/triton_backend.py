@@ -8,8 +8,11 @@ Choices that shape the bytes:
 - ``triton.compile(ASTSource(fn, signature, constexprs, attrs), target=GPUTarget(...))`` with the
   Specialization's ``num_warps``/``num_stages``; every other option at Triton's default (as the JIT).
 - Pointer parameters carry ``tt.divisibility=16`` (what the JIT assumes for a 16-byte aligned tensor,
-  the usual case); the manifest records ``divisibility: 16`` on them and the runtime must only launch
-  with 16-byte aligned pointers. Integers get no divisibility assumption (correct for any value).
+  the usual case), and so do the integer parameters the Specialization names in ``divisible`` (the
+  row strides its plan proved multiples of 16: what the JIT specializes; without them Triton cannot
+  vectorize those rows, and the decode needed more registers and lost occupancy); the manifest records
+  ``divisibility: 16`` on each, and the runtime's packer refuses a launch whose values break one.
+  Other integers get no divisibility assumption (correct for any value).
 - No AMD ``tt.pointer_range=32`` (buffer ops): a KV cache may exceed 2 GiB.
 - ``TRITON_DISABLE_LINE_INFO=1`` (no source paths in the binaries: path-independent, reproducible)
   and a private, empty Triton cache per worker (nothing stale is reused).
@@ -23,12 +26,12 @@ from pathlib import Path
 from typing import Any
 
 from ultraquant.errors import UltraQuantError
-from ultraquant.kernels.specs import Specialization
+from ultraquant.kernels.specs import ARG_DIVISOR, Specialization
 
 from .archs import Arch
 from .backends import Backend
 
-POINTER_DIVISIBILITY = 16
+POINTER_DIVISIBILITY = ARG_DIVISOR
 HIDDEN = ("global_scratch", "profile_scratch")
 
 
@@ -40,6 +43,18 @@ def _module_files(module_name: str) -> list[tuple[str, Path]]:
     folder = Path(spec.origin).parent
     prefix = module_name.rsplit(".", 1)[0] if "." in module_name else module_name
     return [(f"{prefix}/{p.relative_to(folder).as_posix()}", p) for p in sorted(folder.rglob("*.py"))]
+
+
+def divisibility(spec: Specialization) -> dict[str, int]:
+    """Parameter -> the divisibility a blob of ``spec`` is compiled to assume (pointers and
+    ``spec.divisible``): the ``tt.divisibility`` attrs and the manifest's ``divisibility`` fields."""
+    return {n: POINTER_DIVISIBILITY for n, ty in spec.signature.items()
+            if ty.startswith("*") or n in spec.divisible}
+
+
+def compile_attrs(spec: Specialization, arg_names: list[str]) -> dict[tuple[int], list[list[Any]]]:
+    """``ASTSource`` attrs of ``spec`` for a kernel with parameters ``arg_names``."""
+    return {(arg_names.index(n),): [["tt.divisibility", d]] for n, d in divisibility(spec).items()}
 
 
 class TritonBackend(Backend):
@@ -112,9 +127,10 @@ class TritonBackend(Backend):
         missing = [n for n in spec.signature if n not in names]
         if missing:
             raise UltraQuantError(f"{spec.kernel}: signature names {missing} are not parameters")
-        attrs = {(names.index(n),): [["tt.divisibility", POINTER_DIVISIBILITY]]
-                 for n, ty in spec.signature.items() if ty.startswith("*")}
-        src = ASTSource(fn, dict(spec.signature), dict(spec.constexprs), attrs)
+        bad = [n for n in spec.divisible if not spec.signature.get(n, "").startswith(("i", "u"))]
+        if bad:
+            raise UltraQuantError(f"{spec.kernel}: divisible names {bad}, which are not integer parameters")
+        src = ASTSource(fn, dict(spec.signature), dict(spec.constexprs), compile_attrs(spec, names))
         target = GPUTarget(arch.vendor, arch.triton_arch, arch.warp_size)
         options = {"num_warps": spec.num_warps, "num_stages": spec.num_stages}
         if spec.maxnreg is not None and arch.vendor != "hip":
@@ -139,7 +155,7 @@ class TritonBackend(Backend):
             "num_ctas": int(getattr(md, "num_ctas", 1) or 1),
             "shared": int(md.shared),
             "hidden": hidden,
-            "divisibility": {n: POINTER_DIVISIBILITY for n, ty in spec.signature.items() if ty.startswith("*")},
+            "divisibility": divisibility(spec),
         }
         return bytes(binary), info
 

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from ultraquant.errors import UltraQuantError
+from ultraquant.kernels.abi import blob_name_problem
 
 from . import manifest as mf
 from .archs import AMDGPU_MACH_MASK, ARCHS, CUDA_ARCH_SPECIFIC_FLAG, Arch
@@ -197,7 +198,7 @@ def verify_dir(directory: Path) -> VerifyReport:
         name = str(entry.get("file", ""))
         path = (directory / name).resolve()
         label = f"{entry.get('key', name)} ({name})"
-        if not name or path.parent != root:
+        if blob_name_problem(name) or path.parent != root:  # the runtime's rule, and no link out
             report.problems.append(f"{label}: file name must be a plain name inside {directory}")
             continue
         if not path.is_file():

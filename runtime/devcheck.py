@@ -6,7 +6,6 @@ fresh verdicts, so a blob that now passes is re-enabled and one that now fails i
 
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -48,7 +47,8 @@ def verify_device(device: Any = None, *, keys: list[str] | None = None) -> tuple
         except BlobError as exc:
             rows.append(Row(key, entry.path.name, "REFUSED", str(exc), (time.perf_counter() - t0) * 1e3))
             continue
-        spec = Specialization(kernel=entry.kernel, signature=entry.signature, constexprs=entry.constexprs)
+        spec = Specialization(kernel=entry.kernel, signature=entry.signature, constexprs=entry.constexprs,
+                              divisible=entry.divisible)
         v = selftest.run(kernel, spec, d)
         rows.append(Row(key, entry.path.name, "pass" if v.ok else "FAIL", v.detail,
                         (time.perf_counter() - t0) * 1e3))
@@ -82,13 +82,9 @@ def cli_verify_device(device: str, dirs: list[Path] | None = None) -> int:
         return 2
     dev = torch.cuda.current_device() if device in ("", "current") else int(text)
     if dirs:
-        from .manifest import MANIFEST_NAME, Manifest
+        from .manifest import MANIFEST_NAME, read_manifest
 
-        found = []
-        for d in dirs:
-            data = json.loads((Path(d) / MANIFEST_NAME).read_text())
-            found.append(Manifest(arch=data.get("arch", Path(d).name), directory=Path(d), data=data))
-        launch.reset(ManifestIndex(found))
+        launch.reset(ManifestIndex([read_manifest(Path(d) / MANIFEST_NAME) for d in dirs]))
     d = launch.info(dev)
     arch, rows = verify_device(dev)
     if not rows:

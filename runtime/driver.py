@@ -1,7 +1,7 @@
 """ctypes bindings to the vendor driver APIs: just what loading and launching a code object needs.
 
 Why ctypes and not a C extension: a wheel that ships only Python plus blobs has no C++ ABI to match,
-so one wheel serves every Python and torch version (see shared docs/runtime-lessons.md).
+so one wheel serves every Python and torch version (docs/runtime.md, "Why ctypes").
 
 * CUDA: ``libcuda.so.1`` (the driver API). Modules are loaded into the device's *primary* context,
   the one PyTorch's runtime API uses, so pointers and streams from torch are valid for our kernels.
@@ -115,6 +115,17 @@ class CudaDriver(Driver):
         self.driver_version = v.value
         self._contexts: dict[int, int] = {}
         self._lock = threading.Lock()
+        self._tls = threading.local()
+
+    def _current_context(self) -> int | None:
+        """This thread's current context (a per-thread out-parameter: no allocation per launch)."""
+        try:
+            cur, ref = self._tls.cur
+        except AttributeError:
+            cur = ctypes.c_void_p()
+            cur, ref = self._tls.cur = (cur, ctypes.byref(cur))
+        self._get_current(ref)
+        return cur.value
 
     def _check(self, call: str, code: int) -> None:
         if code == 0:
@@ -202,9 +213,8 @@ class CudaDriver(Driver):
         # Fast path: this thread's current context is the device's primary context (the usual case:
         # torch made it current). Otherwise (another device, or a thread where nothing bound a
         # context yet) push it around the launch.
-        cur = ctypes.c_void_p()
-        self._get_current(ctypes.byref(cur))
-        if cur.value is not None and cur.value == self._contexts.get(device):
+        cur = self._current_context()
+        if cur is not None and cur == self._contexts.get(device):
             code = self._launch(function, grid[0], grid[1], grid[2], block, 1, 1, shared, stream,
                                 params, None)
         else:

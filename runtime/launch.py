@@ -26,13 +26,13 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from ultraquant import config
 from ultraquant.errors import UltraQuantError
 from ultraquant.kernels.plans import LaunchPlan
-from ultraquant.kernels.specs import Specialization
+from ultraquant.kernels.specs import ALIGNABLE, ARG_DIVISOR, Specialization
 
 from . import selftest
 from .driver import DeviceInfo, device_info
@@ -49,15 +49,17 @@ class Miss:
     reason: str
 
 
-StateKey = tuple[int, str, tuple, tuple]
+StateKey = tuple[int, str, tuple, tuple, tuple]
 _STATE: dict[StateKey, Kernel | Miss] = {}
-"""(device, kernel, constexpr items, parameter types) -> resolution: cheaper to build per call than
+"""(device, kernel, constexpr items, parameter types, divisible) -> resolution: cheaper to build per call than
 the key string (which names the same things)."""
 _KEYS: dict[StateKey, str] = {}
 _DEVICES: dict[int, DeviceInfo] = {}
 _INDEX: ManifestIndex | None = None
 _LOGGED: set[tuple[int, str]] = set()
 _LOCK = threading.RLock()
+_EPOCH = [0]
+"""Bumped by :func:`reset`: a :class:`Prepared` launcher holding a kernel from an older epoch resolves again."""
 
 
 def index() -> ManifestIndex:
@@ -76,6 +78,7 @@ def reset(manifest_index: ManifestIndex | None = None) -> None:
     Loaded modules stay loaded (never unloaded: a captured graph may still point at them)."""
     global _INDEX
     with _LOCK:
+        _EPOCH[0] += 1
         _STATE.clear()
         _KEYS.clear()
         _LOGGED.clear()
@@ -118,7 +121,7 @@ def _capturing() -> bool:
 
 def state_key(spec: Specialization, dev: int) -> StateKey:
     """The per-call lookup key of ``spec`` on ``dev`` (see ``_STATE``)."""
-    return dev, spec.kernel, tuple(spec.constexprs.items()), tuple(spec.signature.values())
+    return dev, spec.kernel, tuple(spec.constexprs.items()), tuple(spec.signature.values()), spec.divisible
 
 
 def resolve(spec: Specialization, dev: int, *, allow_selftest: bool = True) -> Kernel | Miss:
@@ -139,12 +142,15 @@ def resolve(spec: Specialization, dev: int, *, allow_selftest: bool = True) -> K
         reasons: list[str] = []
         st = None
         for kernel in (*index().alternates(d.arch, spec.kernel), spec.kernel):
-            cand = spec if kernel == spec.kernel else Specialization(
-                kernel=kernel, signature=dict(spec.signature), constexprs=dict(spec.constexprs))
-            entry, reason = index().lookup(d.arch, cand.key())
+            entry, reason, cand = None, "", spec
+            for cand in spec.runnable_as(kernel):
+                entry, why = index().lookup(d.arch, cand.key())
+                if entry is not None:
+                    break
+                reason = reason or why
             if entry is None:
                 if kernel == spec.kernel:  # an alternate that was not built is no news
-                    reasons.append(reason)
+                    reasons.append(reason + _divisibility_hint(spec, d.arch))
                 continue
             if entry.signature != dict(spec.signature):
                 ours = [f"{n}:{t}" for n, t in spec.signature.items()]
@@ -166,6 +172,16 @@ def resolve(spec: Specialization, dev: int, *, allow_selftest: bool = True) -> K
         return st
 
 
+def _divisibility_hint(spec: Specialization, arch: str) -> str:
+    """Why a call missed a blob that exists for the usual strides (``ALIGNABLE``), or ``""``."""
+    usual = replace(spec, divisible=tuple(n for n in spec.signature if n in ALIGNABLE.get(spec.kernel, ())))
+    if usual.divisible == spec.divisible or index().lookup(arch, usual.key())[0] is None:
+        return ""
+    odd = [n for n in usual.divisible if n not in spec.divisible]
+    return (f"; a blob exists for strides that are multiples of {ARG_DIVISOR}, and this call's "
+            f"{', '.join(odd)} are not (the Triton JIT serves it)")
+
+
 def _load_and_test(entry: Entry, spec: Specialization, d: DeviceInfo, allow_selftest: bool) -> Kernel | Miss:
     dev, key = d.index, entry.key
     if _capturing():
@@ -173,7 +189,7 @@ def _load_and_test(entry: Entry, spec: Specialization, d: DeviceInfo, allow_self
             f"UltraQuant kernel {key} is not loaded on cuda:{dev} and the current stream is capturing a "
             "CUDA graph; call ultraquant.warmup(...) for this model's configs (or run one eager step) "
             "before capture")
-    cached = selftest.CACHE.get(entry.sha256, d)
+    cached = selftest.cached(entry, d)
     if cached is not None and not cached.ok:
         return _note_miss(dev, key, f"blob disabled: its self-test failed on this GPU earlier "
                           f"({cached.detail}); delete {selftest.CACHE.path} to retest", warn=True)
@@ -209,28 +225,65 @@ def try_launch(plan: LaunchPlan, device: Any = None) -> bool:
     torch's current stream of that device), ``False`` when the caller must use another path (Triton
     JIT, or the reference); under ``ULTRAQUANT_BACKEND=aot`` or ``ULTRAQUANT_REQUIRE_AOT=1`` a miss
     raises instead. Never synchronizes."""
+    dev = device_of(device) if device is not None else plan_device(plan)
+    return launch_prepared(plan.spec, None if dev is None else state_key(plan.spec, dev), dev, plan.args, plan.grid)
+
+
+def launch_prepared(spec: Specialization, skey: StateKey | None, dev: int | None, args: tuple[Any, ...],
+                    grid: tuple[int, int, int]) -> bool:
+    """:func:`try_launch` of a plan whose device and :func:`state_key` the caller already knows (the
+    ops cache both per call signature): the per-call work is one dict lookup and the launch."""
     cfg = config.get()
     if cfg.backend == "triton" or cfg.backend == "reference":
         return False
-    dev = device_of(device) if device is not None else plan_device(plan)
     if dev is None:
         if _strict(cfg):
-            raise UltraQuantError(f"ULTRAQUANT_BACKEND={cfg.backend}/REQUIRE_AOT: {plan.spec.kernel} was called "
+            raise UltraQuantError(f"ULTRAQUANT_BACKEND={cfg.backend}/REQUIRE_AOT: {spec.kernel} was called "
                                   "with tensors that are not on a GPU; blobs run on GPUs only")
         return False
-    st = _STATE.get(state_key(plan.spec, dev))
+    st = _STATE.get(skey)
     if st is None:
-        st = resolve(plan.spec, dev)
-    if isinstance(st, Kernel):
+        st = resolve(spec, dev)
+    if st.__class__ is not Miss:
         try:
-            st.launch(plan.args, plan.grid)
+            st.launch(args, grid)
             return True
         except MisalignedArgument as exc:
-            st = _note_miss(dev, f"{plan.spec.key()} (alignment)", str(exc), warn=False)
+            st = _note_miss(dev, f"{spec.key()} (alignment)", str(exc), warn=False)
     if _strict(cfg):
         raise UltraQuantError(f"ULTRAQUANT_BACKEND={cfg.backend}, REQUIRE_AOT={int(cfg.require_aot)}: no usable blob "
                               f"on cuda:{dev}: {st.reason}")
     return False
+
+
+class Prepared:
+    """The AOT launch of one specialization on one device, for a caller that plans once and launches
+    many times (the ops' per-signature cache): after the first launch it holds the loaded kernel, so a
+    call is the kernel's launch alone, while :func:`reset` or a config change sends it through
+    :func:`launch_prepared` (resolution, misses, strict mode) again."""
+
+    __slots__ = ("spec", "skey", "dev", "kernel", "epoch", "config")
+
+    def __init__(self, spec: Specialization, dev: int | None) -> None:
+        self.spec, self.dev = spec, dev
+        self.skey = None if dev is None else state_key(spec, dev)
+        self.kernel: Kernel | None = None
+        self.epoch, self.config = -1, None
+
+    def __call__(self, args: tuple[Any, ...], grid: tuple[int, int, int]) -> bool:
+        """Launch from the blob (True) or report a miss (False; raises when strict), as :func:`try_launch`."""
+        k = self.kernel
+        if k is not None and self.epoch == _EPOCH[0] and self.config is config.get():
+            try:
+                k.launch(args, grid)
+                return True
+            except MisalignedArgument:  # this call's pointers: launch_prepared words the miss
+                pass
+        self.epoch, self.config = _EPOCH[0], config.get()
+        launched = launch_prepared(self.spec, self.skey, self.dev, args, grid)
+        st = _STATE.get(self.skey) if launched else None
+        self.kernel = st if isinstance(st, Kernel) else None
+        return launched
 
 
 def warmup(configs: Iterable[Any], device: Any = None) -> dict[str, str]:
@@ -238,11 +291,11 @@ def warmup(configs: Iterable[Any], device: Any = None) -> dict[str, str]:
 
     ``configs`` holds :class:`~ultraquant.kernels.specs.Specialization` or
     :class:`~ultraquant.kernels.plans.LaunchPlan` objects, or dicts of model parameters that
-    :func:`model_specializations` turns into them. Returns config key ->
+    :func:`model_specializations` turns into exactly the variants the calls on ``device`` plan. Returns config key ->
     ``"aot"`` or the miss reason. Under ``ULTRAQUANT_REQUIRE_AOT=1`` a miss raises."""
     dev = device_of(device)
     report: dict[str, str] = {}
-    for spec in _specs(configs):
+    for spec in _specs(configs, dev):
         st = resolve(spec, dev)
         report[spec.key()] = "aot" if isinstance(st, Kernel) else st.reason
         cfg = config.get()
@@ -252,41 +305,91 @@ def warmup(configs: Iterable[Any], device: Any = None) -> dict[str, str]:
     return report
 
 
-def _specs(configs: Iterable[Any]) -> Iterable[Specialization]:
+def _specs(configs: Iterable[Any], dev: int) -> Iterable[Specialization]:
     for c in configs:
         if isinstance(c, Specialization):
             yield c
         elif isinstance(c, LaunchPlan):
             yield c.spec
         elif isinstance(c, dict):
-            yield from model_specializations(c)
+            yield from model_specializations(c, dev)
         else:
             raise UltraQuantError("configs: expected Specialization, LaunchPlan or dict, got "
                                   f"{type(c).__name__}")
 
 
-def model_specializations(config: dict[str, Any]) -> list[Specialization]:
-    """Every kernel variant a model config needs: ``head_size``, ``block_size``, ``gqa`` (or
-    ``num_q_heads`` and ``num_kv_heads``), optional ``dtype`` (for all tensors) or per-tensor dtypes,
-    ``has_sinks``/``has_window``/``has_softcap``, ``encoder``, and ``ops`` (default: all four)."""
-    from ultraquant.kernels.specs import SPECIALIZERS
+MODEL_KEYS = ("head_size", "block_size", "gqa", "num_q_heads", "num_kv_heads", "dtype", "query_dtype", "key_dtype",
+              "out_dtype", "slot_dtype", "has_sinks", "has_window", "has_softcap", "encoder", "cache_strides", "ops")
+"""Keys a model-config dict of :func:`warmup` may hold."""
 
-    cfg = dict(config)
-    dtype = cfg.pop("dtype", None)
-    if dtype is not None:
-        for name in ("key_dtype", "query_dtype", "out_dtype"):
-            cfg.setdefault(name, dtype)
-    if "gqa" not in cfg and "num_q_heads" in cfg and "num_kv_heads" in cfg:
-        cfg["gqa"] = int(cfg["num_q_heads"]) // int(cfg["num_kv_heads"])
-    ops = cfg.pop("ops", tuple(SPECIALIZERS))
-    out = []
+
+def _torch_device(device: Any) -> Any:
+    import torch
+
+    if device is None:
+        return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+    if isinstance(device, int):
+        return torch.device("cuda", device)
+    return torch.device(device)
+
+
+def _dtype_name(value: Any, what: str) -> str:
+    from ultraquant.kernels.specs import DTYPE_NAMES
+
+    name = DTYPE_NAMES.get(value, value)
+    if name not in ("bf16", "fp16", "fp32"):
+        raise UltraQuantError(f"configs: {what} {value!r} is not one of bf16, fp16, fp32 (or a torch dtype)")
+    return name
+
+
+def model_specializations(model: dict[str, Any], device: Any = None) -> list[Specialization]:
+    """Every kernel variant the public ops plan for a model config on ``device`` (default: the current
+    GPU): the same spec functions the calls use, so warmup loads exactly what they will launch.
+
+    ``model``: ``head_size``, ``block_size``, ``gqa`` (or ``num_q_heads`` and ``num_kv_heads``),
+    ``dtype`` (or ``query_dtype``/``key_dtype``/``out_dtype``), optional ``slot_dtype`` (default int64,
+    vLLM's), ``has_sinks``/``has_window``/``has_softcap``, ``encoder``, ``cache_strides`` (the cache's
+    first three strides when it is not the dense layout) and ``ops`` (default: all four). Stores get
+    both layouts (a decode step's few rows, a prefill's many); dequant the query dtype (the dense
+    prefill route's); decode/prefill the device's target and ``ULTRAQUANT_DECODE_*`` tuning."""
+    from ultraquant.kernels import plans, specs
+
+    unknown = sorted(set(model) - set(MODEL_KEYS))
+    if unknown:
+        raise UltraQuantError(f"configs: unknown model keys {unknown} (known: {', '.join(MODEL_KEYS)})")
+    ops = tuple(model.get("ops", specs.SPECIALIZERS))
     for op in ops:
-        if op not in SPECIALIZERS:
-            raise UltraQuantError(f"configs: unknown op {op!r} (ops are {', '.join(SPECIALIZERS)})")
+        if op not in specs.SPECIALIZERS:
+            raise UltraQuantError(f"configs: unknown op {op!r} (ops are {', '.join(specs.SPECIALIZERS)})")
+    dtype = model.get("dtype", "bf16")
+    q = _dtype_name(model.get("query_dtype", dtype), "query_dtype")
+    k = _dtype_name(model.get("key_dtype", q), "key_dtype")
+    o = _dtype_name(model.get("out_dtype", q), "out_dtype")
+    flags = tuple(bool(model.get(f, False)) for f in ("has_sinks", "has_window", "has_softcap"))
+    strides = model.get("cache_strides")
+    strides = None if strides is None else tuple(int(x) for x in strides)
+    dev = _torch_device(device)
+    out: list[Specialization] = []
+    for op in ops:
         try:
-            out.append(SPECIALIZERS[op](**cfg))
-        except TypeError as exc:
-            raise UltraQuantError(f"configs: {op} needs more of the model config ({exc})") from None
+            d = int(model["head_size"])
+            if op == "store_kv":
+                out += [specs.store_spec(head_size=d, key_dtype=k, slot_dtype=model.get("slot_dtype", "i64"),
+                                         encoder=model.get("encoder", "rne"), few_rows=few) for few in (True, False)]
+                continue
+            bs = int(model["block_size"])
+            if op == "dequant_kv":
+                out.append(specs.dequant_spec(head_size=d, block_size=bs, out_dtype=q))
+                continue
+            gqa = int(model["gqa"]) if "gqa" in model else int(model["num_q_heads"]) // int(model["num_kv_heads"])
+            if op == "decode_attention":
+                out.append(plans.decode_call_spec(d, gqa, bs, q, o, *flags, strides, dev, config.get().tuning))
+            else:
+                out.append(plans.prefill_call_spec(d, gqa, bs, q, k, o, *flags, strides, dev))
+        except KeyError as exc:
+            raise UltraQuantError(f"configs: {op} needs more of the model config (missing {exc})") from None
+        except (TypeError, ValueError) as exc:
+            raise UltraQuantError(f"configs: {op}: bad model config ({exc})") from None
     return out
 
 

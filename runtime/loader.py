@@ -35,6 +35,14 @@ def read_blob(entry: Entry) -> bytes:
     if image is not None:
         return image
     try:
+        real = entry.path.resolve()
+        inside = real.parent == entry.path.parent.resolve()
+    except (OSError, RuntimeError) as exc:  # RuntimeError: a link loop (Python < 3.13)
+        raise BlobError(f"{entry.key}: cannot resolve {entry.path}: {exc}") from None
+    if not inside:  # a link out of the blob folder
+        raise BlobError(f"{entry.key}: {entry.path.name} resolves to {real}, outside the blob folder "
+                        f"{entry.path.parent}")
+    try:
         image = entry.path.read_bytes()
     except OSError as exc:
         raise BlobError(f"{entry.key}: cannot read {entry.path}: {exc}") from None

@@ -41,6 +41,28 @@ class Param:
     """The blob was compiled assuming the value (pointer address or integer) divides by this."""
 
 
+def check_layout(params: Sequence[Param], kernel: str = "kernel") -> int:
+    """Check a manifest's parameter layout (known types at their true size, aligned, in order, not
+    overlapping; divisibility positive); returns the argument block's size. Raises UltraQuantError."""
+    end = 0
+    for p in params:
+        want = type_size(p.type)
+        if p.size != want:
+            raise UltraQuantError(f"manifest: {kernel}: parameter {p.name!r} of type {p.type} "
+                                  f"has size {p.size}, expected {want}")
+        if p.offset < 0 or p.offset % p.size:
+            raise UltraQuantError(f"manifest: {kernel}: parameter {p.name!r} at offset {p.offset} "
+                                  f"is not aligned to its size {p.size}")
+        if p.offset < end:
+            raise UltraQuantError(f"manifest: {kernel}: parameter {p.name!r} at offset {p.offset} "
+                                  f"overlaps the previous one (ends at {end})")
+        if p.divisibility < 1:
+            raise UltraQuantError(f"manifest: {kernel}: parameter {p.name!r} has divisibility "
+                                  f"{p.divisibility}, expected >= 1")
+        end = p.offset + p.size
+    return max(end, 8)
+
+
 def _bf16_bits(x: float) -> int:
     """Round-to-nearest-even bf16 bit pattern of ``x`` (what Triton's launcher passes for bf16)."""
     bits = struct.unpack("<I", struct.pack("<f", x))[0]
@@ -75,20 +97,7 @@ class ArgPacker:
         self.kernel = kernel
         self.params = tuple(params)
         self.visible = tuple(p for p in self.params if not p.hidden)
-        end = 0
-        for p in self.params:
-            want = type_size(p.type)
-            if p.size != want:
-                raise UltraQuantError(f"manifest: {kernel}: parameter {p.name!r} of type {p.type} "
-                                      f"has size {p.size}, expected {want}")
-            if p.offset % p.size:
-                raise UltraQuantError(f"manifest: {kernel}: parameter {p.name!r} at offset {p.offset} "
-                                      f"is not aligned to its size {p.size}")
-            if p.offset < end:
-                raise UltraQuantError(f"manifest: {kernel}: parameter {p.name!r} at offset {p.offset} "
-                                      f"overlaps the previous one (ends at {end})")
-            end = p.offset + p.size
-        self.size = max(end, 8)
+        self.size = check_layout(self.params, kernel)
         fmt, pos = ["<"], 0
         for p in self.visible:
             if p.offset > pos:

@@ -1,5 +1,6 @@
 """On-device self-test of a blob: a small problem launched through the loader, checked against the
-PyTorch reference, once per (blob, GPU, driver); the verdict is cached on disk (:mod:`.verdicts`).
+PyTorch reference, once per (manifest key, blob, self-test version, GPU, driver); the verdict is cached on disk
+(:mod:`.verdicts`).
 
 Why: a blob built on a CPU machine was never run before it reaches the user's GPU. A blob that
 computes garbage there (a toolchain bug, a driver quirk, a corrupted-but-consistent file) is disabled
@@ -21,6 +22,7 @@ from ultraquant.kernels.specs import Specialization
 
 from .driver import DeviceInfo
 from .loader import Kernel
+from .manifest import Entry
 from .verdicts import Verdict, VerdictCache
 
 CACHE = VerdictCache()
@@ -60,7 +62,7 @@ def _running() -> Iterator[None]:
 
 def run(kernel: Kernel, spec: Specialization, dev: DeviceInfo, *, record: bool = True) -> Verdict:
     """Self-test ``kernel`` on ``dev`` now and (by default) record the verdict in :data:`CACHE`."""
-    from . import problems  # noqa: F401  (registers the built-in problems; imports the reference)
+    from . import problems  # registers the built-in problems (imports the reference)
 
     # a stand-in kernel (manifest ``alternate_of``) takes its original's plan, hence its problem
     problem = PROBLEMS.get(kernel.entry.alternate_of or kernel.entry.kernel)
@@ -75,5 +77,13 @@ def run(kernel: Kernel, spec: Specialization, dev: DeviceInfo, *, record: bool =
                 ok, detail = False, f"{type(exc).__name__}: {exc}"
     verdict = Verdict(ok=ok, detail=detail, seconds=time.perf_counter() - t0, when=time.time())
     if record:
-        CACHE.put(kernel.entry.sha256, dev, verdict)
+        CACHE.put(kernel.entry.key, kernel.entry.sha256, problems.SELFTEST_VERSION, dev, verdict)
     return verdict
+
+
+def cached(entry: Entry, dev: DeviceInfo) -> Verdict | None:
+    """The recorded verdict of ``entry``'s blob tested as ``entry.key`` with the current self-test
+    version on ``dev``, if any."""
+    from . import problems
+
+    return CACHE.get(entry.key, entry.sha256, problems.SELFTEST_VERSION, dev)

@@ -1,9 +1,12 @@
 """The on-disk cache of blob self-test verdicts, in the user's cache directory.
 
-A verdict is keyed by (blob sha256, device name, driver version, device uuid): a new blob, a new
-driver or another GPU model gets tested again, and so does each physical GPU (a faulty card gets its
-own verdict; the multi-GPU issue asks for per-device verdicts). The file is JSON, rewritten atomically
-(temp file + rename) so concurrent processes never read half a file; the last writer wins per key.
+A verdict is keyed by (manifest key, blob sha256, self-test version, device name, driver version,
+device uuid): the key names the config the blob was tested *as* (the same bytes listed under another
+key are tested again under that key: a blob built for one encoder under another encoder's key fails
+there), the sha256 the bytes, the version the problems they were tested with (bumped whenever
+``runtime/problems.py`` changes), and a new driver, another GPU model or each physical GPU (a faulty
+card gets its own verdict) gets tested again. The file is JSON, rewritten atomically (temp file +
+rename) so concurrent processes never read half a file; the last writer wins per key.
 
 Location: ``$ULTRAQUANT_CACHE_DIR``, else ``$XDG_CACHE_HOME/ultraquant``, else ``~/.cache/ultraquant``.
 """
@@ -22,7 +25,8 @@ from ultraquant import config
 
 from .driver import DeviceInfo
 
-FILE_NAME = "selftest-v1.json"
+FILE_NAME = "selftest-v2.json"
+"""v2: keys bind the manifest key and the self-test version too (v1 keys named the sha256 only)."""
 
 
 @dataclass(frozen=True)
@@ -45,9 +49,9 @@ def cache_dir() -> Path:
     return base / "ultraquant"
 
 
-def verdict_key(sha256: str, dev: DeviceInfo) -> str:
-    """Cache key of a blob on a device: sha, device name, driver version and the card's uuid."""
-    return f"{sha256}|{dev.name}|{dev.driver_version}|{dev.uuid}"
+def verdict_key(key: str, sha256: str, version: int, dev: DeviceInfo) -> str:
+    """Cache key of one blob tested as manifest ``key`` with self-test ``version`` on a device."""
+    return f"{key}|{sha256}|v{version}|{dev.name}|{dev.driver_version}|{dev.uuid}"
 
 
 class VerdictCache:
@@ -74,10 +78,11 @@ class VerdictCache:
                 self._data = {}
         return self._data
 
-    def get(self, sha256: str, dev: DeviceInfo) -> Verdict | None:
-        """The cached verdict, or ``None`` when this blob was never tested on this device."""
+    def get(self, key: str, sha256: str, version: int, dev: DeviceInfo) -> Verdict | None:
+        """The cached verdict, or ``None`` when this blob was never tested as ``key`` with self-test
+        ``version`` on this device."""
         with self._lock:
-            raw = self._load().get(verdict_key(sha256, dev))
+            raw = self._load().get(verdict_key(key, sha256, version, dev))
         if not isinstance(raw, dict):
             return None
         try:
@@ -86,7 +91,7 @@ class VerdictCache:
         except (KeyError, TypeError, ValueError):
             return None
 
-    def put(self, sha256: str, dev: DeviceInfo, verdict: Verdict) -> None:
+    def put(self, key: str, sha256: str, version: int, dev: DeviceInfo, verdict: Verdict) -> None:
         """Record ``verdict``; merges with what other processes wrote meanwhile. A read-only or
         missing cache dir is not an error: the verdict then lives for this process only."""
         record = asdict(verdict)
@@ -99,7 +104,7 @@ class VerdictCache:
                     data.update(on_disk)
             except (OSError, ValueError):
                 pass
-            data[verdict_key(sha256, dev)] = record
+            data[verdict_key(key, sha256, version, dev)] = record
             self._data = data
             try:
                 self.path.parent.mkdir(parents=True, exist_ok=True)

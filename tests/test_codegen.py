@@ -219,3 +219,57 @@ def test_spill_budget_from_the_table(monkeypatch):
     assert point.allows_spills() == ("test", 256)
     monkeypatch.setattr(matrix, "SPILLS_ALLOWED", ())
     assert point.allows_spills() == ("", 0)
+
+
+def test_manifest_divisibility_is_what_the_compiler_was_told():
+    """An integer named in ``Specialization.divisible`` reaches Triton as ``tt.divisibility = 16`` (as
+    the JIT specializes a multiple of 16), and the backend reports exactly the attrs it compiled with
+    (the manifest's per-parameter ``divisibility``). Compiles in a subprocess: tests run the kernels
+    under Triton's interpreter, which cannot compile."""
+    import os
+    import sys
+
+    from tests.codegen_fixture import ROOT
+
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = str(ROOT)
+    code = "import json; from tests.test_codegen import divisibility_probe as p; print(json.dumps(p()))"
+    run = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-2000:]
+    seen = json.loads(run.stdout.strip().splitlines()[-1])
+    for told, reported in seen.values():
+        assert told == reported
+    assert seen["stride"][0] == {**seen[""][0], "stride": 16} and "stride" not in seen[""][0]
+
+
+def divisibility_probe() -> dict[str, list[dict[str, int]]]:
+    """Per ``divisible`` of the fixture axpy (none, ``stride``): [the TTIR's tt.divisibility per
+    parameter, the backend's reported divisibility]. Also checks a pointer cannot be named."""
+    import dataclasses
+    import re
+
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from tests.codegen_fixture import BACKEND_OPTIONS
+    from tests.codegen_fixture.kernels import get_kernel
+    from ultraquant.codegen.triton_backend import TritonBackend, compile_attrs
+
+    backend = TritonBackend(**BACKEND_OPTIONS["triton"])
+    fn = get_kernel("fx_axpy")
+    base = fixture.axpy(head_size=64, block_size=16)
+    seen = {}
+    for s in (base, dataclasses.replace(base, divisible=("stride",))):
+        _, info = backend.compile(s, get_arch("sm_90"))
+        src = ASTSource(fn, dict(s.signature), dict(s.constexprs), compile_attrs(s, list(fn.arg_names)))
+        ttir = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": s.num_warps}).asm["ttir"]
+        args = re.search(r"tt\.func public @fx_axpy\((.*?)\) attributes", ttir, re.S).group(1)
+        told = {n: int(v) for n, v in re.findall(r"%(\w+): [^{,]+\{tt\.divisibility = (\d+)", args)}
+        seen[",".join(s.divisible)] = [told, info["divisibility"]]
+    try:
+        backend.compile(dataclasses.replace(base, divisible=("x_ptr",)), get_arch("sm_90"))
+    except UltraQuantError as exc:
+        assert "not integer parameters" in str(exc)
+    else:
+        raise AssertionError("a pointer named in divisible was accepted")
+    return seen

@@ -7,12 +7,14 @@ argument bytes through the pointer array exactly as the real driver would).
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import hashlib
 import json
 import logging
 import struct
 
 import pytest
+import torch
 
 from ultraquant.errors import UltraQuantError
 from ultraquant.kernels import specs
@@ -244,43 +246,181 @@ def test_first_search_root_wins(tmp_path, monkeypatch):
     assert len(ms) == 1 and ms[0].directory == a / "sm_90"
 
 
+@pytest.mark.parametrize("name", ["../outside.cubin", "/etc/passwd", "sub/x.cubin", "..", ".", "",
+                                  "a\\b.cubin", "C:x.cubin", 7])
+def test_manifest_file_names_must_be_plain_names_inside_the_folder(rt, tmp_path, monkeypatch, caplog, name):
+    """Issue 17, item 3: the runtime refuses what `ultraquant verify` refuses, before reading anything."""
+    d = write_manifest(tmp_path / "gen")
+    (tmp_path / "outside.cubin").write_bytes(b"\x7fELF fake cubin\x00")
+    m = json.loads((d / "manifest.json").read_text())
+    m["blobs"][0]["file"] = name
+    (d / "manifest.json").write_text(json.dumps(m))
+    caplog.set_level(logging.WARNING, logger="ultraquant.runtime")
+    assert launch.try_launch(plan(), 0) is False and not rt.loads and not loader._IMAGES
+    assert "plain file name" in launch.state()[(0, spec().key())].reason or "non-empty string" in \
+        launch.state()[(0, spec().key())].reason
+    monkeypatch.setenv("ULTRAQUANT_REQUIRE_AOT", "1")
+    launch.reset()
+    with pytest.raises(UltraQuantError, match="manifest.*(plain file name|non-empty string)"):
+        launch.try_launch(plan(), 0)
+
+
+def test_a_blob_that_is_a_link_loop_is_refused(rt, tmp_path):
+    d = write_manifest(tmp_path / "gen")
+    (d / "uq_test_0.cubin").unlink()
+    (d / "uq_test_0.cubin").symlink_to(d / "uq_test_0.cubin")
+    assert launch.try_launch(plan(), 0) is False and not rt.loads
+    assert "uq_test_0.cubin" in launch.state()[(0, spec().key())].reason
+
+
+def test_a_blob_linked_out_of_the_folder_is_refused(rt, tmp_path):
+    d = write_manifest(tmp_path / "gen")
+    outside = tmp_path / "outside.cubin"
+    outside.write_bytes((d / "uq_test_0.cubin").read_bytes())
+    (d / "uq_test_0.cubin").unlink()
+    (d / "uq_test_0.cubin").symlink_to(outside)
+    assert launch.try_launch(plan(), 0) is False and not rt.loads
+    assert "outside the blob folder" in launch.state()[(0, spec().key())].reason
+
+
+def _break(d, how):
+    path = d / "manifest.json"
+    text = path.read_text()
+    m = json.loads(text)
+    b = m["blobs"][0]
+    if how == "truncated":
+        path.write_text(text[: len(text) // 2])
+        return
+    if how == "top-level list":
+        m = [m]
+    elif how == "blobs not a list":
+        m["blobs"] = {"x": b}
+    elif how == "entry a string":
+        m["blobs"][0] = "uq_test_0.cubin"
+    elif how == "params not a list":
+        b["params"] = 3
+    elif how == "param not an object":
+        b["params"][0] = "x_ptr"
+    elif how == "size a string":
+        b["params"][0]["size"] = "8"
+    elif how == "num_warps null":
+        b["num_warps"] = None
+    elif how == "sha256 a number":
+        b["sha256"] = 12
+    elif how == "unknown param type":
+        b["params"][0]["type"] = "*complex128"
+        b["params"][0]["size"] = 8
+        b["params"][1]["type"] = "q8"
+    elif how == "constexprs a list":
+        b["constexprs"] = [1, 2]
+    elif how == "arch a number":
+        m["arch"] = 90
+    elif how == "negative threads":
+        b["threads"] = -128
+    elif how == "skipped garbage":
+        m["skipped"] = 5
+        m["blobs"] = []
+    path.write_text(json.dumps(m))
+
+
+BROKEN = ["truncated", "top-level list", "blobs not a list", "entry a string", "params not a list",
+          "param not an object", "size a string", "num_warps null", "sha256 a number", "unknown param type",
+          "constexprs a list", "arch a number", "negative threads", "skipped garbage"]
+
+
+@pytest.mark.parametrize("how", BROKEN)
+def test_any_manifest_problem_is_one_warning_and_a_fallback(rt, tmp_path, monkeypatch, caplog, how):
+    """Issue 17, item 4: never a JSONDecodeError/AttributeError out of try_launch; a warning once,
+    the Triton path (False), and a clear UltraQuantError under REQUIRE_AOT=1 or BACKEND=aot."""
+    _break(write_manifest(tmp_path / "gen"), how)
+    caplog.set_level(logging.INFO, logger="ultraquant.runtime")
+    for _ in range(3):
+        assert launch.try_launch(plan(), 0) is False
+    assert not rt.loads
+    warnings = [r for r in caplog.records if r.levelno >= logging.WARNING]
+    if how != "skipped garbage":  # an empty manifest with a garbage 'skipped' row is just "not built"
+        assert len(warnings) == 1 and "sm_90" in warnings[0].getMessage(), [r.getMessage() for r in warnings]
+    for name, value in (("ULTRAQUANT_REQUIRE_AOT", "1"), ("ULTRAQUANT_BACKEND", "aot")):
+        monkeypatch.setenv(name, value)
+        launch.reset()
+        with pytest.raises(UltraQuantError, match="no usable blob"):
+            launch.try_launch(plan(), 0)
+        with pytest.raises(UltraQuantError, match="no usable blob"):
+            launch.warmup([spec()], 0)
+        monkeypatch.delenv(name)
+
+
+def test_verify_device_reports_a_broken_manifest(rt, tmp_path):
+    from ultraquant.runtime import devcheck
+
+    _break(write_manifest(tmp_path / "gen"), "truncated")
+    arch, rows = devcheck.verify_device(0)
+    assert [(r.status, r.file) for r in rows] == [("REFUSED", "manifest.json")] and "not valid JSON" in rows[0].detail
+
+
 # --- verdict cache ------------------------------------------------------------------------------------
 
 def _dev(uuid="GPU-0", driver=12080, name="NVIDIA H200"):
     return drv.DeviceInfo(index=0, arch="sm_90", name=name, uuid=uuid, driver_version=driver)
 
 
-def test_verdicts_roundtrip_and_are_per_device_driver_and_model(tmp_path):
+K = "uq_test[BLOCK=64,D=128](bf16,fp32)"
+
+
+def test_verdicts_roundtrip_and_are_per_key_version_device_driver_and_model(tmp_path):
     c = VerdictCache(tmp_path / "v.json")
-    c.put("ab" * 32, _dev(), Verdict(ok=False, detail="max err 3.0"))
+    c.put(K, "ab" * 32, 2, _dev(), Verdict(ok=False, detail="max err 3.0"))
     fresh = VerdictCache(tmp_path / "v.json")
-    v = fresh.get("ab" * 32, _dev())
+    v = fresh.get(K, "ab" * 32, 2, _dev())
     assert v is not None and not v.ok and v.detail == "max err 3.0" and v.when > 0
-    assert fresh.get("ab" * 32, _dev(uuid="GPU-1")) is None
-    assert fresh.get("ab" * 32, _dev(driver=13000)) is None
-    assert fresh.get("ab" * 32, _dev(name="NVIDIA H100")) is None
-    assert fresh.get("cd" * 32, _dev()) is None
+    assert fresh.get(K, "ab" * 32, 2, _dev(uuid="GPU-1")) is None
+    assert fresh.get(K, "ab" * 32, 2, _dev(driver=13000)) is None
+    assert fresh.get(K, "ab" * 32, 2, _dev(name="NVIDIA H100")) is None
+    assert fresh.get(K, "cd" * 32, 2, _dev()) is None
+    assert fresh.get("uq_test[BLOCK=32,D=128](bf16,fp32)", "ab" * 32, 2, _dev()) is None  # same bytes, other key
+    assert fresh.get(K, "ab" * 32, 3, _dev()) is None  # problems changed since
 
 
 def test_verdicts_merge_concurrent_writers_and_survive_garbage(tmp_path):
     p = tmp_path / "v.json"
     a, b = VerdictCache(p), VerdictCache(p)
-    a.get("00", _dev())
-    b.put("11", _dev(), Verdict(ok=True, detail=""))
-    a.put("22", _dev(), Verdict(ok=True, detail=""))
+    a.get(K, "00", 1, _dev())
+    b.put(K, "11", 1, _dev(), Verdict(ok=True, detail=""))
+    a.put(K, "22", 1, _dev(), Verdict(ok=True, detail=""))
     fresh = VerdictCache(p)
-    assert fresh.get("11", _dev()).ok and fresh.get("22", _dev()).ok
+    assert fresh.get(K, "11", 1, _dev()).ok and fresh.get(K, "22", 1, _dev()).ok
     p.write_text("{not json")
-    assert VerdictCache(p).get("11", _dev()) is None
+    assert VerdictCache(p).get(K, "11", 1, _dev()) is None
 
 
 def test_verdict_cache_follows_env(tmp_path, monkeypatch):
     monkeypatch.setenv("ULTRAQUANT_CACHE_DIR", str(tmp_path / "x"))
     c = VerdictCache()
-    c.put("11", _dev(), Verdict(ok=True, detail=""))
-    assert (tmp_path / "x/selftest-v1.json").exists()
+    c.put(K, "11", 1, _dev(), Verdict(ok=True, detail=""))
+    assert (tmp_path / "x/selftest-v2.json").exists()
     monkeypatch.setenv("ULTRAQUANT_CACHE_DIR", str(tmp_path / "y"))
-    assert c.get("11", _dev()) is None
+    assert c.get(K, "11", 1, _dev()) is None
+
+
+def test_selftest_version_is_bumped_with_the_problems():
+    """runtime/problems.py changed without updating PROBLEMS_SOURCE_SHA256 (and so, presumably,
+    without bumping SELFTEST_VERSION): bump the version if what a self-test launches or accepts
+    changed, then record ``problems.source_hash()`` beside it."""
+    assert problems.source_hash() == problems.PROBLEMS_SOURCE_SHA256, (
+        f"runtime/problems.py changed: bump SELFTEST_VERSION (now {problems.SELFTEST_VERSION}) if the "
+        f"problems changed, and set PROBLEMS_SOURCE_SHA256 = {problems.source_hash()!r}")
+
+
+def test_selftest_version_is_part_of_the_verdict(rt, tmp_path, monkeypatch):
+    write_manifest(tmp_path / "gen")
+    calls = []
+    selftest.PROBLEMS["uq_test"] = lambda kernel, s, dev: (calls.append(dev) or True, "")
+    assert launch.try_launch(plan(), 0) and calls == [0]
+    launch.reset()
+    assert launch.try_launch(plan(), 0) and calls == [0]  # cached
+    monkeypatch.setattr(problems, "SELFTEST_VERSION", problems.SELFTEST_VERSION + 1)
+    launch.reset()
+    assert launch.try_launch(plan(), 0) and calls == [0, 0]  # new problems: tested again
 
 
 # --- try_launch: hit, miss, switches, refusal, self-test, capture, devices --------------------------
@@ -297,7 +437,7 @@ def test_hit_launches_with_manifest_geometry_on_current_stream(rt, tmp_path):
     assert len(rt.loads) == 1 and len(rt.launches) == 2  # loaded once
 
 
-def test_identical_blobs_under_two_keys_share_one_module(rt, tmp_path):
+def test_identical_blobs_under_two_keys_share_one_module_but_not_a_verdict(rt, tmp_path):
     d = write_manifest(tmp_path / "gen", specs=[spec(16), spec(32)])
     m = json.loads((d / "manifest.json").read_text())
     m["blobs"][1]["file"], m["blobs"][1]["sha256"] = m["blobs"][0]["file"], m["blobs"][0]["sha256"]
@@ -305,10 +445,26 @@ def test_identical_blobs_under_two_keys_share_one_module(rt, tmp_path):
     seen = []
     selftest.PROBLEMS["uq_test"] = lambda kernel, s, dev: (seen.append(kernel.entry.key) or True, "")
     assert launch.try_launch(plan(spec(16)), 0) and launch.try_launch(plan(spec(32)), 0)
-    # one module; the verdict belongs to the bytes, so the second key needs no second self-test
-    assert len(rt.loads) == 1 and seen == [spec(16).key()]
+    # one module; the verdict belongs to (key, bytes): the second key is tested as itself
+    assert len(rt.loads) == 1 and seen == [spec(16).key(), spec(32).key()]
     k16, k32 = (launch.state()[(0, s.key())] for s in (spec(16), spec(32)))
     assert k16.entry.key != k32.entry.key and k16.function == k32.function
+
+
+def test_a_key_pointing_at_a_blob_that_passed_under_another_key_is_tested_as_itself(rt, tmp_path):
+    """Issue 17, item 5: the rne store key pointing at the upstream-encoder blob must not inherit the
+    upstream key's cached pass."""
+    d = write_manifest(tmp_path / "gen", specs=[spec(16), spec(32)])
+    selftest.PROBLEMS["uq_test"] = lambda kernel, s, dev: (
+        kernel.entry.sha256 == json.loads((d / "manifest.json").read_text())["blobs"][0]["sha256"]
+        and s.constexprs["BLOCK"] == 16, "wrong kernel for this key")
+    assert launch.try_launch(plan(spec(16)), 0) is True  # a pass recorded for blob 0 as BLOCK=16
+    m = json.loads((d / "manifest.json").read_text())
+    m["blobs"][1]["file"], m["blobs"][1]["sha256"] = m["blobs"][0]["file"], m["blobs"][0]["sha256"]
+    (d / "manifest.json").write_text(json.dumps(m))
+    launch.reset()
+    assert launch.try_launch(plan(spec(32)), 0) is False
+    assert "self-test failed" in launch.state()[(0, spec(32).key())].reason
 
 
 def test_modules_are_per_device(rt, tmp_path):
@@ -568,19 +724,15 @@ def test_fast_pack_equals_slow_pack_for_tensors_ints_none_and_subclasses():
 
 
 def test_warmup_accepts_a_model_config(rt, tmp_path):
-
     cfg = {"head_size": 128, "num_q_heads": 32, "num_kv_heads": 8, "block_size": 16, "dtype": "bf16",
            "has_sinks": True}
-    need = launch.model_specializations(cfg)
-    assert [s.kernel for s in need] == ["uq_store_kv", "uq_dequant_kv", "uq_decode", "uq_prefill"]
-    assert need[2].key() == specs.decode_spec(head_size=128, gqa=4, block_size=16, has_sinks=True).key()
+    need = launch.model_specializations(cfg, 0)
+    assert [s.kernel for s in need] == ["uq_store_kv", "uq_store_kv", "uq_dequant_kv", "uq_decode", "uq_prefill"]
+    assert need[3].key() == specs.decode_spec(head_size=128, gqa=4, block_size=16, has_sinks=True,
+                                              target=specs.target_of(torch.device("cuda", 0))).key()
     write_manifest(tmp_path / "gen")  # none of these are built: every entry is a reason
     report = launch.warmup([cfg], 0)
     assert set(report) == {s.key() for s in need} and all(v != "aot" for v in report.values())
-    with pytest.raises(UltraQuantError, match="decode_attention needs more"):
-        launch.model_specializations({"head_size": 128, "ops": ["decode_attention"]})
-    with pytest.raises(UltraQuantError, match="unknown op"):
-        launch.model_specializations({"head_size": 128, "ops": ["attn"]})
 
 
 def test_policy_consults_the_runtime_first(monkeypatch):
@@ -619,3 +771,73 @@ def test_flydsl_alternate_is_preferred_and_a_failing_one_falls_back(rt, tmp_path
     assert launch.try_launch(plan(_decode_like()), 1) is True
     assert rt.launches[-1]["block"] == 128  # its self-test failed on device 1: the Triton blob
     assert tested == [("uq_decode_flydsl", 0), ("uq_decode_flydsl", 1), ("uq_decode", 1)]
+
+
+# --- alignment facts in the key (issue 14, gate 0) -----------------------------------------------------
+
+def _aligned(s: Specialization, names=("stride",)) -> Specialization:
+    return dataclasses.replace(s, divisible=tuple(names))
+
+
+@pytest.fixture
+def alignable(monkeypatch):
+    """Make uq_test's ``stride`` one of the row strides plans prove divisible by 16."""
+    monkeypatch.setitem(specs.ALIGNABLE, "uq_test", ("stride",))
+    monkeypatch.setattr(specs, "_POSITIONS", {})
+
+
+def test_fit_divisible_keeps_only_the_strides_the_values_prove(alignable):
+    fit_divisible = specs.fit_divisible
+    assert fit_divisible(spec(), args()).divisible == ("stride",)
+    odd = (*args()[:3], (1 << 40) + 8, *args()[4:])
+    assert fit_divisible(spec(), odd).divisible == ()
+    assert fit_divisible(spec(), args()).key() == spec().key() + "|div16=stride"
+
+
+def test_decode_plan_key_carries_the_query_and_output_strides():
+    from ultraquant.format import slot_size
+    from ultraquant.kernels import plans
+
+    b, hq, hk, d, bs = 2, 8, 2, 128, 16
+    cache = torch.zeros(5, bs, hk, slot_size(d), dtype=torch.uint8)
+    table = torch.zeros(b, 2, dtype=torch.int32)
+    lens = torch.full((b,), 20, dtype=torch.int32)
+    q = torch.zeros(b, hq, d, dtype=torch.bfloat16)
+    p = plans.plan_decode(q, cache, table, lens, 0.1, None, None, None, torch.empty_like(q))
+    assert p.spec.divisible == specs.ALIGNABLE["uq_decode"]
+    assert p.spec.key() == specs.decode_spec(head_size=d, gqa=hq // hk, block_size=bs, align=8).key()
+    padded = torch.zeros(b, hq, d + 8, dtype=torch.bfloat16)[..., :d]  # rows of 136 elements: 8 mod 16
+    p2 = plans.plan_decode(padded, cache, table, lens, 0.1, None, None, None, torch.empty_like(q))
+    assert p2.spec.divisible == ("stride_qb", "stride_ob", "stride_oh")
+    assert p2.spec.key() != p.spec.key() and p2.spec.constexprs == p.spec.constexprs
+
+
+def _divisible_manifest(root, s: Specialization):
+    d = write_manifest(root, specs=[s])
+    m = json.loads((d / "manifest.json").read_text())
+    for prm in m["blobs"][0]["params"]:
+        if prm["name"] in s.divisible:
+            prm["divisibility"] = 16
+    m["blobs"][0]["divisible"] = list(s.divisible)
+    (d / "manifest.json").write_text(json.dumps(m))
+
+
+def test_odd_strides_miss_the_aligned_blob_with_a_reason(rt, tmp_path, alignable, monkeypatch):
+    fit_divisible = specs.fit_divisible
+    _divisible_manifest(tmp_path / "gen", _aligned(spec()))
+    assert launch.try_launch(plan(s=fit_divisible(spec(), args())), 0) is True
+    odd = (*args()[:3], (1 << 40) + 8, *args()[4:])
+    st = launch.resolve(fit_divisible(spec(), odd), 0)
+    assert isinstance(st, launch.Miss) and "this call's stride are not" in st.reason
+    assert launch.try_launch(plan(s=fit_divisible(spec(), odd), a=odd), 0) is False
+    assert len(rt.launches) == 1
+    # A plan that claims what its values break is caught at launch (the packer), never run.
+    assert launch.try_launch(plan(s=_aligned(spec()), a=odd), 0) is False and len(rt.launches) == 1
+    monkeypatch.setenv("ULTRAQUANT_REQUIRE_AOT", "1")
+    with pytest.raises(UltraQuantError, match="'stride' = .* not a multiple of 16"):
+        launch.try_launch(plan(s=_aligned(spec()), a=odd), 0)
+
+
+def test_a_blob_without_alignment_assumptions_serves_aligned_calls(rt, tmp_path, alignable):
+    write_manifest(tmp_path / "gen")  # built before the alignment entered the key
+    assert launch.try_launch(plan(s=_aligned(spec())), 0) is True and len(rt.launches) == 1

@@ -67,13 +67,13 @@ def test_keys_match_what_the_plans_produce(index):
             assert e.symbol and e.threads == e.num_warps * (64 if m.arch.startswith("gfx") else 32)
 
 
-def _value(ty: str, i: int):
+def _value(ty: str, i: int, divisibility: int = 1):
     if ty.startswith("*"):
         return 0x7F00_0000_0000 + 0x100 * (i + 1)
     if ty in ("fp32", "f32", "fp64", "fp16", "bf16"):
         return 0.5 + i
     code = SCALAR_TYPES[ty][0]
-    return (i + 3) if code not in "bB" else 1
+    return (i + 3) * divisibility if code not in "bB" else 1
 
 
 def test_packing_matches_the_binary_parameter_table(index):
@@ -84,7 +84,7 @@ def test_packing_matches_the_binary_parameter_table(index):
         binary = [p for p in kernel.params if not p.kind.startswith("hidden_")]
         assert [(p.offset, p.size) for p in binary] == [(p.offset, p.size) for p in e.params], e.key
         packer = ArgPacker(e.params, e.key)
-        args = [_value(p.type, i) for i, p in enumerate(packer.visible)]
+        args = [_value(p.type, i, p.divisibility) for i, p in enumerate(packer.visible)]
         ptrs = packer.pack(args)
         base = ctypes.addressof(packer.buffers()[0])
         for i, (p, b) in enumerate(zip(e.params, binary, strict=True)):

@@ -172,10 +172,13 @@ def test_bad_manifest_files(tmp_path):
     assert code == 1 and "FAIL" in out
 
 
-def test_path_escape_is_refused(copy):
+@pytest.mark.parametrize("prefix", ["../sm_90/", "sub/../"])
+def test_path_escape_is_refused(copy, prefix):
+    """Only plain names (the runtime's rule, kernels.abi.blob_name_problem), even when the path would
+    resolve inside the folder."""
     d = copy / "gfx942"
 
     def edit(m):
-        m["blobs"][0]["file"] = "../sm_90/" + m["blobs"][0]["file"]
+        m["blobs"][0]["file"] = prefix + m["blobs"][0]["file"]
     _edit(d, edit)
     assert any("plain name" in p for p in verify_dir(d).problems)

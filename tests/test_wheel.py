@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import zipfile
@@ -53,7 +54,10 @@ def test_make_kernels_output(wheel):
 
 def test_wheel_contains_the_blobs(wheel):
     whl, gen = wheel
+    # the version names the arch and the (hand-picked, so hashed) selection it was built for
+    assert re.fullmatch(r"ultraquant-0\.1\.0\+gfx942\.custom[0-9a-f]{8}-py3-none-any\.whl", whl.name), whl.name
     names = zipfile.ZipFile(whl).namelist()
+    assert "ultraquant/codegen/popular_models.json" in names
     for f in (gen / "gfx942").iterdir():
         assert f"ultraquant/_generated/gfx942/{f.name}" in names
     assert "ultraquant/codegen/verify.py" in names and "ultraquant/runtime/manifest.py" in names
@@ -71,7 +75,13 @@ def test_clean_venv_without_toolchains(wheel, tmp_path):
     cli = str(venv / "bin" / "ultraquant")
     info = _run([cli, "info"], cwd=tmp_path).stdout
     assert "triton     not installed" in info
-    assert "gfx942: 3 in" in info and "_generated" in info
+    assert "gfx942: 3 in" in info and "_generated" in info and "built for  custom" in info
+    assert "(distribution 0.1.0+gfx942.custom" in info
+    # what a wheel user without build tools can reach: errors that say what to do, no traceback
+    for args, says in ((["build", "--arch", "gfx942", "--dry-run"], "needs Triton 3.6.0"),
+                       (["accuracy"], "pip install 'ultraquant[accuracy]'")):
+        res = subprocess.run([cli, *args], cwd=tmp_path, capture_output=True, text=True)
+        assert res.returncode == 1 and says in res.stderr and "Traceback" not in res.stderr, res.stderr
     out = _run([cli, "verify"], cwd=tmp_path).stdout
     assert "OK    gfx942: 3 blobs" in out
     # the installed verify still catches a corrupted blob

@@ -1,6 +1,8 @@
 """Offline SASS census of one kernel specialization on sm_90 (no GPU needed).
 
-Compiles the kernel exactly as codegen does (pointer arguments 16-byte aligned), disassembles the
+Compiles the kernel exactly as codegen does (the same ``tt.divisibility`` attrs: pointers and the
+spec's ``divisible`` strides; ``divisible=`` with a comma list, possibly empty, overrides them, e.g. to
+see what a call with odd strides runs), disassembles the
 cubin with the cuobjdump Triton ships, and prints registers, shared memory and, for every loop (a
 backward branch), its instruction count and opcode mix. The kernels are instruction-bound on the H200,
 so the hot loop's count per token-head predicted measured decode time within ~5% last time
@@ -13,6 +15,7 @@ so the hot loop's count per token-head predicted measured decode time within ~5%
 from __future__ import annotations
 
 import collections
+import dataclasses
 import os
 import re
 import subprocess
@@ -38,14 +41,16 @@ def compile_cubin(op: str, config: dict) -> tuple[bytes, object, object]:
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
+    from ultraquant.codegen.triton_backend import compile_attrs
     from ultraquant.kernels.registry import KERNELS
     from ultraquant.kernels.specs import SPECIALIZERS
 
+    divisible = config.pop("divisible", None)
     spec = SPECIALIZERS[op](**config)
+    if divisible is not None:
+        spec = dataclasses.replace(spec, divisible=tuple(n for n in str(divisible).split(",") if n))
     fn = KERNELS[spec.kernel]
-    names = list(fn.arg_names)
-    attrs = {(names.index(n),): [["tt.divisibility", 16]] for n, ty in spec.signature.items() if ty.startswith("*")}
-    src = ASTSource(fn, dict(spec.signature), dict(spec.constexprs), attrs)
+    src = ASTSource(fn, dict(spec.signature), dict(spec.constexprs), compile_attrs(spec, list(fn.arg_names)))
     k = triton.compile(src, target=GPUTarget("cuda", 90, 32),
                        options={"num_warps": spec.num_warps, "num_stages": spec.num_stages})
     return k.asm["cubin"], k.metadata, spec
@@ -93,7 +98,7 @@ def main(argv: list[str]) -> None:
     config = {k: _value(v) for k, v in (p.split("=", 1) for p in pairs)}
     cubin, md, spec = compile_cubin(op, config)
     ins = sass_lines(cubin)
-    print(f"{spec.kernel} {spec.constexprs} warps={spec.num_warps}")
+    print(f"{spec.kernel} {spec.constexprs} warps={spec.num_warps} divisible={spec.divisible}")
     usage = re.search(r"REG:(\d+).*?SHARED:(\d+).*?LOCAL:(\d+)", cuobjdump(cubin, "-res-usage"))
     regs, shared, local = usage.groups() if usage else ("?", "?", "?")
     print(f"registers={regs} local={local} shared={shared} (triton: {md.shared}) instructions={len(ins)}")

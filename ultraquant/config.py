@@ -49,6 +49,8 @@ class Config:
     cache_dir: str | None = None
     dense_workspace_mb: float | None = None
     tuning: Tuning = field(default_factory=Tuning)
+    vllm_cpu_platform: bool = True
+    """``ULTRAQUANT_VLLM_CPU_PLATFORM``: offer vLLM our CPU platform (``ultraquant.vllm.cpu_platform_plugin``)."""
 
 
 def _flag(env: dict[str, str], name: str, default: bool) -> bool:
@@ -101,6 +103,7 @@ def parse(env: dict[str, str]) -> Config:
         cache_dir=env.get("ULTRAQUANT_CACHE_DIR") or None,
         dense_workspace_mb=_number(env, "ULTRAQUANT_DENSE_WORKSPACE_MB", float, allow_zero=True),
         tuning=tuning,
+        vllm_cpu_platform=_flag(env, "ULTRAQUANT_VLLM_CPU_PLATFORM", True),
     )
 
 

@@ -1,7 +1,7 @@
 """The UltraQuant byte format: constants and the small pure functions every layer shares.
 
 One slot holds one token of one kv head, K and V together:
-``[K codes: D/2][K scales: D/32][V codes: D/2][V scales: D/32]`` (see shared docs/format.md).
+``[K codes: D/2][K scales: D/32][V codes: D/2][V scales: D/32]`` (defined in docs/format.md).
 Codes are FP4 E2M1 (element 2i in the low nibble), scales UE8M0 (``2**(byte-127)``, byte 0 = zero
 group), K is rotated by the normalized Sylvester Hadamard matrix before quantization.
 """

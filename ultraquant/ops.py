@@ -53,16 +53,108 @@ def check_errors(device: torch.device | str | None = None) -> KernelError:
     return flags.read_errors(device)
 
 
+# ---------------------------------------------------------------- the cached host path
+#
+# Eager calls of one signature (every tensor's class, shape, strides, dtype and device, the scalar
+# options, the config) validate the same static facts and plan the same launch. The first call of a
+# signature validates and plans; later calls look the plan up and only swap in their own tensors.
+# Value checks (CPU tensors, ULTRAQUANT_CHECK_VALUES=1) still run on every call.
+
+
+class _Prepared:
+    """One signature's launch minus the call's own tensors: ``args = pick(inputs + consts)``."""
+
+    __slots__ = ("aot", "grid", "consts", "pick", "validate_each_call")
+
+    def __init__(self, plan: plans.LaunchPlan, inputs: tuple, validate_each_call: bool) -> None:
+        from operator import itemgetter
+
+        from .runtime import launch as rt
+
+        # The plans list the call's tensors in the call's order, among constants (workspaces, stand-ins
+        # for absent options, static scalars): match them in order (so aliased inputs stay apart), and
+        # refuse a plan that does not use each given tensor once (it used a copy).
+        consts, index, nxt = [], [], 0
+        for a in plan.args:
+            hit = next((i for i in range(nxt, len(inputs)) if inputs[i] is a), None) \
+                if isinstance(a, torch.Tensor) else None
+            if hit is None:
+                index.append(len(inputs) + len(consts))
+                consts.append(a)
+            else:
+                index.append(hit)
+                nxt = hit + 1
+        if sorted(i for i in index if i < len(inputs)) != [i for i, x in enumerate(inputs) if x is not None]:
+            raise _NotCacheable
+        self.grid, self.consts = plan.grid, tuple(consts)
+        self.pick = itemgetter(*index)
+        self.aot = rt.Prepared(plan.spec, rt.plan_device(plan))
+        self.validate_each_call = validate_each_call
+
+    def run(self, inputs: tuple) -> None:
+        policy.launch_prepared(self.aot, self.pick(inputs + self.consts), self.grid)
+
+
+class _NotCacheable(Exception):
+    pass
+
+
+_PREPARED: dict[tuple, _Prepared] = {}
+_PREPARED_CONFIG: list[config.Config | None] = [None]
+MAX_SIGNATURES = 4096
+"""Signatures kept before the cache starts over (shapes a server sees are few; this bounds a sweep)."""
+
+
+def _t(t: object) -> tuple | None:
+    """The static facts of an optional tensor argument (None stays None). The required ones are
+    spelled out in the callers (one flat tuple, no call per tensor); what the plans and validation
+    ignore (seq_lens' and slot_mapping's strides: read as contiguous) is left out."""
+    return None if t is None else (t.__class__, t.shape, t.stride(), t.dtype, t.device)
+
+
+def _prepared(sig: tuple) -> _Prepared | None:
+    cfg = config.get()
+    if _PREPARED_CONFIG[0] is not cfg:  # a switch changed (config.reload()): plans may differ
+        _PREPARED.clear()
+        _PREPARED_CONFIG[0] = cfg
+        return None
+    return _PREPARED.get(sig)
+
+
+def _prepare(sig: tuple, plan: plans.LaunchPlan, inputs: tuple, *value_tensors: torch.Tensor) -> None:
+    """Remember ``plan`` for calls of signature ``sig`` (unless it depends on more than ``inputs``)."""
+    try:
+        prepared = _Prepared(plan, inputs, validate.values_checkable(*value_tensors))
+    except _NotCacheable:
+        return
+    if len(_PREPARED) >= MAX_SIGNATURES:
+        _PREPARED.clear()
+    _PREPARED[sig] = prepared
+
+
+def forget_prepared() -> None:
+    """Drop every cached plan (tests; the next call of each signature validates and plans again)."""
+    _PREPARED.clear()
+
+
 # ---------------------------------------------------------------- store
 
 
 def _store_kv_impl(key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor, slot_mapping: torch.Tensor,
                  encoder: str) -> None:
+    _store_kv_run(key, value, kv_cache, slot_mapping, encoder, None)
+
+
+def _store_kv_run(key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor, slot_mapping: torch.Tensor,
+                  encoder: str, sig: tuple | None) -> None:
+    """The store's implementation; with ``sig``, its plan is kept for later calls of that signature."""
     if policy.route(key.device) == "reference":
         reference.store_kv(key, value, kv_cache, slot_mapping, encoder=encoder)
         return
-    policy.launch(plans.plan_store(_last_dim_contiguous(key), _last_dim_contiguous(value), kv_cache,
-                                     slot_mapping, encoder))
+    plan = plans.plan_store(_last_dim_contiguous(key), _last_dim_contiguous(value), kv_cache, slot_mapping, encoder)
+    if sig is not None:
+        _prepare(sig, plan, (key, value, kv_cache, slot_mapping), slot_mapping)
+    policy.launch(plan)
 
 
 _store_kv_op = torch.library.custom_op("ultraquant::store_kv", _store_kv_impl, mutates_args=("kv_cache",))
@@ -80,11 +172,26 @@ def store_kv(key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor, slo
 
     See :func:`ultraquant.reference.store_kv`; the kernel writes the same bytes.
     """
-    if _validating():
-        validate.check_store(key, value, kv_cache, slot_mapping, encoder)
+    if torch.compiler.is_compiling():
+        torch.ops.ultraquant.store_kv(key, value, kv_cache, slot_mapping, encoder)
+        return
+    try:
+        sig = ("store", key.__class__, key.shape, key.stride(), key.dtype, key.device,
+               value.__class__, value.shape, value.stride(), value.dtype, value.device,
+               kv_cache.__class__, kv_cache.shape, kv_cache.stride(), kv_cache.dtype, kv_cache.device,
+               slot_mapping.__class__, slot_mapping.shape, slot_mapping.dtype, slot_mapping.device, encoder)
+        prepared = _prepared(sig)
+    except (AttributeError, TypeError):  # not tensors (validation words it) or unhashable options
+        sig = prepared = None
+    if prepared is not None:
+        if prepared.validate_each_call:
+            validate.check_store(key, value, kv_cache, slot_mapping, encoder)
+        prepared.run((key, value, kv_cache, slot_mapping))
+        return
+    validate.check_store(key, value, kv_cache, slot_mapping, encoder)
     if key.shape[0] == 0:
         return
-    _op("store_kv", _store_kv_impl)(key, value, kv_cache, slot_mapping, encoder)
+    _store_kv_run(key, value, kv_cache, slot_mapping, encoder, sig)
 
 
 # ---------------------------------------------------------------- decode
@@ -93,12 +200,22 @@ def store_kv(key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor, slo
 def _decode_impl(query: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tensor, seq_lens: torch.Tensor,
                scale: float, sinks: torch.Tensor | None, sliding_window: int | None, softcap: float | None,
                out: torch.Tensor) -> None:
+    _decode_run(query, kv_cache, block_table, seq_lens, scale, sinks, sliding_window, softcap, out, None)
+
+
+def _decode_run(query: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tensor, seq_lens: torch.Tensor,
+                scale: float, sinks: torch.Tensor | None, sliding_window: int | None, softcap: float | None,
+                out: torch.Tensor, sig: tuple | None) -> None:
+    """The decode's implementation; with ``sig``, its plan is kept for later calls of that signature."""
     if policy.route(query.device) == "reference":
         reference.decode_attention(query, kv_cache, block_table, seq_lens, scale, sinks=sinks,
                                    sliding_window=sliding_window, softcap=softcap, out=out)
         return
-    policy.launch(plans.plan_decode(_last_dim_contiguous(query), kv_cache, block_table, seq_lens, scale,
-                                      sinks, sliding_window, softcap, out, config.get().tuning))
+    plan = plans.plan_decode(_last_dim_contiguous(query), kv_cache, block_table, seq_lens, scale, sinks,
+                             sliding_window, softcap, out, config.get().tuning)
+    if sig is not None:
+        _prepare(sig, plan, (query, kv_cache, block_table, seq_lens, sinks, out), block_table, seq_lens)
+    policy.launch(plan)
 
 
 _decode_op = torch.library.custom_op("ultraquant::decode_attention", _decode_impl, mutates_args=("out",))
@@ -120,16 +237,38 @@ def decode_attention(query: torch.Tensor, kv_cache: torch.Tensor, block_table: t
     On a GPU this is one kernel launch with a grid fixed by static shapes (graph-capturable);
     ``out`` must have a unit stride on its last dimension.
     """
-    if _validating():
-        validate.check_decode(query, kv_cache, block_table, seq_lens, scale, sinks, sliding_window, softcap,
-                              out)
+    if torch.compiler.is_compiling():
+        out = torch.empty_like(query) if out is None else out
+        if query.shape[0]:
+            torch.ops.ultraquant.decode_attention(query, kv_cache, block_table, seq_lens, float(scale), sinks,
+                                                  sliding_window, None if softcap is None else float(softcap), out)
+        return out
+    try:
+        sig = ("decode", query.__class__, query.shape, query.stride(), query.dtype, query.device,
+               kv_cache.__class__, kv_cache.shape, kv_cache.stride(), kv_cache.dtype, kv_cache.device,
+               block_table.__class__, block_table.shape, block_table.stride(), block_table.dtype,
+               block_table.device, seq_lens.__class__, seq_lens.shape, seq_lens.dtype, seq_lens.device,
+               _t(sinks), _t(out),
+               scale.__class__, scale, sliding_window.__class__, sliding_window, softcap.__class__, softcap)
+        prepared = _prepared(sig)
+    except (AttributeError, TypeError):
+        sig = prepared = None
+    if prepared is not None:
+        if prepared.validate_each_call:
+            validate.check_decode(query, kv_cache, block_table, seq_lens, scale, sinks, sliding_window, softcap,
+                                  out)
+        if out is None:
+            out = torch.empty_like(query)
+        prepared.run((query, kv_cache, block_table, seq_lens, sinks, out))
+        return out
+    validate.check_decode(query, kv_cache, block_table, seq_lens, scale, sinks, sliding_window, softcap, out)
     if out is None:
         out = torch.empty_like(query)
     elif out.stride(-1) != 1:
         raise UltraQuantError("out: the last dimension must be contiguous")
     if query.shape[0]:
-        _op("decode_attention", _decode_impl)(query, kv_cache, block_table, seq_lens, float(scale), sinks,
-                                              sliding_window, None if softcap is None else float(softcap), out)
+        _decode_run(query, kv_cache, block_table, seq_lens, float(scale), sinks, sliding_window,
+                    None if softcap is None else float(softcap), out, sig)
     return out
 
 

@@ -12,11 +12,14 @@ The chain is AOT blob -> Triton JIT -> reference, steered by :mod:`ultraquant.co
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 from . import config
 from .kernels.plans import LaunchPlan
 from .runtime import try_launch
+from .runtime.launch import Prepared
 
 
 def route(device: torch.device) -> str:
@@ -45,3 +48,12 @@ def launch(plan: LaunchPlan) -> None:
     from .kernels import registry  # imports triton: only when a kernel really runs through it
 
     registry.jit_launch(plan)
+
+
+def launch_prepared(aot: Prepared, args: tuple[Any, ...], grid: tuple[int, int, int]) -> None:
+    """:func:`launch` of a plan the ops cached per call signature (``aot``: its runtime launcher)."""
+    if aot(args, grid):
+        return
+    from .kernels import registry
+
+    registry.jit_launch(LaunchPlan(aot.spec, args, grid))

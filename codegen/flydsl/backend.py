@@ -20,6 +20,7 @@ Contract with the rest of the system (why it looks like this):
 from __future__ import annotations
 
 import subprocess
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -63,15 +64,13 @@ def flydsl_spec(*, kernel: str = KERNEL, **config: Any) -> Specialization:
     if why:
         raise UltraQuantError(f"config {config}: {why}")
     base = decode_spec(**config)
-    return Specialization(kernel=kernel, signature=dict(base.signature), constexprs=dict(base.constexprs),
-                          num_warps=waves_for(int(config["head_size"])), num_stages=1)
+    return replace(base, kernel=kernel, num_warps=waves_for(int(config["head_size"])), num_stages=1, maxnreg=None)
 
 
 def flydsl_key(triton_spec: Specialization, kernel: str = KERNEL) -> str:
     """Manifest key of the FlyDSL blob (``kernel``: KERNEL or KERNEL_MX) that can replace the Triton
     decode ``triton_spec`` (same LaunchPlan)."""
-    return Specialization(kernel=kernel, signature=dict(triton_spec.signature),
-                          constexprs=dict(triton_spec.constexprs)).key()
+    return triton_spec.runnable_as(kernel)[0].key()
 
 
 def _dtype(ty: str) -> str:

@@ -2,7 +2,7 @@
 
 FlyDSL reads its target and toolchain from the environment on every compile, so :func:`compile_decode`
 sets them first: ``ARCH``/``FLYDSL_GPU_ARCH`` (the target), ``ROCM_PATH`` (a folder whose
-``llvm/bin/ld.lld`` is Debian's lld-19; FlyDSL's own LLVM has no linker), and
+``llvm/bin/ld.lld`` is the linker ``codegen/toolchain.py`` finds; FlyDSL's own LLVM has no linker), and
 ``FLYDSL_RUNTIME_ENABLE_CACHE=0`` (hermetic: nothing stale is reused). ``flyc.compile`` with
 null-pointer placeholders lowers without touching HIP; the HSACO is the ``#gpu.object`` of the lowered
 module's ``gpu.binary``. Errors LLVM only prints (``error: ...`` on stderr while "succeeding") are
@@ -13,26 +13,18 @@ caught by the caller scanning the output (the generator's worker does; so does
 from __future__ import annotations
 
 import os
-import shutil
 import tempfile
 from pathlib import Path
 from typing import Any
-
-LLD_CANDIDATES = ("/usr/lib/llvm-19/bin/ld.lld", "/usr/lib/llvm-22/bin/ld.lld", "/usr/bin/ld.lld-19")
-"""Linkers FlyDSL can use (lld >= 19; Debian's default lld 14 rejects code object v6)."""
 
 KERNEL_KINDS = ("decode",)
 
 
 def find_lld() -> str:
-    """Path of an lld >= 19 (Debian ``lld-19``), or raise with what to install."""
-    for cand in LLD_CANDIDATES:
-        if Path(cand).is_file():
-            return cand
-    found = shutil.which("ld.lld-19") or shutil.which("ld.lld-22")
-    if found:
-        return found
-    raise RuntimeError("FlyDSL needs lld >= 19: apt-get install lld-19 (make kernels does this)")
+    """Path of an ld.lld FlyDSL can use (:func:`ultraquant.codegen.toolchain.find_lld`: no root needed)."""
+    from ..toolchain import find_lld as find
+
+    return find().path
 
 
 def rocm_root(build_dir: str | os.PathLike | None = None) -> str:

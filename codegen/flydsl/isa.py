@@ -10,18 +10,11 @@ leaves at least the occupancy the design assumes (recorded in the manifest as
 from __future__ import annotations
 
 import re
-import shutil
 import subprocess
 import tempfile
 from collections import Counter
 from pathlib import Path
 from typing import Any
-
-OBJDUMP_CANDIDATES = ("llvm-objdump-22", "/usr/lib/llvm-22/bin/llvm-objdump", "llvm-objdump-19",
-                      "/usr/lib/llvm-19/bin/llvm-objdump")
-"""Preference order; LLVM 19 cannot disassemble gfx950 ("not yet supported for subtarget")."""
-
-NEEDS_LLVM22 = ("gfx950",)
 
 MFMA_RE = re.compile(r"^\s*(v_mfma\w*|v_cvt_scalef32\w*)", re.MULTILINE)
 """The instructions counted: every MFMA, and gfx950's scaled FP4 conversions."""
@@ -45,14 +38,10 @@ MAX_WAVES = 8
 
 
 def find_objdump(arch: str = "gfx942") -> str:
-    """An llvm-objdump that disassembles ``arch``, or raise saying what to install."""
-    cands = [c for c in OBJDUMP_CANDIDATES if arch not in NEEDS_LLVM22 or "22" in c]
-    for cand in cands:
-        path = shutil.which(cand) or (cand if Path(cand).is_file() else None)
-        if path:
-            return path
-    need = "llvm-22" if arch in NEEDS_LLVM22 else "llvm-22 or llvm-19"
-    raise FileNotFoundError(f"no llvm-objdump for {arch}: apt-get install {need}")
+    """An llvm-objdump that disassembles ``arch`` (:func:`ultraquant.codegen.toolchain.find_objdump`)."""
+    from ..toolchain import find_objdump as find
+
+    return find(arch).path
 
 
 def disassemble(data: bytes, arch: str) -> str:

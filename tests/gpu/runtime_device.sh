@@ -1,6 +1,6 @@
 #!/bin/bash
-# The runtime issues' (6, 9) one device call: verify --device, GPU tests, two-GPU tests, benchmark,
-# memcheck. Usage on the device (repo root): bash tests/gpu/runtime_device.sh
+# The runtime issues' (6, 9, 17) one device call: verify --device, GPU tests, two-GPU tests, start-up
+# benchmark, host-cost benchmark, memcheck. Usage on the device (repo root): bash tests/gpu/runtime_device.sh
 # Blobs: $ULTRAQUANT_GENERATED (default .rtblobs, carried). Logs go to $OUT (or /tmp/uq_rt_out).
 set -uo pipefail
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
@@ -25,6 +25,9 @@ timeout ${T_MULTI:-75} python3 -m pytest -q -rA -p no:cacheprovider tests/gpu/te
 step bench
 timeout ${T_BENCH:-90} python3 -m ultraquant.bench.startup --json "$OUT/runtime_bench.json" 2>&1 \
   | tee "$OUT/bench.log" | tail -12
+step host-bench
+timeout ${T_HOST:-90} python3 -m ultraquant.cli bench --host --json "$OUT/host_bench.json" 2>&1 \
+  | tee "$OUT/host_bench.log" | tail -8
 step memcheck
 timeout ${T_MEMCHECK:-110} python3 -m pytest -q -rA -s -p no:cacheprovider tests/gpu/test_runtime_gpu.py -k memcheck \
   2>&1 | tee "$OUT/memcheck.log" | grep -E "ERROR SUMMARY|AOT-SMOKE|PASSED|FAILED|passed|failed" | tail -6

@@ -133,11 +133,11 @@ def test_two_threads_two_devices_own_streams(spy):
     assert {d for d, _, _ in spy} == {0, 1}
     assert all(owner[fn] == dev for dev, fn, _ in spy), "a function was launched on another device"
     for spec in (STORE, DECODE):
-        sha = launch.index().entries[launch.info(0).arch][spec.key()].sha256
-        (m0, f0), (m1, f1) = mods[(0, sha)], mods[(1, sha)]
+        entry = launch.index().entries[launch.info(0).arch][spec.key()]
+        (m0, f0), (m1, f1) = mods[(0, entry.sha256)], mods[(1, entry.sha256)]
         assert m0 != m1 and f0 != f1
         # Verdicts are per device: one self-test per (blob, GPU), both recorded.
-        v0, v1 = selftest.CACHE.get(sha, launch.info(0)), selftest.CACHE.get(sha, launch.info(1))
+        v0, v1 = selftest.cached(entry, launch.info(0)), selftest.cached(entry, launch.info(1))
         assert v0 is not None and v0.ok and v1 is not None and v1.ok
     assert launch.info(0).uuid != launch.info(1).uuid
 

@@ -237,6 +237,38 @@ def test_graph_capture_after_warmup_and_replay_new_lengths(arch, monkeypatch):
         assert not out.isnan().any() and rel(out, ref) <= 1e-2, new
 
 
+def test_documented_warmup_then_capture_with_no_eager_call(arch, monkeypatch):
+    """Issue 17, item 6: ``ultraquant.warmup([model config])`` loads what a decode step plans (the
+    few-rows store, the FP4_PTX decode), so a capture right after it, under REQUIRE_AOT=1, works."""
+    monkeypatch.setenv("ULTRAQUANT_REQUIRE_AOT", "1")
+    model = {"head_size": D, "num_q_heads": HQ, "num_kv_heads": HK, "block_size": BS, "dtype": "bf16",
+             "ops": ["store_kv", "decode_attention"]}
+    report = uq.warmup([model])
+    assert set(report.values()) == {"aot"} and store_key("rne", 2 * HK) in report and decode_spec().key() in report
+    lens = [300, 17]
+    cache, table, seq_lens, _, _, _ = paged(lens, seed=21)
+    g = torch.Generator().manual_seed(22)
+    k_new, v_new = (torch.randn(2, HK, D, generator=g).to(torch.bfloat16).cuda() for _ in range(2))
+    query = torch.randn(2, HQ, D, generator=g).to(torch.bfloat16).cuda()
+    tab = table.cpu()
+    slots = torch.tensor([int(tab[i, n // BS]) * BS + n % BS for i, n in enumerate(lens)], device="cuda")
+    new_lens = seq_lens + 1
+    want_cache = cache.clone()
+    R.store_kv(k_new, v_new, want_cache, slots)
+    out = torch.full_like(query, float("nan"))
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        uq.store_kv(k_new, v_new, cache, slots)
+        uq.decode_attention(query, cache, table, new_lens, D ** -0.5, out=out)
+    graph.replay()
+    torch.cuda.synchronize()
+    lay = uq.format.SlotLayout(D)
+    assert torch.equal(cache[..., lay.v_codes:], want_cache[..., lay.v_codes:])
+    ref = R.decode_attention(query.float(), want_cache, table, new_lens, D ** -0.5)
+    assert not out.isnan().any() and rel(out, ref) <= 1e-2
+    assert {store_key("rne", 2 * HK), decode_spec().key()} <= launched_keys()
+
+
 def test_launches_go_to_the_current_stream(arch, monkeypatch):
     lens = [500, 20]
     cache, table, seq_lens, _, _, _ = paged(lens, seed=13)
@@ -309,6 +341,10 @@ def test_blob_failing_its_selftest_is_disabled_and_triton_answers(arch, tmp_path
     v[0, 0, :8] = torch.tensor([6.0, 0.75, 1.75, 2.5, 3.5, 5.0, 0.25, 1.25], dtype=torch.bfloat16)
     got = torch.zeros(int(slots.max()) // BS + 1, BS, HK, uq.slot_size(D), dtype=torch.uint8, device="cuda")
     want = torch.zeros_like(got)
+    # Issue 17 item 5: the upstream blob first passes its self-test under its own key; that verdict
+    # must not carry over to the rne key pointing at the same bytes.
+    uq.store_kv(k, v, torch.zeros_like(got), slots, encoder="upstream")
+    assert isinstance(launch.state()[(torch.cuda.current_device(), ups)], loader.Kernel)
     uq.store_kv(k, v, got, slots)
     R.store_kv(k, v, want, slots)
     torch.cuda.synchronize()
@@ -317,7 +353,7 @@ def test_blob_failing_its_selftest_is_disabled_and_triton_answers(arch, tmp_path
     st = launch.state()[(torch.cuda.current_device(), rne)]
     assert isinstance(st, launch.Miss) and "self-test failed" in st.reason and "V/untouched" in st.reason
     dev = launch.info(torch.cuda.current_device())
-    verdict = selftest.CACHE.get(b["sha256"], dev)
+    verdict = selftest.cached(launch.index().entries[dev.arch][rne], dev)
     assert verdict is not None and not verdict.ok
 
 

@@ -7,7 +7,11 @@ Everything is timed as a CUDA-graph replay (``--calls`` launches captured in one
 * ``stream``: a read of exactly the decode's cache pages with no math (the practical floor);
 * ``sdpa``: ``torch.nn.functional.scaled_dot_product_attention`` on dense bf16 K/V (default
   dispatch, ``enable_gqa=True``): the baseline;
-* ``uq``: ``ultraquant.decode_attention`` (whatever backend the policy picks: Triton JIT or AOT).
+* ``uq``: ``ultraquant.decode_attention`` (whatever backend the policy picks: Triton JIT or AOT);
+* ``jit`` / ``aot``: the same decode through the Triton JIT (``BACKEND=triton``) and through the AOT
+  blob (``BACKEND=aot``: the blobs of ``ULTRAQUANT_GENERATED`` or the install; no row when none
+  serves the config, the miss reason is printed), the AOT row named with its AOT/JIT time ratio
+  (issue 14, gate 0: within 3%).
 
 Effective TB/s counts the bytes actually stored (``B * L * Hk * slot_size``). Also the store kernel's
 throughput (N=16384 tokens x 8 heads) and a decode-time store of 64 tokens, and a PNG plot of latency
@@ -173,6 +177,39 @@ def bench_decode(p: DecodeProblem, D: int) -> float:
                                                   out=p.out))
 
 
+def backend_env(backend: str) -> None:
+    """Switch ``ULTRAQUANT_BACKEND`` for the following calls (config parsed again, blob state reset)."""
+    import os
+
+    from ultraquant import config as uq_config
+    from ultraquant import runtime
+
+    os.environ["ULTRAQUANT_BACKEND"] = backend
+    uq_config.reload()
+    runtime.reset()
+
+
+def bench_aot_vs_jit(p: DecodeProblem, D: int) -> tuple[float, float | str]:
+    """(JIT us, AOT us) of the same decode; the AOT entry is the miss reason when no blob serves it.
+    Restores the backend that was set before."""
+    import os
+
+    from ultraquant.errors import UltraQuantError
+
+    before = os.environ.get("ULTRAQUANT_BACKEND", "auto")
+    try:
+        backend_env("triton")
+        jit_us = bench_decode(p, D)
+        backend_env("aot")
+        try:
+            aot_us: float | str = bench_decode(p, D)
+        except UltraQuantError as exc:
+            aot_us = str(exc)
+    finally:
+        backend_env(before)
+    return jit_us, aot_us
+
+
 def bench_stream(p: DecodeProblem, block: int, splits: int) -> float:
     _, read_pages = _stream_kernels()
     B, Hk = p.block_table.shape[0], p.kv_cache.shape[2]
@@ -251,7 +288,7 @@ def sweep(rows: list[Row], ceiling: float, names: list[str]) -> None:
 
 
 def run_bench(shapes: list[str], plot: str | None, layouts: list[str], with_stream: bool,
-              sweep_shapes: list[str] | None = None) -> dict:
+              sweep_shapes: list[str] | None = None, aot_vs_jit: bool = True) -> dict:
     """Run everything; return a JSON-able dict and print the table."""
     torch.manual_seed(0)
     import ultraquant as uq
@@ -276,6 +313,14 @@ def run_bench(shapes: list[str], plot: str | None, layouts: list[str], with_stre
             rows.append(_row(f"{name} uq-{layout} (splits {splits})", bench_decode(p, s["D"]), p.stored_bytes,
                              ceiling, sdpa_us))
             print(f"  {rows[-1].name}: {rows[-1].us:.1f} us", flush=True)
+            if aot_vs_jit:
+                jit_us, aot_us = bench_aot_vs_jit(p, s["D"])
+                rows.append(_row(f"{name} uq-{layout} jit", jit_us, p.stored_bytes, ceiling, sdpa_us))
+                if isinstance(aot_us, str):
+                    print(f"  {name} uq-{layout} aot: no blob: {aot_us}"[:400], flush=True)
+                else:
+                    rows.append(_row(f"{name} uq-{layout} aot ({aot_us / jit_us:.3f}x jit)", aot_us,
+                                     p.stored_bytes, ceiling, sdpa_us))
             del p
             torch.cuda.empty_cache()
     if sweep_shapes:

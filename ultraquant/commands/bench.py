@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 
 import click
@@ -20,11 +21,25 @@ from ultraquant.bench.decode import SHAPES, run_bench, run_prefill_bench
 @click.option("--sweep", "sweep_shapes", default="", help="Shapes (e.g. A,D) to time decode variants on.")
 @click.option("--prefill", is_flag=True,
               help="Only time the prefill continuation routes (kernel vs dequant + SDPA) and suggest the threshold.")
+@click.option("--host", is_flag=True,
+              help="Only time the host cost per eager decode/store call, AOT blobs vs Triton JIT (needs blobs).")
 def command(shapes: str, layouts: str, plot: str | None, json_path: str | None, no_stream: bool,
-            sweep_shapes: str, prefill: bool) -> None:
+            sweep_shapes: str, prefill: bool, host: bool) -> None:
     """Time decode and store on this GPU against the read ceiling and bf16 SDPA (needs CUDA)."""
     if not torch.cuda.is_available():
         raise click.ClickException("ultraquant bench needs a CUDA GPU")
+    if importlib.util.find_spec("triton") is None:
+        raise click.ClickException("ultraquant bench also times Triton kernels (the read ceiling, the JIT "
+                                   "decode): pip install triton")
+    if host:
+        from ultraquant.bench.host import format_rows, run_host_bench
+
+        rows = run_host_bench()
+        click.echo(format_rows(rows))
+        if json_path:
+            with open(json_path, "w") as f:
+                json.dump({"host_us": rows, "gpu": torch.cuda.get_device_name()}, f, indent=1)
+        return
     if prefill:
         result = run_prefill_bench()
         if json_path:

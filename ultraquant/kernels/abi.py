@@ -7,6 +7,8 @@ the byte size of every parameter type from here, so they cannot drift apart.
 
 from __future__ import annotations
 
+from pathlib import PurePosixPath, PureWindowsPath
+
 from ..errors import UltraQuantError
 
 SCHEMA_VERSION = 2
@@ -33,3 +35,17 @@ def type_size(ty: str) -> int:
     if ty in SCALAR_TYPES:
         return SCALAR_TYPES[ty][1]
     raise UltraQuantError(f"parameter type {ty!r} is not supported by the blob ABI")
+
+
+def blob_name_problem(name: object) -> str | None:
+    """Why ``name`` is not a plain blob file name inside its manifest's folder (None: it is one).
+
+    A plain name has no directory part on any OS (no ``/`` or ``\\``, no drive), is not ``.``/``..``
+    and has no NUL: codegen writes such names, ``ultraquant verify`` and the runtime refuse others,
+    so a manifest can never make the runtime read a file outside the blob folder."""
+    if not isinstance(name, str) or not name:
+        return f"file name {name!r} is not a non-empty string"
+    if (name in (".", "..") or "\0" in name or PurePosixPath(name).name != name
+            or PureWindowsPath(name).name != name):
+        return f"file name {name!r} must be a plain file name inside the blob folder"
+    return None

@@ -14,7 +14,16 @@ import torch
 from ..config import Tuning
 from .flags import error_words
 from .heuristics import STORE_FEW_ROWS_PER_SM, cdiv, decode_splits, num_sms, prefill_splits
-from .specs import Specialization, decode_spec, dequant_spec, prefill_spec, slot_alignment, store_spec, target_of
+from .specs import (
+    Specialization,
+    decode_spec,
+    dequant_spec,
+    fit_divisible,
+    prefill_spec,
+    slot_alignment,
+    store_spec,
+    target_of,
+)
 from .workspace import _dummy_f32, _dummy_i32, decode_workspace
 
 NO_TUNING = Tuning()
@@ -31,6 +40,11 @@ class LaunchPlan:
     notes: dict[str, Any] = field(default_factory=dict)
 
 
+def store_few_rows(rows: int, device: torch.device) -> bool:
+    """Whether a store of ``rows`` (token, kv head) rows on ``device`` takes the few-rows layout."""
+    return rows < STORE_FEW_ROWS_PER_SM * num_sms(device)
+
+
 def plan_store(key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor, slot_mapping: torch.Tensor,
                encoder: str = "rne", few_rows: bool | None = None) -> LaunchPlan:
     """Launch of the store kernel for validated arguments (key/value last dim contiguous).
@@ -38,14 +52,14 @@ def plan_store(key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor, s
     n, hk, d = key.shape
     rows = n * hk
     if few_rows is None:
-        few_rows = rows < STORE_FEW_ROWS_PER_SM * num_sms(key.device)
+        few_rows = store_few_rows(rows, key.device)
     spec = store_spec(head_size=d, key_dtype=key.dtype, value_dtype=value.dtype, slot_dtype=slot_mapping.dtype,
                       encoder=encoder, few_rows=few_rows)
     args = (key, value, kv_cache, slot_mapping, error_words(key.device), rows, hk, kv_cache.shape[1],
             kv_cache.shape[0] * kv_cache.shape[1],
             key.stride(0), key.stride(1), value.stride(0), value.stride(1),
             kv_cache.stride(0), kv_cache.stride(1), kv_cache.stride(2))
-    return LaunchPlan(spec, args, (max(1, cdiv(rows, spec.constexprs["BLOCK_R"])), 1, 1))
+    return LaunchPlan(fit_divisible(spec, args), args, (max(1, cdiv(rows, spec.constexprs["BLOCK_R"])), 1, 1))
 
 
 def plan_dequant(kv_cache: torch.Tensor, block_table: torch.Tensor, seq_lens: torch.Tensor,
@@ -61,7 +75,31 @@ def plan_dequant(kv_cache: torch.Tensor, block_table: torch.Tensor, seq_lens: to
             kv_cache.stride(0), kv_cache.stride(1), kv_cache.stride(2), block_table.stride(0),
             k_out.stride(0), k_out.stride(1), v_out.stride(0), v_out.stride(1))
     grid = (max(1, cdiv(max_tokens, tile)), block_table.shape[0], kv_cache.shape[2])
-    return LaunchPlan(spec, args, grid)
+    return LaunchPlan(fit_divisible(spec, args), args, grid)
+
+
+def decode_call_spec(head_size: int, gqa: int, block_size: int, query_dtype: torch.dtype | str,
+                     out_dtype: torch.dtype | str, has_sinks: bool, has_window: bool, has_softcap: bool,
+                     cache_strides: tuple[int, ...] | None, device: torch.device,
+                     tuning: Tuning = NO_TUNING) -> Specialization:
+    """The decode variant a call plans: slot alignment from the cache strides (None: the dense layout),
+    target from the device, tuning overrides. :func:`plan_decode` and warmup both use it."""
+    return decode_spec(head_size=head_size, gqa=gqa, block_size=block_size, query_dtype=query_dtype,
+                       out_dtype=out_dtype, has_sinks=has_sinks, has_window=has_window, has_softcap=has_softcap,
+                       align=slot_alignment(head_size, cache_strides), target=target_of(device),
+                       tile=tuning.decode_tile, warps=tuning.decode_warps, stages=tuning.decode_stages,
+                       maxnreg=tuning.decode_maxnreg)
+
+
+def prefill_call_spec(head_size: int, gqa: int, block_size: int, query_dtype: torch.dtype | str,
+                      key_dtype: torch.dtype | str, out_dtype: torch.dtype | str, has_sinks: bool,
+                      has_window: bool, has_softcap: bool, cache_strides: tuple[int, ...] | None,
+                      device: torch.device) -> Specialization:
+    """The prefill variant a call plans (see :func:`decode_call_spec`)."""
+    return prefill_spec(head_size=head_size, gqa=gqa, block_size=block_size, query_dtype=query_dtype,
+                        key_dtype=key_dtype, out_dtype=out_dtype, has_sinks=has_sinks, has_window=has_window,
+                        has_softcap=has_softcap, align=slot_alignment(head_size, cache_strides),
+                        target=target_of(device))
 
 
 def plan_decode(query: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tensor,
@@ -71,12 +109,8 @@ def plan_decode(query: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.
     """Launch of split-KV decode; the split count depends on static shapes only."""
     b, hq, d = query.shape
     hk, bs = kv_cache.shape[2], kv_cache.shape[1]
-    spec = decode_spec(head_size=d, gqa=hq // hk, block_size=bs, query_dtype=query.dtype,
-                       out_dtype=out.dtype, has_sinks=sinks is not None,
-                       has_window=sliding_window is not None, has_softcap=softcap is not None,
-                       align=slot_alignment(d, tuple(kv_cache.stride()[:3])), target=target_of(query.device),
-                       tile=tuning.decode_tile, warps=tuning.decode_warps, stages=tuning.decode_stages,
-                       maxnreg=tuning.decode_maxnreg)
+    spec = decode_call_spec(d, hq // hk, bs, query.dtype, out.dtype, sinks is not None, sliding_window is not None,
+                            softcap is not None, tuple(kv_cache.stride()[:3]), query.device, tuning)
     rows = spec.constexprs["ROWS"]
     splits = decode_splits(b, hk, block_table.shape[1] * bs, query.device, d, tuning.decode_splits)
     part, ml, counter = decode_workspace(query.device, b * hk * splits * rows * d, b * hk * splits * 2 * rows,
@@ -87,7 +121,7 @@ def plan_decode(query: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.
             kv_cache.shape[0], block_table.shape[1],
             query.stride(0), query.stride(1), out.stride(0), out.stride(1),
             kv_cache.stride(0), kv_cache.stride(1), kv_cache.stride(2), block_table.stride(0))
-    return LaunchPlan(spec, args, (b, hk, splits), notes={"num_splits": splits})
+    return LaunchPlan(fit_divisible(spec, args), args, (b, hk, splits), notes={"num_splits": splits})
 
 
 def plan_prefill(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor,
@@ -97,10 +131,9 @@ def plan_prefill(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, kv
     """Launch of the chunked-prefill kernel; the grid bounds the tiles from N and B (no host sync)."""
     n, hq, d = query.shape
     hk, bs = kv_cache.shape[2], kv_cache.shape[1]
-    spec = prefill_spec(head_size=d, gqa=hq // hk, block_size=bs, query_dtype=query.dtype,
-                        key_dtype=key.dtype, out_dtype=out.dtype, has_sinks=sinks is not None,
-                        has_window=sliding_window is not None, has_softcap=softcap is not None,
-                        align=slot_alignment(d, tuple(kv_cache.stride()[:3])), target=target_of(query.device))
+    spec = prefill_call_spec(d, hq // hk, bs, query.dtype, key.dtype, out.dtype, sinks is not None,
+                             sliding_window is not None, softcap is not None, tuple(kv_cache.stride()[:3]),
+                             query.device)
     rows = spec.constexprs["ROWS"]
     qt = rows // spec.constexprs["GQA_PAD"]
     nreq = seq_lens.shape[0]
@@ -120,4 +153,4 @@ def plan_prefill(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, kv
             query.stride(0), query.stride(1), key.stride(0), key.stride(1), value.stride(0), value.stride(1),
             out.stride(0), out.stride(1), kv_cache.stride(0), kv_cache.stride(1), kv_cache.stride(2),
             block_table.stride(0))
-    return LaunchPlan(spec, args, (tiles, hk, splits), notes={"num_splits": splits})
+    return LaunchPlan(fit_divisible(spec, args), args, (tiles, hk, splits), notes={"num_splits": splits})

@@ -11,7 +11,8 @@ AOT runtime plans launches on machines without Triton.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -35,14 +36,33 @@ class Specialization:
     num_stages: int = 2
     maxnreg: int | None = None
     """Register cap per thread (Triton's NVIDIA ``maxnreg`` option; ignored on AMD); None: ptxas decides."""
+    divisible: tuple[str, ...] = ()
+    """Integer parameters whose values are multiples of :data:`ARG_DIVISOR` (signature order): the blob
+    is compiled with ``tt.divisibility`` on them, as Triton's JIT specializes such values."""
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.divisible, tuple):  # a spec rebuilt from JSON carries a list
+            object.__setattr__(self, "divisible", tuple(self.divisible))
 
     def key(self) -> str:
         """Canonical config string, identical in codegen, manifest and runtime: the kernel, its
-        constexprs and the element types of its pointer parameters in order (a bf16 and an fp16 build of
-        one config are two blobs; scalar parameters never vary)."""
+        constexprs, the element types of its pointer parameters in order (a bf16 and an fp16 build of
+        one config are two blobs) and the integer parameters it assumes divisible (``|div16=...``)."""
         parts = ",".join(f"{k}={self.constexprs[k]}" for k in sorted(self.constexprs))
         types = ",".join(t.lstrip("*") for t in self.signature.values() if t.startswith("*"))
-        return f"{self.kernel}[{parts}]({types})"
+        div = f"|div{ARG_DIVISOR}={','.join(self.divisible)}" if self.divisible else ""
+        return f"{self.kernel}[{parts}]({types}){div}"
+
+    def runnable_as(self, kernel: str | None = None) -> tuple[Specialization, ...]:
+        """The specs whose blobs may run this call, best first: itself (renamed to ``kernel``, a
+        stand-in of the same LaunchPlan), then the same without ``divisible`` (a blob that assumes less
+        is correct for any values: manifests built before the assumption entered the key)."""
+        own = self if kernel is None or kernel == self.kernel else replace(self, kernel=kernel)
+        return (own, replace(own, divisible=())) if own.divisible else (own,)
+
+
+ARG_DIVISOR = 16
+"""The divisibility Triton's JIT specializes integer (and pointer) arguments on (``tt.divisibility``)."""
 
 
 DTYPE_NAMES: dict[torch.dtype, str] = {
@@ -122,6 +142,40 @@ def target_of(device: torch.device) -> str:
     return "hip" if torch.version.hip else "cuda"
 
 
+ALIGNABLE: dict[str, tuple[str, ...]] = {
+    "uq_store_kv": ("stride_kn", "stride_kh", "stride_vn", "stride_vh"),
+    "uq_dequant_kv": ("stride_kn", "stride_kh", "stride_vn", "stride_vh"),
+    "uq_decode": ("stride_qb", "stride_qh", "stride_ob", "stride_oh"),
+    "uq_prefill": ("stride_qn", "stride_qh", "stride_kn", "stride_kh", "stride_vn", "stride_vh",
+                   "stride_on", "stride_oh"),
+}
+"""Per kernel, in signature order, the row strides of its dense tensors (query, key, value, output).
+The ``*_spec`` functions (hence the blobs) assume each is a multiple of :data:`ARG_DIVISOR` (true for
+rows of D >= 32 elements, fused QKV slices included), so Triton vectorizes those rows' loads and
+stores as its JIT does; a call whose strides are not gets a key without them (:func:`fit_divisible`).
+Cache strides are covered by the ``ALIGN`` constexpr (benchmarks/NOTES.md, "AOT vs JIT")."""
+
+
+def fit_divisible(spec: Specialization, args: Sequence[Any]) -> Specialization:
+    """``spec`` with ``divisible`` = its :data:`ALIGNABLE` parameters whose value in ``args`` (the
+    launch's arguments in signature order) is a multiple of :data:`ARG_DIVISOR`."""
+    names = _positions(spec.kernel, tuple(spec.signature))
+    div = tuple(n for n, i in names if args[i] % ARG_DIVISOR == 0)
+    return spec if div == spec.divisible else replace(spec, divisible=div)
+
+
+_POSITIONS: dict[tuple[str, tuple[str, ...]], tuple[tuple[str, int], ...]] = {}
+
+
+def _positions(kernel: str, params: tuple[str, ...]) -> tuple[tuple[str, int], ...]:
+    """(name, argument index) of ``kernel``'s :data:`ALIGNABLE` parameters (cached: the launch path)."""
+    got = _POSITIONS.get((kernel, params))
+    if got is None:
+        got = _POSITIONS[(kernel, params)] = tuple((n, params.index(n)) for n in params
+                                                   if n in ALIGNABLE.get(kernel, ()))
+    return got
+
+
 def _signature(params: tuple[tuple[str, str], ...], **types: str) -> dict[str, str]:
     return {name: ty.format(**types) for name, ty in params}
 
@@ -146,7 +200,7 @@ def store_spec(*, head_size: int, key_dtype: torch.dtype | str = "bf16",
         signature=_signature(STORE_PARAMS, key=_tname(key_dtype), value=_tname(value_dtype or key_dtype),
                              slot=_tname(slot_dtype)),
         constexprs={"D": d, "LOG2D": d.bit_length() - 1, "ENCODER": ENCODER_IDS[encoder], "BLOCK_R": block_r},
-        num_warps=4, num_stages=1)
+        num_warps=4, num_stages=1, divisible=ALIGNABLE["uq_store_kv"])
 
 
 def dequant_spec(*, head_size: int, block_size: int, out_dtype: torch.dtype | str = "bf16",
@@ -158,7 +212,7 @@ def dequant_spec(*, head_size: int, block_size: int, out_dtype: torch.dtype | st
         signature=_signature(DEQUANT_PARAMS, out=_tname(out_dtype)),
         constexprs={"D": d, "LOG2D": d.bit_length() - 1, "BLOCK_SIZE": int(block_size),
                     "TILE": 32 if d <= 256 else 16, "ORIGINAL_SPACE": bool(original_space)},
-        num_warps=4, num_stages=1)
+        num_warps=4, num_stages=1, divisible=ALIGNABLE["uq_dequant_kv"])
 
 
 def decode_spec(*, head_size: int, gqa: int, block_size: int, query_dtype: torch.dtype | str = "bf16",
@@ -185,7 +239,7 @@ def decode_spec(*, head_size: int, gqa: int, block_size: int, query_dtype: torch
                     "TILE": tile, "HAS_SINKS": bool(has_sinks), "HAS_WINDOW": bool(has_window),
                     "HAS_SOFTCAP": bool(has_softcap), "ALIGN": int(align or slot_alignment(d)),
                     "FP4_PTX": target == "cuda", "V_IN_LOAD_LAYOUT": d >= 256},
-        num_warps=warps, num_stages=stages, maxnreg=maxnreg)
+        num_warps=warps, num_stages=stages, maxnreg=maxnreg, divisible=ALIGNABLE["uq_decode"])
 
 
 def prefill_spec(*, head_size: int, gqa: int, block_size: int, query_dtype: torch.dtype | str = "bf16",
@@ -206,7 +260,7 @@ def prefill_spec(*, head_size: int, gqa: int, block_size: int, query_dtype: torc
                     "HAS_WINDOW": bool(has_window), "HAS_SOFTCAP": bool(has_softcap),
                     "ALIGN": int(align or slot_alignment(d)), "FP4_PTX": target == "cuda",
                     "V_IN_LOAD_LAYOUT": d >= 256},
-        num_warps=4 if d <= 128 else 8, num_stages=2)
+        num_warps=4 if d <= 128 else 8, num_stages=2, divisible=ALIGNABLE["uq_prefill"])
 
 
 SPECIALIZERS = {

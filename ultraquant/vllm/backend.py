@@ -197,7 +197,8 @@ class UltraQuantBackend(AttentionBackend):
     @classmethod
     def supported_kv_cache_layouts(cls) -> tuple[KVCacheLayout, ...]:
         """Head-major pages first (one kv head's slots of a block are contiguous: the kernels'
-        bandwidth prefers it, see shared docs/anchors.md), token-major (upstream's order) second."""
+        bandwidth prefers it: benchmarks/NOTES.md, v1 head- vs token-major), token-major (upstream's order)
+        second."""
         return (KVCacheLayout.LBHNC, KVCacheLayout.LBNHC)
 
     @classmethod

