@@ -55,8 +55,9 @@ def blocks_inside(bt_row_ptr, t_lo, t_hi, num_blocks, err_ptr, BLOCK_SIZE: tl.co
 def block_ids(bt_row_ptr, toks, tmask, num_blocks, BLOCK_SIZE: tl.constexpr, CHECKED: tl.constexpr):
     """Block ids of tokens ``toks`` (where ``tmask``) from one block-table row, and the tokens to read.
 
-    ``CHECKED`` (a range :func:`blocks_inside` found a bad id in): ids outside [0, num_blocks) become
-    0 and their tokens leave the returned mask (an empty block: never read). Otherwise ``tmask``.
+    ``CHECKED`` (attention: a range :func:`blocks_inside` found a bad id in; dequant: always): ids
+    outside [0, num_blocks) become 0 and their tokens leave the returned mask (an empty block: never
+    read). Otherwise the mask is ``tmask``.
     """
     blk = tl.load(bt_row_ptr + toks // BLOCK_SIZE, mask=tmask, other=0)
     if CHECKED:
