@@ -93,10 +93,18 @@ def test_decode_reads_nothing_outside_the_cache(registry, splits):
     assert uq.check_errors() == KernelError.BLOCK_OUT_OF_RANGE | KernelError.SEQ_LEN_OUT_OF_RANGE
 
 
-def test_valid_inputs_raise_no_flag(registry):
+def test_valid_inputs_raise_no_flag(registry, monkeypatch):
+    """The public ops on valid input (the Triton kernels, not the reference) leave every word at 0."""
+    monkeypatch.setenv("ULTRAQUANT_BACKEND", "triton")
     cache, _, _, _, ok_bt, ok_seq = _decode_problem()
     query = torch.randn(3, HQ, D, generator=torch.Generator().manual_seed(4)).to(torch.bfloat16)
-    uq.decode_attention(query, cache, ok_bt, ok_seq, D**-0.5)
+    out = torch.full_like(query, float("nan"))
+    uq.decode_attention(query, cache, ok_bt, ok_seq, D**-0.5, out=out)
+    close(out, R.decode_attention(query, cache, ok_bt, ok_seq, D**-0.5))
+    key = torch.randn(2, HK, D, dtype=torch.bfloat16)
+    uq.store_kv(key, key, cache, torch.tensor([5, -1]))
+    k, _ = uq.dequant_kv(cache, ok_bt, ok_seq)
+    assert all(torch.isfinite(t).all() for t in k)
     assert uq.check_errors() == 0
 
 
