@@ -67,6 +67,13 @@ kernels: $(BUILD_VENV)/.installed
 	$(BUILD_VENV)/bin/ultraquant build --install-deps $(KERNEL_ARGS)
 	$(BUILD_VENV)/bin/ultraquant verify $(addprefix $(GENERATED)/,$(subst $(comma), ,$(ARCH)))
 
+# pinned flydsl in the dev venv (+ Debian lld-19/llvm-22 when root): the FlyDSL interpreter and
+# offline-compile tests then run instead of skipping (.ci/run does this before make test)
+.PHONY: flydsl-env
+flydsl-env: env
+	$(VENV)/bin/ultraquant build --arch gfx942,gfx950 --ops decode_attention_flydsl,decode_attention_flydsl_mx \
+		--install-deps $(if $(filter 0,$(shell id -u)),--install-system-deps) --deps-only
+
 wheel: kernels
 	$(BUILD_PY) -m ultraquant.codegen.wheel --arch $(ARCH) --generated $(GENERATED) --dist $(DIST) $(SELECTION_ARGS)
 

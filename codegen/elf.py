@@ -1,33 +1,29 @@
-"""Read what the offline checks need from AMDGPU code objects (HSACO) and NVIDIA cubins.
+"""What the offline checks need from AMDGPU code objects (HSACO) and NVIDIA cubins.
 
-Standard library only, so ``ultraquant verify`` works in an install without the build toolchain.
-What is read, and from where:
-
-- both: the ELF header (machine, flags, OS ABI and ABI version) and the symbol tables;
-- HSACO: the ``NT_AMDGPU_METADATA`` note (MessagePack): per kernel the argument list (offset, size,
-  value kind), VGPR/AGPR/SGPR counts and spills, static LDS, scratch, wavefront size;
-- cubin: the ``.nv.info`` attribute tables: register count, frame/stack sizes (local memory, where
-  spills go), the parameter list (``EIATTR_KPARAM_INFO``: ordinal, offset, size), the parameter bank
-  size and the maximum threads per block, plus ``.nv.shared.<kernel>`` (static shared memory).
-
-Tests cross-check this reader against pyelftools + msgpack and against ``cuobjdump``.
+ELF structure comes from pyelftools and the HSACO ``NT_AMDGPU_METADATA`` note is MessagePack
+(``msgpack``); only the cubin ``.nv.info`` attribute tables (NVIDIA-specific, no library reads them)
+are decoded here. Tests cross-check the cubin figures against ``cuobjdump``.
 """
 
 from __future__ import annotations
 
+import io
 import struct
 from dataclasses import dataclass, field
 from typing import Any
 
-from .msgpack_lite import unpackb
+import msgpack
+from elftools.common.exceptions import ELFError
+from elftools.construct import ConstructError
+from elftools.elf.elffile import ELFFile
+from elftools.elf.enums import ENUM_E_MACHINE
+from elftools.elf.sections import Section, SymbolTableSection
 
-EM_CUDA = 190
-EM_AMDGPU = 224
+EM_AMDGPU = ENUM_E_MACHINE["EM_AMDGPU"]
+EM_CUDA = ENUM_E_MACHINE["EM_CUDA"]
 NT_AMDGPU_METADATA = 32
-SHT_SYMTAB, SHT_NOTE, SHT_DYNSYM = 2, 7, 11
 
 # EIATTR codes of the cubin .nv.info tables (values as cuobjdump names them).
-EIATTR_PARAM_CBANK = 0x0A
 EIATTR_MAXNTID = 0x10
 EIATTR_FRAME_SIZE = 0x11
 EIATTR_MIN_STACK_SIZE = 0x12
@@ -35,9 +31,12 @@ EIATTR_KPARAM_INFO = 0x17
 EIATTR_CBANK_PARAM_SIZE = 0x19
 EIATTR_MAX_STACK_SIZE = 0x23
 EIATTR_REGCOUNT = 0x2F
-EIATTR_CUDA_API_VERSION = 0x37
 # .nv.info entry formats: no value, byte value, half-word value, sized value.
 EIFMT_NVAL, EIFMT_BVAL, EIFMT_HVAL, EIFMT_SVAL = 1, 2, 3, 4
+# Per-function .nv.info attributes (sym index, value) -> resource name.
+_PER_FUNCTION = {EIATTR_REGCOUNT: "registers", EIATTR_FRAME_SIZE: "local",
+                 EIATTR_MIN_STACK_SIZE: "min_stack", EIATTR_MAX_STACK_SIZE: "max_stack"}
+_SYMBOL_KINDS = {"STT_FUNC": "func", "STT_OBJECT": "object"}
 
 
 class ElfError(ValueError):
@@ -72,98 +71,43 @@ class CodeObject:
     osabi: int
     abi_version: int
     symbols: dict[str, str] = field(default_factory=dict)
+    """Function and object symbols (``.symtab`` and ``.dynsym``): name -> ``func`` / ``object``."""
     kernels: dict[str, KernelInfo] = field(default_factory=dict)
     target: str = ""
     metadata: dict[str, Any] = field(default_factory=dict, repr=False)
 
 
-@dataclass(frozen=True)
-class _Section:
-    name: str
-    type: int
-    offset: int
-    size: int
-    link: int
-    info: int
-    entsize: int
-
-
-def _cstr(data: bytes, offset: int) -> str:
-    end = data.find(b"\0", offset)
-    if end < 0:
-        raise ElfError(f"unterminated string at byte {offset}")
-    return data[offset:end].decode("utf-8", "replace")
-
-
-def _sections(data: bytes) -> list[_Section]:
-    if len(data) < 64 or data[:4] != b"\x7fELF":
-        raise ElfError("not an ELF file (bad magic or shorter than an ELF header)")
-    if data[4] != 2 or data[5] != 1:
-        raise ElfError("not a 64-bit little-endian ELF file")
-    shoff, = struct.unpack_from("<Q", data, 0x28)
-    shentsize, shnum, shstrndx = struct.unpack_from("<HHH", data, 0x3A)
-    if shentsize != 64 or shoff + shnum * 64 > len(data) or shstrndx >= max(shnum, 1):
-        raise ElfError("section header table out of bounds")
-    raw = []
-    for i in range(shnum):
-        name, typ, _flags, _addr, off, size, link, info, _align, entsize = struct.unpack_from(
-            "<IIQQQQIIQQ", data, shoff + 64 * i)
-        if typ != 8 and off + size > len(data):  # SHT_NOBITS occupies no file bytes
-            raise ElfError(f"section {i} lies past the end of the file")
-        raw.append((name, typ, off, size, link, info, entsize))
-    strtab = raw[shstrndx]
-    names = data[strtab[2]:strtab[2] + strtab[3]]
-    return [_Section(_cstr(names, r[0]), r[1], r[2], r[3], r[4], r[5], r[6]) for r in raw]
-
-
-def _symbols(data: bytes, secs: list[_Section]) -> tuple[dict[str, str], list[str]]:
-    """Symbol name -> type (``func``/``object``/...) over .symtab and .dynsym, and .symtab by index."""
-    kinds = {0: "notype", 1: "object", 2: "func", 3: "section", 4: "file"}
+def _symbols(elf: ELFFile) -> tuple[dict[str, str], list[str]]:
+    """Function/object symbols by name, and the ``.symtab`` names by index (what .nv.info refers to)."""
     out: dict[str, str] = {}
-    symtab_names: list[str] = []
-    for sec in secs:
-        if sec.type not in (SHT_SYMTAB, SHT_DYNSYM) or sec.entsize != 24:
+    by_index: list[str] = []
+    for sec in elf.iter_sections():
+        if not isinstance(sec, SymbolTableSection):
             continue
-        strsec = secs[sec.link]
-        strs = data[strsec.offset:strsec.offset + strsec.size]
         names = []
-        for i in range(sec.size // 24):
-            st_name, st_info = struct.unpack_from("<IB", data, sec.offset + 24 * i)
-            name = _cstr(strs, st_name)
-            names.append(name)
-            if name and (st_info & 0xF) in (1, 2):
-                out[name] = kinds[st_info & 0xF]
-        if sec.type == SHT_SYMTAB:
-            symtab_names = names
-    return out, symtab_names
+        for sym in sec.iter_symbols():
+            names.append(sym.name)
+            kind = _SYMBOL_KINDS.get(sym["st_info"]["type"])
+            if sym.name and kind:
+                out[sym.name] = kind
+        if sec["sh_type"] == "SHT_SYMTAB":
+            by_index = names
+    return out, by_index
 
 
-def _notes(data: bytes, sec: _Section) -> list[tuple[str, int, bytes]]:
-    notes = []
-    pos, end = sec.offset, sec.offset + sec.size
-    while pos + 12 <= end:
-        namesz, descsz, ntype = struct.unpack_from("<III", data, pos)
-        pos += 12
-        name = data[pos:pos + namesz].rstrip(b"\0").decode("ascii", "replace")
-        pos += (namesz + 3) & ~3
-        desc = data[pos:pos + descsz]
-        pos += (descsz + 3) & ~3
-        if pos > end:
-            raise ElfError("note runs past the end of its section")
-        notes.append((name, ntype, desc))
-    return notes
-
-
-def _amdgpu(data: bytes, secs: list[_Section], obj: CodeObject) -> None:
+def _amdgpu(elf: ELFFile, obj: CodeObject) -> None:
     meta = None
-    for sec in secs:
-        if sec.type != SHT_NOTE:
+    for sec in elf.iter_sections():
+        if sec["sh_type"] != "SHT_NOTE":
             continue
-        for name, ntype, desc in _notes(data, sec):
-            if name == "AMDGPU" and ntype == NT_AMDGPU_METADATA:
-                meta = unpackb(desc)
-    if meta is None:
-        raise ElfError("no NT_AMDGPU_METADATA note")
+        for note in sec.iter_notes():
+            if note["n_name"] == "AMDGPU" and note["n_type"] == NT_AMDGPU_METADATA:
+                try:
+                    meta = msgpack.unpackb(note["n_descdata"])
+                except (msgpack.UnpackException, ValueError) as exc:
+                    raise ElfError(f"NT_AMDGPU_METADATA note is not valid MessagePack: {exc}") from exc
+    if not isinstance(meta, dict):
+        raise ElfError("no NT_AMDGPU_METADATA note (or it is not a map)")
     obj.metadata = meta
     obj.target = str(meta.get("amdhsa.target", ""))
     for k in meta.get("amdhsa.kernels", []):
@@ -185,11 +129,12 @@ def _amdgpu(data: bytes, secs: list[_Section], obj: CodeObject) -> None:
         obj.kernels[name] = KernelInfo(name, params, res, k.get(".max_flat_workgroup_size"))
 
 
-def _nv_info(data: bytes, sec: _Section) -> list[tuple[int, bytes | int | None]]:
+def _nv_info(sec: Section) -> list[tuple[int, bytes | int | None]]:
     """The (attribute, value) entries of one .nv.info table; SVAL values are raw bytes."""
+    data = sec.data()
     out: list[tuple[int, bytes | int | None]] = []
-    pos, end = sec.offset, sec.offset + sec.size
-    while pos + 2 <= end:
+    pos = 0
+    while pos + 2 <= len(data):
         fmt, attr = data[pos], data[pos + 1]
         pos += 2
         if fmt == EIFMT_NVAL:
@@ -208,33 +153,30 @@ def _nv_info(data: bytes, sec: _Section) -> list[tuple[int, bytes | int | None]]
             pos += size
         else:
             raise ElfError(f"unknown .nv.info entry format {fmt} in {sec.name}")
-        if pos > end:
+        if pos > len(data):
             raise ElfError(f"{sec.name} entry runs past the end of its section")
     return out
 
 
-def _cuda(data: bytes, secs: list[_Section], symtab: list[str], obj: CodeObject) -> None:
+def _cuda(elf: ELFFile, symtab: list[str], obj: CodeObject) -> None:
+    sections = {sec.name: sec for sec in elf.iter_sections()}
     per_fn: dict[str, dict[str, int]] = {}
-    for sec in secs:
-        if sec.name != ".nv.info":
-            continue
-        keys = {EIATTR_REGCOUNT: "registers", EIATTR_FRAME_SIZE: "local",
-                EIATTR_MIN_STACK_SIZE: "min_stack", EIATTR_MAX_STACK_SIZE: "max_stack"}
-        for attr, val in _nv_info(data, sec):
-            if attr in keys and isinstance(val, bytes) and len(val) == 8:
+    if ".nv.info" in sections:
+        for attr, val in _nv_info(sections[".nv.info"]):
+            if attr in _PER_FUNCTION and isinstance(val, bytes) and len(val) == 8:
                 sym, value = struct.unpack("<II", val)
                 if sym < len(symtab):
-                    per_fn.setdefault(symtab[sym], {})[keys[attr]] = value
-    for sec in secs:
-        if not sec.name.startswith(".nv.info."):
+                    per_fn.setdefault(symtab[sym], {})[_PER_FUNCTION[attr]] = value
+    for sec_name, sec in sections.items():
+        if not sec_name.startswith(".nv.info."):
             continue
-        name = sec.name[len(".nv.info."):]
+        name = sec_name[len(".nv.info."):]
         by_ordinal: dict[int, KernelParam] = {}
         res = {"registers": 0, "local": 0, "min_stack": 0, "max_stack": 0, "shared_static": 0,
                "param_bytes": 0}
         res.update(per_fn.get(name, {}))
         max_threads = None
-        for attr, val in _nv_info(data, sec):
+        for attr, val in _nv_info(sec):
             if attr == EIATTR_KPARAM_INFO and isinstance(val, bytes) and len(val) == 12:
                 _index, ordinal, offset, flags = struct.unpack("<IHHI", val)
                 by_ordinal[ordinal] = KernelParam(offset, (flags >> 18) & 0x3FFF, "param")
@@ -243,9 +185,9 @@ def _cuda(data: bytes, secs: list[_Section], symtab: list[str], obj: CodeObject)
             elif attr == EIATTR_MAXNTID and isinstance(val, bytes) and len(val) == 12:
                 x, y, z = struct.unpack("<III", val)
                 max_threads = x * y * z
-        for s in secs:
-            if s.name == f".nv.shared.{name}":
-                res["shared_static"] = s.size
+        shared = sections.get(f".nv.shared.{name}")
+        if shared is not None:
+            res["shared_static"] = shared["sh_size"]
         params = [by_ordinal[i] for i in sorted(by_ordinal)]
         obj.kernels[name] = KernelInfo(name, params, res, max_threads)
 
@@ -253,17 +195,22 @@ def _cuda(data: bytes, secs: list[_Section], symtab: list[str], obj: CodeObject)
 def read_code_object(data: bytes) -> CodeObject:
     """Parse a HSACO or cubin; raise :class:`ElfError` for anything malformed or unknown."""
     try:
-        secs = _sections(data)
-        machine, = struct.unpack_from("<H", data, 0x12)
-        flags, = struct.unpack_from("<I", data, 0x30)
-        obj = CodeObject(machine=machine, flags=flags, osabi=data[7], abi_version=data[8])
-        obj.symbols, symtab = _symbols(data, secs)
+        elf = ELFFile(io.BytesIO(data))
+        if elf.elfclass != 64 or not elf.little_endian:
+            raise ElfError("not a 64-bit little-endian ELF file")
+        machine = ENUM_E_MACHINE.get(elf["e_machine"], elf["e_machine"])
+        obj = CodeObject(machine=machine, flags=elf["e_flags"], osabi=elf.e_ident_raw[7],
+                         abi_version=elf["e_ident"]["EI_ABIVERSION"])
+        obj.symbols, symtab = _symbols(elf)
         if machine == EM_AMDGPU:
-            _amdgpu(data, secs, obj)
+            _amdgpu(elf, obj)
         elif machine == EM_CUDA:
-            _cuda(data, secs, symtab, obj)
+            _cuda(elf, symtab, obj)
         else:
             raise ElfError(f"unsupported ELF machine {machine} (expected {EM_AMDGPU} AMDGPU or {EM_CUDA} CUDA)")
-    except (struct.error, IndexError, UnicodeDecodeError) as exc:
+    except ElfError:
+        raise
+    except (ELFError, ConstructError, ValueError, struct.error, IndexError, KeyError, TypeError, AttributeError,
+            OverflowError) as exc:  # pyelftools' and the metadata's failure modes on damaged input
         raise ElfError(f"malformed ELF: {exc}") from exc
     return obj

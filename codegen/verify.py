@@ -5,7 +5,7 @@ Per blob: sha256 and size; ELF machine and processor flags match the arch (cubin
 object / ELF ABI version; the kernel symbol (and HSACO kernel descriptor) exists; every parameter's
 offset and size in the binary's own metadata matches the manifest, and the argument block size; no
 scratch / spills / local memory unless the manifest allows them; LDS (static + dynamic) and registers
-within the arch's limits; threads per block as declared. Standard library only.
+within the arch's limits; threads per block as declared. Reads the binaries with ``codegen/elf.py``.
 """
 
 from __future__ import annotations

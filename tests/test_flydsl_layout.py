@@ -17,30 +17,19 @@ from ultraquant import reference as ref
 from ultraquant.errors import UltraQuantError
 from ultraquant.format import hadamard, slot_size
 from ultraquant.kernels.flydsl import layout as lay
+from ultraquant.kernels.flydsl import operand_maps as om
 
 LANES = torch.arange(lay.WAVE)
 ELEMS = torch.arange(lay.MFMA_K)
 
 
-def _cover(index_fn):
-    rows, cols = torch.broadcast_tensors(*index_fn(LANES[:, None], ELEMS[None, :]))
-    return sorted(zip(rows.flatten().tolist(), cols.flatten().tolist(), strict=True))
-
-
-@pytest.mark.parametrize("fn", [lay.mfma_a_index, lay.mfma_b_index, lay.mfma_c_index])
-def test_mfma_maps_cover_the_tile_once(fn):
-    assert _cover(fn) == [(r, c) for r in range(16) for c in range(16)]
-
-
 def test_mfma_emulation_is_a_matmul():
     g = torch.Generator().manual_seed(1)
     a, b, c = (torch.randn(16, 16, generator=g) for _ in range(3))
-    ar, ak = torch.broadcast_tensors(*lay.mfma_a_index(LANES[:, None], ELEMS[None, :]))
-    bk, bn = torch.broadcast_tensors(*lay.mfma_b_index(LANES[:, None], ELEMS[None, :]))
-    cr, cn = torch.broadcast_tensors(*lay.mfma_c_index(LANES[:, None], ELEMS[None, :]))
-    d = lay.mfma_16x16x16(a[ar, ak], b[bk, bn], c[cr, cn])
+    ta, tb, td = om.BF16_A.table(), om.BF16_B.table(), om.F32_D.table()
+    d = lay.mfma_16x16x16(a[ta[..., 0], ta[..., 1]], b[tb[..., 1], tb[..., 0]], c[td[..., 0], td[..., 1]])
     expect = (a.double() @ b.double() + c.double()).float()
-    torch.testing.assert_close(d, expect[cr, cn], rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(d, expect[td[..., 0], td[..., 1]], rtol=1e-6, atol=1e-6)
 
 
 @pytest.mark.parametrize("d", [128, 256, 512])
@@ -225,13 +214,41 @@ def test_config_rejects_what_the_kernel_cannot_do():
 # ---------------------------------------------------------------- gfx950 mx path
 
 
-def test_scaled_mfma_layout_is_one_scale_block_per_lane():
-    rows, ks = torch.broadcast_tensors(*lay.mfma_scale_index(LANES[:, None], torch.arange(32)[None, :]))
-    pairs = sorted(zip(rows.flatten().tolist(), ks.flatten().tolist(), strict=True))
-    assert pairs == [(r, k) for r in range(16) for k in range(128)]
-    assert torch.all(ks // 32 == (LANES // 16)[:, None])  # lane group g <-> scale block g
-    # the kernel's K chunk-c load of lane group g is exactly that block (for c = 0)
-    assert all(lay.k_code_offset(0, g) == 16 * g for g in range(4))
+def test_scaled_mfma_emulation_applies_block_scales_by_k_block():
+    """FP4 keys x FP8 query with a different scale per (row, K block): the emulation equals the
+    block-scaled matmul whatever lanes hold a block's elements (FP8 halves live in two lanes)."""
+    g = torch.Generator().manual_seed(2)
+    A, B = torch.randn(16, 128, generator=g, dtype=torch.float64), torch.randn(16, 128, generator=g,
+                                                                              dtype=torch.float64)
+    sa, sb = torch.exp2(torch.randint(-4, 5, (16, 4), generator=g).double()), \
+        torch.exp2(torch.randint(-4, 5, (16, 4), generator=g).double())
+    ta, tb, ts = om.FP4.table(), om.FP8.table(), om.SCALE.table()[:, 0]
+    got = lay.mfma_scale_16x16x128(A[ta[..., 0], ta[..., 1]], B[tb[..., 0], tb[..., 1]], torch.zeros(64, 4),
+                                   a_map=om.FP4, b_map=om.FP8, a_scale=sa[ts[:, 0], ts[:, 1]],
+                                   b_scale=sb[ts[:, 0], ts[:, 1]])
+    want = (A * sa.repeat_interleave(32, 1)) @ (B * sb.repeat_interleave(32, 1)).T
+    td = om.F32_D.table()
+    torch.testing.assert_close(got.double(), want[td[..., 0], td[..., 1]], rtol=1e-5, atol=1e-5)
+    # the kernel's K chunk-c load of lane group g is the FP4 map's run (c = 0)
+    assert all(lay.k_code_offset(0, grp) * 2 == int(ta[16 * grp, 0, 1]) for grp in range(4))
+
+
+@pytest.mark.parametrize("qmap", [lay.QUERY_MAP_BF16, om.FP8], ids=["bf16", "fp8"])
+def test_fp8_block_plan_finds_every_lanes_block(qmap):
+    """Each lane group g must end up with K block g's exponent (the scale map), from a lane that
+    holds that block, and the lanes sharing a block are exactly those the plan reduces over."""
+    classes, share, picks = lay.fp8_block_plan(qmap)
+    t = qmap.table()
+    for g in range(4):
+        found = {(mask, ci) for mask, ci, gg in picks if gg == g}
+        assert found
+        for mask, ci in found:
+            assert {int(t[(16 * g) ^ mask, e, 1]) // 32 for e in classes[ci]} == {g}
+    owners = {blk: {lane // 16 for lane in range(64) for e in range(32) if int(t[lane, e, 1]) // 32 == blk}
+              for blk in range(4)}
+    for lanes in owners.values():
+        first = min(lanes)
+        assert lanes == {first ^ (m >> 4) for m in [0] + share + [a ^ b for a in share for b in share]}
 
 
 @pytest.mark.parametrize("amax", [0.0, 1e-30, 0.3, 1.0, 1.75, 1.7500001, 447.9, 448.0, 449.0, 3e5, 3e38])
@@ -286,3 +303,17 @@ def test_mx_path_meets_the_upstream_gfx950_bar_and_never_overflows():
             cos = torch.nn.functional.cosine_similarity(got.flatten().double(), expect.flatten().double(), dim=0)
             assert cos > 0.9999 and (got - expect).abs().mean() < 0.005
             assert (got - expect).norm() / expect.norm() < 0.01  # the runtime self-test allows 2e-2
+
+
+def test_mx_with_the_old_contiguous_fp8_belief_is_wrong():
+    """The issue-15 bug in emulation: a kernel that packs the FP8 query like FP4 (contiguous 32-runs)
+    pairs 96 of 128 K positions with the wrong query element under the hardware's FP8 layout."""
+    d, gqa, hk, bs, lens, splits, _ = CASES[0]
+    q, cache, bt, seq = _cache(d, gqa, hk, bs, lens, seed=5)
+    cfg = lay.DecodeConfig(d, gqa, bs)
+    expect = ref.decode_attention(q.float(), cache, bt, seq, d**-0.5).float()
+    errs = {}
+    for name, qmap in (("fp8", om.FP8), ("old", om.FP4)):
+        got = lay.emulate_decode(cfg, q, cache, bt, seq, d**-0.5, num_splits=splits, mx=True, mx_query_map=qmap)
+        errs[name] = float((got - expect).norm() / expect.norm())
+    assert errs["fp8"] < 0.01 and errs["old"] > 0.1, errs

@@ -37,15 +37,17 @@ def _check(got: torch.Tensor, expect: torch.Tensor, emu: torch.Tensor) -> None:
     torch.testing.assert_close(got, emu.to(torch.bfloat16).float(), rtol=2**-7, atol=1e-3)
 
 
-def test_gfx942_kernel_runs_like_the_reference():
+@pytest.mark.parametrize("pipelined", [True, False])
+def test_gfx942_kernel_runs_like_the_reference(pipelined):
     """Also memory safety: block-table entries past each sequence are poisoned (-1, 2**30); the
-    interpreter raises on any read outside a buffer, so touching them would fail the test."""
+    interpreter raises on any read outside a buffer, so touching them would fail the test. Both loop
+    structures (the unpipelined one is the build's fallback when the pipelined one spills)."""
     d, g, hk, bs, lens, splits = 128, 8, 2, 16, [37, 0, 100], 3
     q, cache, bt, seq = _cache(d, g, hk, bs, lens, seed=1)
     bt[0, 3:] = -1
     bt[1, :] = 2**30
     got = simt.run_decode({"head_size": d, "gqa": g, "block_size": bs}, "gfx942", q, cache, bt, seq,
-                          d**-0.5, num_splits=splits, waves=W)
+                          d**-0.5, num_splits=splits, waves=W, pipelined=pipelined)
     expect = ref.decode_attention(q.float(), cache, bt, seq, d**-0.5)
     emu = lay.emulate_decode(lay.DecodeConfig(d, g, bs), q, cache, bt, seq, d**-0.5, num_splits=splits,
                              waves=W)
@@ -113,3 +115,40 @@ def test_gfx942_bad_block_ids_and_lengths_stay_inside_the_cache():
                              waves=W)
     _check(got, expect, emu)
     assert errors[:3] == [0, 1, 1]
+
+
+class _InterpretedBlob:
+    """Looks like a loaded FlyDSL mx blob (a stand-in of ``uq_decode``) to the runtime self-test, but
+    runs the kernel's IR here."""
+
+    def __init__(self, kernel: simt.Kernel, key: str, name: str) -> None:
+        self.kernel = kernel
+        self.entry = type("Entry", (), {"key": key, "kernel": name, "alternate_of": "uq_decode"})()
+
+    def launch(self, args, grid) -> None:
+        self.kernel.launch_tensors(tuple(grid), list(args))
+
+
+def test_self_test_problem_fails_the_old_mx_kernel_and_passes_the_fixed_one():
+    """Issue 15: the first-use self-test is the gate on hardware. Its decode problem (block-scaled
+    query, keys weighted at K positions 16-63), run through the interpreter with the scaled MFMA's
+    operand maps from AMD's sources, fails the old mx kernel (FP8 query packed like FP4) and passes
+    the fixed one."""
+    from ultraquant.codegen.flydsl import backend as fb
+    from ultraquant.codegen.flydsl.compiler import compile_decode
+    from ultraquant.kernels import specs
+    from ultraquant.kernels.flydsl import operand_maps as om
+    from ultraquant.runtime import problems
+
+    cfg = {"head_size": 128, "gqa": 4, "block_size": 16}
+    spec = specs.decode_spec(**cfg, query_dtype="bf16")
+    key = fb.flydsl_key(spec, fb.KERNEL_MX)
+    verdicts = {}
+    for name, qmap in (("fixed", om.FP8), ("old", om.FP4)):
+        ir = simt.lowered_ir(lambda qmap=qmap: compile_decode("gfx950", "k", cfg, mx=True, need_linker=False,
+                                                              waves=W, mx_query_map=qmap))
+        blob = _InterpretedBlob(simt.Kernel(ir, lanes=64 * W), key, fb.KERNEL_MX)
+        verdicts[name] = problems.decode_problem(blob, spec, "cpu")
+    print(verdicts)
+    assert verdicts["fixed"][0], verdicts
+    assert not verdicts["old"][0], verdicts

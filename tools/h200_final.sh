@@ -1,61 +1,66 @@
 #!/bin/bash
-# Everything GPU-side before a release: the kernels' and prefill routes' GPU suites, the decode/store
-# and prefill-route benchmarks, the AOT runtime on sm_90 blobs built here (carried as generated/sm_90),
-# the attention layer's GPU simulation, compute-sanitizer memcheck over the kernels and an ncu profile
-# of decode. Each step has a time box; all of them exceed one 10-minute device call, so split them:
-#   STEPS="kernels-gpu-tests prefill-routes-gpu-tests bench prefill-bench" bash tools/h200_final.sh
-#   STEPS="runtime attention-gpu memcheck ncu" bash tools/h200_final.sh
+# The release check on an H200, in steps with time boxes; two device calls split the list:
+#   STEPS="kernels prefill attention v8 runtime" bash tools/h200_final.sh
+#   STEPS="memcheck bench host startup" bash tools/h200_final.sh
+# Blobs: $RT_BLOBS (runtime tests: D=128 GQA 4 block 16, all ops) and $BENCH_BLOBS (bench shapes' decode
+# and store), both sm_90 folders built here by `make kernels` and carried. $OUT gets summary.txt + logs.tgz.
 set -uo pipefail
-export PYTHONUNBUFFERED=1
+export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 OUT=${OUT:-/tmp/uq_final}
+LOG=$(mktemp -d)  # every log; $OUT gets summary.txt and one archive of LOG (the device tool returns 8 files)
 mkdir -p "$OUT"
-export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
-export ULTRAQUANT_GENERATED=$PWD/generated ULTRAQUANT_CACHE_DIR=$(mktemp -d)
-UQ=(python3 -m ultraquant.cli)
-PYT=(python3 -m pytest -q -p no:cacheprovider)
+RT_BLOBS=${RT_BLOBS:-$PWD/.final/rt} BENCH_BLOBS=${BENCH_BLOBS:-$PWD/.final/bench}
+export ULTRAQUANT_CACHE_DIR=$(mktemp -d)
+PYT=(python3 -m pytest -q -rfE -p no:cacheprovider)
 t0=$(date +%s)
-STEPS=${STEPS:-"kernels-gpu-tests prefill-routes-gpu-tests bench prefill-bench runtime attention-gpu memcheck ncu"}
-# step NAME: announce NAME and return 0 when it is one of $STEPS (two device calls can split the list).
-step() { case " $STEPS done " in *" $1 "*) echo "== $1 at +$(( $(date +%s) - t0 ))s" | tee -a "$OUT/summary.txt";;
+STEPS=${STEPS:-"kernels prefill attention v8 runtime memcheck bench host startup"}
+step() { case " $STEPS " in *" $1 "*) echo "== $1 at +$(( $(date +%s) - t0 ))s" | tee -a "$LOG/summary.txt";;
          *) return 1;; esac; }
-nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader | tee "$OUT/summary.txt"
-python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)" | tee -a "$OUT/summary.txt"
+last() { tail -${2:-2} "$1" | tee -a "$LOG/summary.txt"; }
+nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee -a "$LOG/summary.txt"
 
-if step kernels-gpu-tests; then
-timeout ${T_KTESTS:-100} "${PYT[@]}" -m gpu tests/gpu/test_kernels_gpu.py > "$OUT/kernels_gpu.log" 2>&1
-tail -3 "$OUT/kernels_gpu.log" | tee -a "$OUT/summary.txt"
+if step kernels; then  # Triton kernels vs the reference (both FP4 decodes), bounds cases, graph replay
+  timeout ${T_KERNELS:-230} "${PYT[@]}" -m gpu tests/gpu/test_kernels_gpu.py > "$LOG/kernels_gpu.log" 2>&1
+  last "$LOG/kernels_gpu.log" 4
 fi
-if step prefill-routes-gpu-tests; then
-timeout ${T_PTESTS:-90} "${PYT[@]}" -m gpu tests/gpu/test_prefill_routes_gpu.py > "$OUT/prefill_routes_gpu.log" 2>&1
-tail -3 "$OUT/prefill_routes_gpu.log" | tee -a "$OUT/summary.txt"
+if step prefill; then
+  timeout ${T_PREFILL:-90} "${PYT[@]}" -m gpu tests/gpu/test_prefill_routes_gpu.py > "$LOG/prefill_routes_gpu.log" 2>&1
+  last "$LOG/prefill_routes_gpu.log"
 fi
-if step bench; then
-timeout ${T_BENCH:-150} "${UQ[@]}" bench --layouts head --no-stream --plot "$OUT/decode_latency.png" \
-  --json "$OUT/bench.json" > "$OUT/bench.log" 2>&1
-tail -22 "$OUT/bench.log" | tee -a "$OUT/summary.txt"
+if step attention; then
+  timeout ${T_ATTN:-60} "${PYT[@]}" -m gpu tests/gpu/test_attention_gpu.py > "$LOG/attention_gpu.log" 2>&1
+  last "$LOG/attention_gpu.log"
 fi
-if step prefill-bench; then
-timeout ${T_PBENCH:-120} "${UQ[@]}" bench --prefill --json "$OUT/prefill.json" > "$OUT/prefill.log" 2>&1
-tail -32 "$OUT/prefill.log" | tee -a "$OUT/summary.txt"
+if step v8; then
+  timeout ${T_V8:-90} "${PYT[@]}" -m gpu tests/gpu/test_decode_v8_gpu.py > "$LOG/decode_v8_gpu.log" 2>&1
+  last "$LOG/decode_v8_gpu.log"
 fi
-if step runtime; then
-timeout ${T_VERIFY:-25} "${UQ[@]}" verify --device 0 2>&1 | tail -3 | tee -a "$OUT/summary.txt"
-timeout ${T_RTESTS:-80} "${PYT[@]}" -rA tests/gpu/test_runtime_gpu.py -k "not memcheck" > "$OUT/runtime_gpu.log" 2>&1
-grep -E "^(PASSED|FAILED|ERROR|SKIPPED)|passed|failed" "$OUT/runtime_gpu.log" | tail -20 | tee -a "$OUT/summary.txt"
+if step runtime; then  # blobs: load + self-test every one, then the runtime GPU suite (warmup + capture)
+  ULTRAQUANT_GENERATED=$RT_BLOBS timeout ${T_VERIFY:-40} python3 -m ultraquant.cli verify --device 0 \
+    > "$LOG/verify_device.log" 2>&1
+  last "$LOG/verify_device.log" 3
+  ULTRAQUANT_GENERATED=$RT_BLOBS timeout ${T_RUNTIME:-120} "${PYT[@]}" tests/gpu/test_runtime_gpu.py -k "not memcheck" \
+    > "$LOG/runtime_gpu.log" 2>&1
+  last "$LOG/runtime_gpu.log" 4
 fi
-if step attention-gpu; then
-timeout ${T_ATTN:-60} "${PYT[@]}" -m gpu tests/gpu/test_attention_gpu.py 2>&1 | tail -3 | tee -a "$OUT/summary.txt"
+if step memcheck; then  # garbage slot/block ids through every kernel under compute-sanitizer
+  timeout ${T_MEMCHECK:-120} python3 tools/h200_sanitize.py --memcheck > "$LOG/memcheck.log" 2>&1
+  last "$LOG/memcheck.log" 3
 fi
-if step memcheck; then
-timeout ${T_SAN:-70} compute-sanitizer --tool memcheck --print-limit 10 python3 tools/h200_sanitize.py \
-  > "$OUT/memcheck.log" 2>&1
-tail -4 "$OUT/memcheck.log" | tee -a "$OUT/summary.txt"
+if step bench; then  # decode A-D (JIT and AOT rows), store, vs bf16 SDPA and the read ceiling of this run
+  ULTRAQUANT_GENERATED=$BENCH_BLOBS timeout ${T_BENCH:-170} python3 -m ultraquant.cli bench --layouts head \
+    --json "$LOG/bench.json" > "$LOG/bench.log" 2>&1
+  last "$LOG/bench.log" 24
 fi
-if step ncu; then
-timeout ${T_NCU:-90} ncu --clock-control none -k uq_decode -s 1 -c 1 --section SpeedOfLight --section Occupancy \
-  --section LaunchStats --section SchedulerStats --section WarpStateStats --section InstructionStats \
-  python3 tools/h200_ncu.py A > "$OUT/ncu_decode_A.txt" 2>&1
-grep -E "Duration|DRAM Throughput|Registers Per|Achieved Occupancy|Theoretical Occupancy|Issued Ipc|Executed Ipc A|No Eligible|Warp Cycles Per Issued" \
-  "$OUT/ncu_decode_A.txt" | tee -a "$OUT/summary.txt"
+if step host; then
+  ULTRAQUANT_GENERATED=$RT_BLOBS timeout ${T_HOST:-60} python3 -m ultraquant.cli bench --host \
+    --json "$LOG/host_bench.json" > "$LOG/host_bench.log" 2>&1
+  last "$LOG/host_bench.log" 10
 fi
-step done
+if step startup; then
+  ULTRAQUANT_GENERATED=$RT_BLOBS timeout ${T_STARTUP:-90} python3 -m ultraquant.bench.startup \
+    --json "$LOG/startup.json" > "$LOG/startup.log" 2>&1
+  last "$LOG/startup.log" 12
+fi
+echo "== done at +$(( $(date +%s) - t0 ))s" | tee -a "$LOG/summary.txt"
+cp "$LOG/summary.txt" "$OUT/" && tar -czf "$OUT/logs.tgz" -C "$LOG" .

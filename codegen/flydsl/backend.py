@@ -67,6 +67,14 @@ def flydsl_spec(*, kernel: str = KERNEL, **config: Any) -> Specialization:
     return replace(base, kernel=kernel, num_warps=waves_for(int(config["head_size"])), num_stages=1, maxnreg=None)
 
 
+def pipelined_for(head_size: int, mx: bool) -> bool:
+    """Whether the blob is built with the software-pipelined loop: where the roofline estimate says it
+    pays (benchmarks/results/flydsl_roofline_{pipelined,unpipelined}.json): the mx kernel at D=512,
+    whose unpipelined loop waits for 7 round trips per tile. Elsewhere LLVM already batches a tile's
+    loads and the carried registers only cost occupancy (gfx942 D=128: 4 -> 3 waves per SIMD)."""
+    return mx and head_size >= 512
+
+
 def flydsl_key(triton_spec: Specialization, kernel: str = KERNEL) -> str:
     """Manifest key of the FlyDSL blob (``kernel``: KERNEL or KERNEL_MX) that can replace the Triton
     decode ``triton_spec`` (same LaunchPlan)."""
@@ -125,16 +133,20 @@ class FlyDSLBackend(Backend):
         mx = spec.kernel == KERNEL_MX
         if mx and arch.name != "gfx950":
             raise UltraQuantError(f"{KERNEL_MX} needs gfx950 (scaled FP4 MFMA), not {arch.name}")
-        waves = waves_for(config["head_size"])
-        while True:
+        # preferred first; a build that spills falls back to one wave per workgroup (the fold's
+        # registers), then to the loop without software pipelining (the next tile's registers)
+        pipe = pipelined_for(config["head_size"], mx)
+        tries = dict.fromkeys([(waves_for(config["head_size"]), pipe), (1, pipe), (1, False)])
+        for waves, pipelined in tries:
             binary = compile_decode(arch.name, spec.kernel, config, query_dtype=_dtype(spec.signature["q_ptr"]),
-                                    out_dtype=_dtype(spec.signature["out_ptr"]), mx=mx, waves=waves)
+                                    out_dtype=_dtype(spec.signature["out_ptr"]), mx=mx, waves=waves,
+                                    pipelined=pipelined)
             res = resources_of(binary, spec.kernel)
-            if waves == 1 or not (res.get("scratch") or res.get("vgpr_spill")):
+            if not (res.get("scratch") or res.get("vgpr_spill")):
                 break
-            waves = 1  # the fold's registers do not fit this config: one wave per workgroup
         record = isa.describe(binary, arch.name, config["head_size"], res, mx=mx)
         record["waves_per_block"] = waves
+        record["pipelined"] = pipelined
         problems = isa.check_record(record, record["mfma"], res, arch.max_shared)
         if problems:
             raise UltraQuantError("FlyDSL blob fails its ISA checks: " + "; ".join(problems))

@@ -1,9 +1,9 @@
 """One FlyDSL compile in its own process: ``python -m ultraquant.codegen.flydsl.compile_kernel SPEC OUT``.
 
 ``SPEC`` is JSON: ``{"arch": "gfx942", "name": "...", "config": {DecodeConfig fields},
-"query_dtype": "bf16", "out_dtype": "bf16", "mx": false}``; the HSACO is written to ``OUT``. An LLVM assertion
-kills only this process; the caller (:func:`run`) also fails on ``error:`` in the output, which
-FlyDSL/LLVM sometimes print while returning normally.
+"query_dtype": "bf16", "out_dtype": "bf16", "mx": false, "waves": 4, "pipelined": true}``; the HSACO
+is written to ``OUT``. An LLVM assertion kills only this process; the caller (:func:`run`) also fails
+on ``error:`` in the output, which FlyDSL/LLVM sometimes print while returning normally.
 """
 
 from __future__ import annotations
@@ -24,7 +24,8 @@ def main(argv: list[str]) -> int:
 
     blob = compile_decode(spec["arch"], spec["name"], spec["config"],
                           query_dtype=spec.get("query_dtype", "bf16"), out_dtype=spec.get("out_dtype", "bf16"),
-                          mx=bool(spec.get("mx", False)), waves=int(spec.get("waves", 1)))
+                          mx=bool(spec.get("mx", False)), waves=int(spec.get("waves", 1)),
+                          pipelined=bool(spec.get("pipelined", True)))
     Path(argv[2]).write_bytes(blob)
     return 0
 

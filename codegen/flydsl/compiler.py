@@ -93,8 +93,9 @@ def extract_hsaco(compiled) -> bytes:
 
 def compile_decode(arch: str, name: str, config: dict[str, Any], *, query_dtype: str = "bf16",
                    out_dtype: str = "bf16", mx: bool = False, need_linker: bool = True,
-                   waves: int = 1) -> bytes:
-    """HSACO of the decode kernel for ``config`` (DecodeConfig fields) on ``arch``."""
+                   waves: int = 1, pipelined: bool = True, mx_query_map=None) -> bytes:
+    """HSACO of the decode kernel for ``config`` (DecodeConfig fields) on ``arch``. ``mx_query_map``:
+    an operand map other than the hardware's FP8 one for the mx query (interpreter tests only)."""
     set_environment(arch, need_linker=need_linker)
     import flydsl.compiler as flyc
     from flydsl.compiler.kernel_function import CompilationContext
@@ -105,7 +106,8 @@ def compile_decode(arch: str, name: str, config: dict[str, Any], *, query_dtype:
     from .isa import DESIGN_WAVES
 
     launcher = decode.build_decode(DecodeConfig(**config), arch, name=name, query_dtype=query_dtype,
-                                   out_dtype=out_dtype, mx=mx, waves=waves)
+                                   out_dtype=out_dtype, mx=mx, waves=waves, pipelined=pipelined,
+                                   **({} if mx_query_map is None else {"mx_query_map": mx_query_map}))
     # waves_per_eu: the register budget LLVM must fit (the occupancy the design assumes)
     with CompilationContext.compile_hints({"waves_per_eu": DESIGN_WAVES.get(config["head_size"], 1)}):
         return extract_hsaco(flyc.compile(launcher, *_placeholders("decode")))

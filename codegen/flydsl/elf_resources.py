@@ -1,4 +1,4 @@
-"""Resource figures of one kernel of an HSACO, through the generator's own ELF reader."""
+"""Resource figures of one kernel of an HSACO, read with ``codegen/elf.py`` (as verify reads them)."""
 
 from __future__ import annotations
 

@@ -28,6 +28,7 @@ import torch
 
 from ultraquant.kernels.flags import ERROR_WORDS
 from ultraquant.kernels.flydsl import layout as lay
+from ultraquant.kernels.flydsl import operand_maps as om
 
 LANES = 64
 LDS_BYTES = 160 * 1024  # per workgroup and allocation (gfx950's limit; bounds-checked like memory)
@@ -39,6 +40,8 @@ _VEC_RE = re.compile(r"^vector<(\d+)x(\w+)>$")
 _FP4 = torch.tensor(lay_vals := [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0,
                                   -3.0, -4.0, -6.0], dtype=torch.float32).numpy()
 del lay_vals
+_FORMAT_CODES = {"fp8_e4m3": 0, "bf8_e5m2": 1, "fp6_e2m3": 2, "bf6_e3m2": 3, "fp4_e2m1": 4}
+"""cbsz/blgp codes of the scaled MFMA's matrix formats (the ROCDL enum prints names)."""
 
 
 @dataclass(frozen=True)
@@ -439,7 +442,10 @@ class Wave:
         elif name == "rocdl.cvt.scalef32.pk.bf16.fp4":
             sel = at.get("srcSelIndex", at.get("src_sel_index", 0))
             byte = (a[0] >> (8 * sel)) & 0xFF
-            env[out] = _round_float(np.stack([_FP4[byte & 0xF], _FP4[byte >> 4]], axis=1) * a[1][:, None], "bf16")
+            # the hardware takes the scale's exponent field: 2**(field - 127), so +0.0 scales by 2**-127
+            field = (np.ascontiguousarray(a[1], dtype=np.float32).view(np.int32) >> 23) & 0xFF
+            sc = om.e8m0_value(torch.from_numpy(field.astype(np.int64))).numpy()
+            env[out] = _round_float(np.stack([_FP4[byte & 0xF], _FP4[byte >> 4]], axis=1) * sc[:, None], "bf16")
         elif name == "scf.for":
             self._for(ins, active)
         elif name == "scf.if":
@@ -469,17 +475,25 @@ class Wave:
         return old
 
     def _scaled_mfma(self, fmt: tuple[str, str], a) -> np.ndarray:
-        if "fp4" not in fmt[0] or "fp8" not in fmt[1]:
-            raise NotImplementedError(f"scaled MFMA formats {fmt}")
-        words = a[0][:, :4]
-        nib = np.stack([(words >> (4 * k)) & 0xF for k in range(8)], axis=2).reshape(LANES, 32)
-        bytes_b = np.stack([(a[1] >> (8 * k)) & 0xFF for k in range(4)], axis=2).reshape(LANES, 32)
-        fb = torch.from_numpy(bytes_b.astype(np.uint8)).view(torch.float8_e4m3fn).float().numpy()
-        sa = np.exp2((a[3] & 0xFF).astype(np.float64) - 127)
-        sb = np.exp2((a[4] & 0xFF).astype(np.float64) - 127)
-        return lay.mfma_scale_16x16x128(torch.from_numpy(_FP4[nib] * sa[:, None]),
-                                        torch.from_numpy(fb * sb[:, None]),
-                                        torch.from_numpy(a[2].astype(np.float32).copy())).numpy()
+        """The scaled MFMA with each operand decoded and placed by its format's operand map and
+        scaled by K block through the scale map (:mod:`ultraquant.kernels.flydsl.operand_maps`)."""
+        vals, maps = [], []
+        for code_text, regs in zip(fmt, a[:2], strict=True):
+            m = re.search(r"matrix_format (\w+)", code_text)
+            code = _FORMAT_CODES.get(m.group(1), -1) if m else _attr_int(code_text)
+            if code not in om.SCALED_MAPS:
+                raise NotImplementedError(f"scaled MFMA format code {code}")
+            raw = np.stack([(regs >> (8 * k)) & 0xFF for k in range(4)], axis=2).reshape(LANES, 32)
+            if code == 4:  # E2M1: element v = nibble v % 2 (low first) of byte v // 2, dwords 0..3
+                vals.append(_FP4[np.stack([raw[:, :16] & 0xF, raw[:, :16] >> 4], axis=2).reshape(LANES, 32)])
+            else:  # E4M3 (OCP): element v = byte v
+                vals.append(torch.from_numpy(raw.astype(np.uint8)).view(torch.float8_e4m3fn).float().numpy())
+            maps.append(om.SCALED_MAPS[code])
+        # opsel 0: byte 0 of each scale operand; E8M0 byte 0 means 2**-127 (not 0)
+        sa, sb = (om.e8m0_value(torch.from_numpy(s & 0xFF)) for s in (a[3], a[4]))
+        return lay.mfma_scale_16x16x128(torch.from_numpy(vals[0]), torch.from_numpy(vals[1]),
+                                        torch.from_numpy(a[2].astype(np.float32).copy()), a_map=maps[0],
+                                        b_map=maps[1], a_scale=sa, b_scale=sb).numpy()
 
     def _for(self, ins: Instr, active) -> None:
         env = self.env
@@ -589,6 +603,25 @@ class Kernel:
                 mem.buffers.pop(shared[sym] >> _PTR_SHIFT)
 
 
+    def launch_tensors(self, grid: tuple[int, int, int], args: list[Any],
+                       order: list[tuple[int, int, int]] | None = None) -> None:
+        """Run with a LaunchPlan's arguments (CPU tensors and numbers, in parameter order): every
+        tensor's storage is copied in and written back afterwards, as a GPU launch would leave it."""
+        mem = Memory()
+        addrs: list[Any] = []
+        tensors = []
+        for a in args:
+            if isinstance(a, torch.Tensor):
+                base = mem.add(_buffer(a))
+                addrs.append(base + a.storage_offset() * a.element_size())
+                tensors.append((a, base >> _PTR_SHIFT))
+            else:
+                addrs.append(a)
+        self.launch(grid, addrs, mem, order=order)
+        for t, bid in tensors:
+            torch.empty(0, dtype=torch.uint8).set_(t.untyped_storage()).copy_(torch.from_numpy(mem.buffers[bid]))
+
+
 def _buffer(t: torch.Tensor) -> np.ndarray:
     """The bytes of a tensor's storage (so any strided view keeps its strides)."""
     return np.frombuffer(bytes(t.untyped_storage()), dtype=np.uint8).copy()
@@ -598,7 +631,8 @@ def run_decode(config: dict[str, Any], arch: str, query: torch.Tensor, kv_cache:
                block_table: torch.Tensor, seq_lens: torch.Tensor, scale: float, *, num_splits: int,
                sinks: torch.Tensor | None = None, window: int | None = None, softcap: float | None = None,
                mx: bool = False, order: list[tuple[int, int, int]] | None = None,
-               kernel: Kernel | None = None, waves: int = 1, errors: list[int] | None = None) -> torch.Tensor:
+               kernel: Kernel | None = None, waves: int = 1, mx_query_map=None,
+               pipelined: bool = True, errors: list[int] | None = None) -> torch.Tensor:
     """Compile the decode kernel for ``config`` (DecodeConfig fields) and run it here, with the very
     arguments and workspace ``ultraquant.kernels.plans.plan_decode`` would pass. Returns ``out``;
     the error words the kernel stored (``ultraquant.kernels.flags``) go into ``errors`` when given."""
@@ -608,7 +642,9 @@ def run_decode(config: dict[str, Any], arch: str, query: torch.Tensor, kv_cache:
     if kernel is None:
         kernel = Kernel(lowered_ir(lambda: compile_decode(arch, "uq_decode_sim", config, query_dtype=qdt,
                                                             out_dtype=qdt, mx=mx, need_linker=False,
-                                                            waves=waves)), lanes=LANES * waves)
+                                                            waves=waves, mx_query_map=mx_query_map,
+                                                            pipelined=pipelined)),
+                        lanes=LANES * waves)
     b, hq, d = query.shape
     hk = kv_cache.shape[2]
     out = torch.full_like(query, float("nan"))  # poisoned: every row must be written
@@ -617,24 +653,14 @@ def run_decode(config: dict[str, Any], arch: str, query: torch.Tensor, kv_cache:
     counter = torch.zeros(b * hk, dtype=torch.int32)
     sink_t = sinks.float().contiguous() if sinks is not None else torch.zeros(1)
     err = torch.zeros(ERROR_WORDS, dtype=torch.int32)
-    tensors = [query, kv_cache, block_table.int(), seq_lens.int(), sink_t, out, part, ml, counter, err]
-    mem = Memory()
-    addrs = []
-    for t in tensors:
-        base = mem.add(_buffer(t))
-        addrs.append(base + t.storage_offset() * t.element_size())
-    scalars = [float(scale), float(softcap or 0.0), int(window or 0), num_splits,
-               kv_cache.shape[0], block_table.shape[1],
-               query.stride(0), query.stride(1), out.stride(0), out.stride(1),
-               kv_cache.stride(0), kv_cache.stride(1), kv_cache.stride(2), block_table.stride(0)]
-    kernel.launch((b, hk, num_splits), addrs + scalars, mem, order=order)
-    out_bid = addrs[5] >> _PTR_SHIFT
-    cnt_bid = addrs[8] >> _PTR_SHIFT
-    result = torch.frombuffer(bytearray(mem.buffers[out_bid].tobytes()), dtype=query.dtype)
-    tickets = torch.frombuffer(bytearray(mem.buffers[cnt_bid].tobytes()), dtype=torch.int32)
+    args = [query, kv_cache, block_table.int(), seq_lens.int(), sink_t, out, part, ml, counter, err,
+            float(scale), float(softcap or 0.0), int(window or 0), num_splits,
+            kv_cache.shape[0], block_table.shape[1],
+            query.stride(0), query.stride(1), out.stride(0), out.stride(1),
+            kv_cache.stride(0), kv_cache.stride(1), kv_cache.stride(2), block_table.stride(0)]
+    kernel.launch_tensors((b, hk, num_splits), args, order=order)
     if errors is not None:
-        words = torch.frombuffer(bytearray(mem.buffers[addrs[9] >> _PTR_SHIFT].tobytes()), dtype=torch.int32)
-        errors[:] = words.tolist()
-    if torch.any(tickets != 0):
-        raise RuntimeError(f"tickets not reset after the launch: {tickets.tolist()}")
-    return result[: out.numel()].reshape(out.shape).clone()
+        errors[:] = err.tolist()
+    if torch.any(counter != 0):
+        raise RuntimeError(f"tickets not reset after the launch: {counter.tolist()}")
+    return out

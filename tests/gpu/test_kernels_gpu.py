@@ -18,6 +18,7 @@ import ultraquant as uq
 from tests.helpers import make_paged
 from ultraquant import reference as R
 from ultraquant.format import SlotLayout
+from ultraquant.kernels import plans
 
 pytestmark = [
     pytest.mark.gpu,
@@ -39,6 +40,21 @@ def check_close(got: torch.Tensor, ref: torch.Tensor, what: str = "") -> tuple[f
     cos = float(torch.nn.functional.cosine_similarity(g, r, dim=0))
     assert rel <= MAX_REL and cos >= MIN_COS, f"{what}: rel {rel:.2e} cos {cos:.6f}"
     return rel, cos
+
+
+@pytest.fixture(params=["native", "portable"])
+def fp4_path(request, monkeypatch) -> str:
+    """Run the attention tests with both Triton FP4 decodes: the device's own ("native": the inline-PTX
+    one on NVIDIA) and the plain-Triton one (``FP4_PTX=False``) AMD GPUs compile and every AMD blob
+    falls back to, which the plan otherwise never picks on an NVIDIA GPU."""
+    if request.param == "portable":
+        monkeypatch.setattr(plans, "target_of", lambda device: "portable")
+    return request.param
+
+
+def _assert_path(fp4_path: str, plan) -> None:
+    native_ptx = fp4_path == "native" and torch.version.hip is None
+    assert plan.spec.constexprs["FP4_PTX"] is native_ptx, plan.spec.constexprs
 
 
 def k_code_mismatches(got: torch.Tensor, ref: torch.Tensor, head_size: int) -> int:
@@ -112,10 +128,12 @@ DECODE_CASES = {
 
 
 @pytest.mark.parametrize("name", list(DECODE_CASES))
-def test_decode(name):
+def test_decode(name, fp4_path):
     lens, hq, hk, d, bs, sinks, window, softcap, head_major = DECODE_CASES[name]
     prob, query, sk = _problem(lens, hq, hk, d, bs, head_major, seed=len(name), sinks=sinks)
     scale = d ** -0.5
+    _assert_path(fp4_path, plans.plan_decode(query, prob.kv_cache, prob.block_table, prob.seq_lens, scale, sk,
+                                             window, softcap, torch.empty_like(query)))
     ref = R.decode_attention(query.float(), prob.kv_cache, prob.block_table, prob.seq_lens, scale, sinks=sk,
                              sliding_window=window, softcap=softcap)
     out = torch.full_like(query, float("nan"))
@@ -125,7 +143,7 @@ def test_decode(name):
     check_close(out, ref, name)
 
 
-def test_decode_wide_dynamic_range():
+def test_decode_wide_dynamic_range(fp4_path):
     """The CPU dynamic-range case (V outliers 2**20 above the rest with almost no attention) on the
     GPU kernels, whose NVIDIA build decodes FP4 with inline PTX (the CPU runs the portable path)."""
     from tests.test_kernels_attention import wide_range_problem
@@ -140,8 +158,9 @@ def test_decode_wide_dynamic_range():
     check_close(out, ref, "wide range")
 
 
-def test_decode_graph_replay_new_seq_lens_and_stream():
-    """Capture once (on a side stream), replay with other seq_lens: right each time."""
+def check_graph_replay_and_stream(decode) -> None:
+    """Capture ``decode(query, kv_cache, block_table, seq_lens, scale, out=out)`` once on a side stream,
+    replay it with other seq_lens (right each time), then call it eagerly on that stream."""
     capacity = [4000, 4000, 2500, 4000]  # blocks allocated per request; replays stay within them
     hq, hk, d, bs = 16, 4, 128, 32
     prob, query, _ = _problem(capacity, hq, hk, d, bs, True, seed=99, sinks=False)
@@ -151,12 +170,12 @@ def test_decode_graph_replay_new_seq_lens_and_stream():
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
-        uq.decode_attention(query, prob.kv_cache, prob.block_table, seq_lens, scale, out=out)  # warm-up
+        decode(query, prob.kv_cache, prob.block_table, seq_lens, scale, out=out)  # warm-up
     torch.cuda.current_stream().wait_stream(stream)
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph, stream=stream):
-        uq.decode_attention(query, prob.kv_cache, prob.block_table, seq_lens, scale, out=out)
+        decode(query, prob.kv_cache, prob.block_table, seq_lens, scale, out=out)
     for new in ([4000, 1, 2500, 64], [17, 3999, 0, 33], [1, 1, 1, 1], [2048, 2049, 31, 4000]):
         seq_lens.copy_(torch.tensor(new, dtype=torch.int32))
         out.fill_(float("nan"))
@@ -167,9 +186,14 @@ def test_decode_graph_replay_new_seq_lens_and_stream():
     # and eagerly on a non-default stream
     with torch.cuda.stream(stream):
         out.fill_(float("nan"))
-        uq.decode_attention(query, prob.kv_cache, prob.block_table, seq_lens, scale, out=out)
+        decode(query, prob.kv_cache, prob.block_table, seq_lens, scale, out=out)
     stream.synchronize()
     check_close(out, R.decode_attention(query.float(), prob.kv_cache, prob.block_table, seq_lens, scale), "stream")
+
+
+def test_decode_graph_replay_new_seq_lens_and_stream():
+    """Capture once (on a side stream), replay with other seq_lens: right each time."""
+    check_graph_replay_and_stream(uq.decode_attention)
 
 
 PREFILL_CASES = {
@@ -182,7 +206,7 @@ PREFILL_CASES = {
 
 
 @pytest.mark.parametrize("name", list(PREFILL_CASES))
-def test_prefill(name):
+def test_prefill(name, fp4_path):
     lens, q_lens, hq, hk, d, bs, sinks, window, softcap = PREFILL_CASES[name]
     prefix = [n - q for n, q in zip(lens, q_lens, strict=True)]
     prob = make_paged(prefix, hk, d, bs, seed=len(name), dtype=torch.bfloat16, device="cuda")
@@ -206,6 +230,7 @@ def test_prefill(name):
     args = (cache, block_table, seq_lens, qsl, d ** -0.5)
     ref = R.prefill_attention(query.float(), key, value, *args, sinks=sk, sliding_window=window, softcap=softcap)
     out = torch.full_like(query, float("nan"))
+    _assert_path(fp4_path, plans.plan_prefill(query, key, value, *args, sk, window, softcap, out))
     uq.prefill_attention(query, key, value, *args, sinks=sk, sliding_window=window, softcap=softcap, out=out)
     torch.cuda.synchronize()
     check_close(out, ref, name)

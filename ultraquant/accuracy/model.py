@@ -134,7 +134,8 @@ def load_gguf(path: Path | str | None = None) -> tuple[LlamaWeights, BPETokenize
         raise UltraQuantError("model: untied output head is not supported")
     weights = LlamaWeights(cfg, embed, tensors["output_norm.weight"], layers)
     tok = BPETokenizer([str(x) for x in _field(reader, "tokenizer.ggml.tokens")],
-                       [str(x) for x in _field(reader, "tokenizer.ggml.merges")])
+                       [str(x) for x in _field(reader, "tokenizer.ggml.merges")],
+                       str(_field(reader, "tokenizer.ggml.pre")))
     return weights, tok
 
 
@@ -198,12 +199,10 @@ def forward(weights: LlamaWeights, tokens: torch.Tensor, cache: KVCache, *,
             ) -> ForwardResult:
     """Run the model on one sequence of ``tokens`` (int64 (N,)) with ``cache`` deciding K/V.
 
-    K and V are rounded to bf16 first (the cache of a bf16 deployment sees bf16 activations; the
-    rest of the model stays float32 so that only the cache differs between runs). With
-    ``measure_layers`` each layer also attends to the bf16 K/V (at :func:`cosine_positions`) and
-    records the mean cosine between the two attention outputs: the error the cache format adds in
-    that layer alone. ``on_layer(layer, q,
-    k, v)`` sees each layer's RoPE'd query and bf16 K/V (to study a format on real activations).
+    K and V are rounded to bf16 first (what a bf16 deployment's cache sees); the rest stays float32,
+    so only the cache differs between runs. ``measure_layers``: each layer also attends to the bf16
+    K/V at :func:`cosine_positions` and records the mean cosine between the two outputs (the error
+    that layer's cache adds). ``on_layer(layer, q, k, v)`` sees each layer's RoPE'd query and bf16 K/V.
     """
     cfg = weights.config
     n = int(tokens.shape[0])

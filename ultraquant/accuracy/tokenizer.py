@@ -1,81 +1,44 @@
-"""A byte-level BPE tokenizer built from a GGUF file's ``tokenizer.ggml.*`` fields.
+"""The model's byte-level BPE tokenizer, built with HF ``tokenizers`` from a GGUF's ``tokenizer.ggml.*``.
 
-SmolLM2 uses GPT-2 style byte-level BPE with its digits split one by one (llama.cpp's "smollm"
-pre-tokenizer). Only encoding is needed here (the accuracy run scores a fixed text), so this is a
-small pure-Python implementation instead of a dependency on a tokenizer library; the words of a
-text repeat a lot, so a per-word cache makes it fast enough for a few thousand tokens.
+The pre-tokenizer follows ``tokenizer.ggml.pre`` as llama.cpp and the model's own ``tokenizer.json``
+do: ``smollm`` splits every digit into its own piece before GPT-2's byte-level regex.
 """
 
 from __future__ import annotations
 
-import functools
-import re
 from collections.abc import Sequence
 
 from ..errors import UltraQuantError
 
-# GPT-2's pre-tokenizer regex with Python's `re` classes standing in for \p{L} / \p{N}:
-# [^\W\d_] is "a letter", \d "a digit" (each digit its own piece, as the smollm pre-tokenizer does).
-_PRETOKENIZE = re.compile(r"\d|'s|'t|'re|'ve|'m|'ll|'d| ?[^\W\d_]+| ?(?:_|[^\s\w])+|\s+(?!\S)|\s+")
-
-
-@functools.lru_cache(maxsize=1)
-def _byte_to_unicode() -> dict[int, str]:
-    """GPT-2's reversible map from bytes to printable unicode characters."""
-    printable = (list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1))
-                 + list(range(ord("®"), ord("ÿ") + 1)))
-    mapping = {b: chr(b) for b in printable}
-    extra = 0
-    for b in range(256):
-        if b not in mapping:
-            mapping[b] = chr(256 + extra)
-            extra += 1
-    return mapping
+PRE_TOKENIZERS = ("gpt2", "smollm")
+"""The ``tokenizer.ggml.pre`` values understood here."""
 
 
 class BPETokenizer:
-    """Encode text to token ids with a vocabulary and ranked merges (byte-level BPE)."""
+    """Encode/decode text with a GGUF's vocabulary and ranked merges (GPT-2 style byte-level BPE)."""
 
-    def __init__(self, tokens: Sequence[str], merges: Sequence[str]) -> None:
+    def __init__(self, tokens: Sequence[str], merges: Sequence[str], pre: str) -> None:
+        from tokenizers import Tokenizer, decoders, models, pre_tokenizers  # the `accuracy` extra
+
         if not tokens or not merges:
             raise UltraQuantError("tokens/merges: the GGUF file carries no BPE vocabulary")
+        if pre not in PRE_TOKENIZERS:
+            raise UltraQuantError(f"tokenizer.ggml.pre: {pre!r} is not supported ({', '.join(PRE_TOKENIZERS)})")
         self.vocab = {tok: i for i, tok in enumerate(tokens)}
-        self.ranks = {tuple(m.split(" ", 1)): r for r, m in enumerate(merges)}
-        self._cache: dict[str, tuple[int, ...]] = {}
-
-    def _bpe(self, word: str) -> tuple[int, ...]:
-        """Token ids of one pre-tokenized piece: apply the lowest-ranked merge until none applies."""
-        cached = self._cache.get(word)
-        if cached is not None:
-            return cached
-        parts = list(word)
-        while len(parts) > 1:
-            best, best_rank = -1, None
-            for i in range(len(parts) - 1):
-                rank = self.ranks.get((parts[i], parts[i + 1]))
-                if rank is not None and (best_rank is None or rank < best_rank):
-                    best, best_rank = i, rank
-            if best_rank is None:
-                break
-            parts[best:best + 2] = [parts[best] + parts[best + 1]]
-        try:
-            ids = tuple(self.vocab[p] for p in parts)
-        except KeyError as exc:  # every single byte is in a byte-level vocabulary; a miss is a bad file
-            raise UltraQuantError(f"tokens: piece {exc.args[0]!r} is missing from the vocabulary") from None
-        self._cache[word] = ids
-        return ids
+        pairs = [tuple(m.split(" ", 1)) for m in merges]
+        if any(len(p) != 2 for p in pairs):
+            raise UltraQuantError("tokens/merges: a merge is not two space-separated tokens")
+        self._tok = Tokenizer(models.BPE(self.vocab, pairs))
+        steps = [pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)]
+        if pre == "smollm":
+            steps.insert(0, pre_tokenizers.Digits(individual_digits=True))
+        self._tok.pre_tokenizer = pre_tokenizers.Sequence(steps)
+        self._tok.decoder = decoders.ByteLevel()
 
     def encode(self, text: str) -> list[int]:
         """Token ids of ``text`` (no BOS/EOS added)."""
-        table = _byte_to_unicode()
-        ids: list[int] = []
-        for piece in _PRETOKENIZE.findall(text):
-            ids.extend(self._bpe("".join(table[b] for b in piece.encode("utf-8"))))
-        return ids
+        return self._tok.encode(text, add_special_tokens=False).ids
 
     def decode(self, ids: Sequence[int]) -> str:
         """Text of token ids (for reports and debugging)."""
-        inverse = {v: k for k, v in _byte_to_unicode().items()}
-        id_to_tok = {i: t for t, i in self.vocab.items()}
-        data = bytes(inverse[c] for i in ids for c in id_to_tok[int(i)] if c in inverse)
-        return data.decode("utf-8", errors="replace")
+        return self._tok.decode([int(i) for i in ids], skip_special_tokens=False)

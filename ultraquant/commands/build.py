@@ -112,12 +112,13 @@ def _selection_summary(selection) -> str:
 @click.option("--install-deps", is_flag=True, help="First pip-install what the used backends need (no root).")
 @click.option("--install-system-deps", is_flag=True,
               help="Also apt-get install the FlyDSL rows' lld-19/llvm-22 when missing (needs root).")
+@click.option("--deps-only", is_flag=True, help="With --install-deps: install them and build nothing.")
 @click.option("--dry-run", is_flag=True, help="Only print what would be built (counts, cache hits, skips).")
 @click.option("--timings", type=click.Path(path_type=Path), default=None,
               help="Append one JSON line per compile (arch, op, key, seconds) to this file.")
 def command(arch_list: str, models: str, tp: str, matrix_name: str, head_sizes: str, gqa: str, block_sizes: str,
             dtypes: str, ops: str, out_dir: Path, cache_dir: Path, no_cache: bool, jobs: int, install_deps: bool,
-            install_system_deps: bool, dry_run: bool, timings: Path | None) -> None:
+            install_system_deps: bool, deps_only: bool, dry_run: bool, timings: Path | None) -> None:
     """Compile the selected specializations for each arch into OUT/<arch>/ + manifest.json."""
     from ultraquant.codegen import matrix
     from ultraquant.codegen.archs import parse_arch_list
@@ -136,6 +137,8 @@ def command(arch_list: str, models: str, tp: str, matrix_name: str, head_sizes: 
                 click.echo(f"  left out: {note}", err=True)
         if install_deps or install_system_deps:
             _install_deps(archs, matrix.OPS, selection.ops, install_system_deps)
+        if deps_only:
+            return
         _preflight(archs, matrix.OPS, selection.ops)
         from ultraquant.codegen.build import BuildOptions, build
         from ultraquant.codegen.build import dry_run as plan

@@ -33,6 +33,7 @@ import torch
 
 from ...errors import UltraQuantError
 from ...format import GROUP, SlotLayout, check_head_size
+from . import operand_maps as om
 
 WAVE = 64
 """Lanes per wavefront (CDNA)."""
@@ -51,19 +52,44 @@ LN2 = 0.6931471805599453
 # Python ints, torch integer tensors and FlyDSL Int32 values. The kernel imports these.
 
 
-def mfma_a_index(lane, i):
-    """(row, k) of A element ``i`` held by ``lane`` in a 16x16x16 MFMA."""
-    return lane % 16, 4 * (lane // 16) + i
+QUERY_MAP_BF16 = om.FP4
+"""Query lane layout of the bf16 path: lane (r, g) holds the contiguous 32-run ``d = 128c + 32g + e``
+of head r, the K operand's own layout, so each 16x16x16 step pairs like the keys (the FP4 map's k)."""
 
 
-def mfma_b_index(lane, i):
-    """(k, col) of B element ``i`` held by ``lane``."""
-    return 4 * (lane // 16) + i, lane % 16
+def query_dim(qmap: om.OperandMap, c, lane, e):
+    """Head-dim index d the query element ``e`` (0..31) of ``lane`` holds in chunk ``c`` under ``qmap``."""
+    return 128 * c + qmap.coord(lane, e, 1)
 
 
-def mfma_c_index(lane, i):
-    """(row, col) of result element ``i`` held by ``lane``."""
-    return 4 * (lane // 16) + i, lane % 16
+def fwht_stages(qmap: om.OperandMap) -> list[tuple[str, int]]:
+    """The FWHT butterflies over bits 0..6 of d in bit order, in the lane layout of ``qmap``:
+    ``("elem", s)`` pairs elements e and e + s of a lane, ``("lane", m)`` pairs lanes l and l ^ m."""
+    stages = []
+    for bit in range(7):
+        lane = [1 << b for b, basis in enumerate(qmap.lane_bases) if basis[1] == 1 << bit]
+        elem = [1 << b for b, basis in enumerate(qmap.elem_bases) if basis[1] == 1 << bit]
+        stages.append(("lane", lane[0]) if lane else ("elem", elem[0]))
+    return stages
+
+
+def fp8_block_plan(qmap: om.OperandMap) -> tuple[list[list[int]], list[int], list[tuple[int, int, int]]]:
+    """How the kernel finds each query block's FP8 exponent in the lane layout of ``qmap``.
+
+    Returns the element classes (elements of a lane in one 32-element K block), the lane xor masks
+    whose lanes share those blocks (max-reduced), and the (xor mask, class, lane group) triples: lane
+    group g takes the exponent of class ``cls`` from lane ``l ^ mask`` when that is K block g (the
+    scale operand of lane (r, g) scales block g: :data:`operand_maps.SCALE`)."""
+    elem_block = [qmap.coord(0, e, 1) >> 5 for e in range(32)]
+    classes = [[e for e in range(32) if elem_block[e] == blk] for blk in sorted(set(elem_block))]
+    share = [1 << b for b, basis in enumerate(qmap.lane_bases) if basis[0] == 0 and 0 < basis[1] < 32]
+    picks = []
+    for mask in (0, 16, 32, 48):
+        for ci, cls in enumerate(classes):
+            for g in range(4):
+                if (qmap.coord((16 * g) ^ mask, cls[0], 1) >> 5) == g:
+                    picks.append((mask, ci, g))
+    return classes, share, picks
 
 
 def qk_dim(c, j, g, i):
@@ -147,13 +173,17 @@ def fp8_quantize_group(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return q, e
 
 
-def fp8_two_term(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(..., 32) float32 -> the hi and lo FP8 terms (values times their scales) the gfx950 kernel
-    feeds two scaled MFMAs: hi = FP8(x), lo = FP8(x - hi), each with its own group exponent."""
+def fp8_terms(x: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """(..., 32) float32 -> the hi and lo FP8 terms as (FP8 values, exponent): hi = FP8(x), lo =
+    FP8(x - hi), each with its own group exponent (what the gfx950 kernel feeds two scaled MFMAs)."""
     q8, e = fp8_quantize_group(x)
-    hi = q8 * torch.exp2(e.float())[..., None]
-    q8l, el = fp8_quantize_group(x - hi)
-    return hi, q8l * torch.exp2(el.float())[..., None]
+    return [(q8, e), fp8_quantize_group(x - q8 * torch.exp2(e.float())[..., None])]
+
+
+def fp8_two_term(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(..., 32) float32 -> the hi and lo terms of :func:`fp8_terms` as values times their scales."""
+    (q8, e), (q8l, el) = fp8_terms(x)
+    return q8 * torch.exp2(e.float())[..., None], q8l * torch.exp2(el.float())[..., None]
 
 
 def bf16_from_bits(bits: torch.Tensor) -> torch.Tensor:
@@ -228,44 +258,44 @@ _LANES = torch.arange(WAVE)
 _R = _LANES % 16
 _G = _LANES // 16
 _I = torch.arange(MFMA_K)
+_E2M1 = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0],
+                     dtype=torch.float64)
+
+
+def _scatter(m: om.OperandMap, vals: torch.Tensor, shape: tuple[int, int]) -> torch.Tensor:
+    """Place lane registers ``vals`` (64, elements) into a float64 matrix by operand map ``m``."""
+    t = m.table()
+    out = torch.zeros(shape, dtype=torch.float64)
+    out[t[..., 0], t[..., 1]] = vals.double()
+    return out
+
+
+def _gather_d(d: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
+    t = om.F32_D.table()
+    return (c.double() + d[t[..., 0], t[..., 1]]).float()
 
 
 def mfma_16x16x16(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
-    """Emulate one MFMA on lane registers: a, b (64, 4) operands, c (64, 4) f32 accumulator.
+    """Emulate ``v_mfma_f32_16x16x16_bf16`` on lane registers: a, b (64, 4), c (64, 4) f32.
 
-    Scatters the lane registers into 16x16 A and B with the index maps above, multiplies in float64
-    (the hardware's products of bf16 are exact and its f32 sums are close to that) and gathers D back.
+    Scatters the registers into A (row, k) and B (col, k) by :data:`operand_maps.BF16_A`/``BF16_B``,
+    multiplies in float64 (the hardware's products of bf16 are exact and its f32 sums are close to
+    that) and gathers D back by :data:`operand_maps.F32_D`.
     """
-    ar, ak = mfma_a_index(_LANES[:, None], _I[None, :])
-    bk, bn = mfma_b_index(_LANES[:, None], _I[None, :])
-    cr, cn = mfma_c_index(_LANES[:, None], _I[None, :])
-    A = torch.zeros(16, 16, dtype=torch.float64)
-    B = torch.zeros(16, 16, dtype=torch.float64)
-    A[ar, ak] = a.double()
-    B[bk, bn] = b.double()
-    D = A @ B
-    return (c.double() + D[cr, cn]).float()
+    return _gather_d(_scatter(om.BF16_A, a, (16, 16)) @ _scatter(om.BF16_B, b, (16, 16)).T, c)
 
 
-def mfma_scale_index(lane, v):
-    """(row, k) of A element ``v`` (0..31) held by ``lane`` in the scaled 16x16x128 MFMA (and the
-    (k, col) of B element v): lane (r, g) holds one contiguous 32-run ``k = 32g + v`` of row r, which
-    is exactly one UE8M0 scale block (FlyDSL's MFMA_Scale atom layout ((16,4),32):((1,512),16))."""
-    return lane % 16, 32 * (lane // 16) + v
-
-
-def mfma_scale_16x16x128(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
-    """Emulate ``v_mfma_scale_f32_16x16x128_f8f6f4`` on already-scaled operand values: a, b (64, 32)."""
-    v = torch.arange(32)
-    rows, ks = mfma_scale_index(_LANES[:, None], v[None, :])
-    rows = rows.expand(WAVE, 32)
-    A = torch.zeros(16, 128, dtype=torch.float64)
-    B = torch.zeros(128, 16, dtype=torch.float64)
-    A[rows, ks] = a.double()
-    B[ks, rows] = b.double()
-    D = A @ B
-    cr, cn = mfma_c_index(_LANES[:, None], _I[None, :])
-    return (c.double() + D[cr, cn]).float()
+def mfma_scale_16x16x128(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, *, a_map: om.OperandMap,
+                         b_map: om.OperandMap, a_scale: torch.Tensor, b_scale: torch.Tensor) -> torch.Tensor:
+    """Emulate ``v_mfma_scale_f32_16x16x128_f8f6f4``: a, b (64, 32) element values (FP4/FP8 as numbers),
+    placed by their formats' operand maps; ``a_scale``/``b_scale`` (64,) the value of each lane's scale
+    byte, applied to K block g of row r for lane (r, g) (:data:`operand_maps.SCALE`), whichever lanes
+    hold that block's elements."""
+    sa = _scatter(om.SCALE, a_scale[:, None], (16, 4)).repeat_interleave(32, dim=1)
+    sb = _scatter(om.SCALE, b_scale[:, None], (16, 4)).repeat_interleave(32, dim=1)
+    A = _scatter(a_map, a, (16, 128)) * sa
+    B = _scatter(b_map, b, (16, 128)) * sb
+    return _gather_d(A @ B.T, c)
 
 
 def _xor_shuffle(x: torch.Tensor, mask: int) -> torch.Tensor:
@@ -273,23 +303,24 @@ def _xor_shuffle(x: torch.Tensor, mask: int) -> torch.Tensor:
     return x[_LANES ^ mask]
 
 
-def rotate_query_lanes(q_lanes: torch.Tensor, head_size: int) -> torch.Tensor:
-    """Fast Walsh-Hadamard transform of the query in the QK B-operand layout.
+def rotate_query_lanes(q_lanes: torch.Tensor, head_size: int, qmap: om.OperandMap = QUERY_MAP_BF16) -> torch.Tensor:
+    """Fast Walsh-Hadamard transform of the query in its lane layout.
 
-    ``q_lanes`` (64, chunks, 32) float32: lane (r, g) holds ``q[r][128 c + 32 g + e]``. Bits 0-4 of d
-    (e) and bits 7+ (c) pair elements inside a lane; bit 5 pairs lane groups g ^ 1 (lane xor 16), bit
-    6 pairs g ^ 2 (lane xor 32). Returns the rotated values (times 1/sqrt(D)) in the same layout.
+    ``q_lanes`` (64, chunks, 32) float32: lane l holds ``q[l % 16][query_dim(qmap, c, l, e)]``. Bits 0-6
+    of d are butterflies inside a lane or across lanes (:func:`fwht_stages`), in bit order; bits 7+
+    pair the lane's chunks. Returns the rotated values (times 1/sqrt(D)) in the same layout.
     """
     x = q_lanes.clone()
     chunks = x.shape[1]
-    for s in (1, 2, 4, 8, 16):  # bits 0..4: inside a 32-run
-        y = x.reshape(WAVE, chunks, 32 // (2 * s), 2, s)
-        a, b = y[:, :, :, 0], y[:, :, :, 1]
-        x = torch.stack([a + b, a - b], dim=3).reshape(WAVE, chunks, 32)
-    for mask, bit in ((16, 1), (32, 2)):  # bits 5, 6: across lane groups
-        other = _xor_shuffle(x, mask)
-        upper = ((_G & bit) != 0)[:, None, None]
-        x = torch.where(upper, other - x, x + other)
+    for kind, s in fwht_stages(qmap):
+        if kind == "elem":
+            y = x.reshape(WAVE, chunks, 32 // (2 * s), 2, s)
+            a, b = y[:, :, :, 0], y[:, :, :, 1]
+            x = torch.stack([a + b, a - b], dim=3).reshape(WAVE, chunks, 32)
+        else:
+            other = _xor_shuffle(x, s)
+            upper = ((_LANES & s) != 0)[:, None, None]
+            x = torch.where(upper, other - x, x + other)
     s = 1
     while s < chunks:  # bits 7+: across chunks inside a lane
         y = x.reshape(WAVE, chunks // (2 * s), 2, s, 32)
@@ -297,6 +328,21 @@ def rotate_query_lanes(q_lanes: torch.Tensor, head_size: int) -> torch.Tensor:
         x = torch.stack([a + b, a - b], dim=2).reshape(WAVE, chunks, 32)
         s *= 2
     return x * (1.0 / math.sqrt(head_size))
+
+
+def fp8_query_operands(q_rot: torch.Tensor, qmap: om.OperandMap) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """The mx path's two FP8 query terms as the kernel builds them: per term, the B registers (64,
+    chunks, 32) (FP8 values, unscaled) and each lane's scale exponent (64, chunks), the exponent of
+    K block g for lane group g. Each 32-element K block (``d = 128c + 32b ..``) of each head is
+    quantized with its own power-of-two exponent (:func:`fp8_terms`); ``qmap`` is the lane
+    layout the kernel assumes for FP8 (``q_rot`` is in that layout)."""
+    chunks = q_rot.shape[1]
+    e = torch.arange(32)
+    dims = query_dim(qmap, torch.arange(chunks)[None, :, None], _LANES[:, None, None], e[None, None, :])
+    rows = torch.zeros(16, chunks * 128)
+    rows[_R[:, None, None].expand_as(dims), dims] = q_rot
+    return [(q8.reshape(16, chunks * 128)[_R[:, None, None], dims], ex.reshape(16, chunks, 4)[_R, :, _G])
+            for q8, ex in fp8_terms(rows.reshape(16, chunks * 4, 32))]
 
 
 def _slot_bytes(kv_cache: torch.Tensor, block_table: torch.Tensor, b: int, kvh: int,
@@ -311,7 +357,8 @@ def emulate_split(cfg: DecodeConfig, query: torch.Tensor, kv_cache: torch.Tensor
                   block_table: torch.Tensor, seq_lens: torch.Tensor, b: int, kvh: int, split: int,
                   num_splits: int, scale: float, *, window: int | None = None,
                   softcap: float | None = None, exact_operands: bool = False,
-                  mx: bool = False, waves: int = 1) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                  mx: bool = False, waves: int = 1,
+                  mx_query_map: om.OperandMap = om.FP8) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """One wave's split: unnormalized ``acc`` (16, D), running max ``m`` (16,) (log2 units) and
     denominator ``l`` (16,), rows = the 16 MFMA columns (query heads ``kvh*G + r``; rows >= G junk).
 
@@ -323,22 +370,24 @@ def emulate_split(cfg: DecodeConfig, query: torch.Tensor, kv_cache: torch.Tensor
     ``waves``: waves per workgroup (tiles dealt round robin, states folded W-1 .. 1 into wave 0).
     Bounds as the kernel's: the length clamped to the block-table row, a tile whose block id is
     outside [0, num_blocks) reads block 0 with every token masked.
+    ``mx_query_map``: the FP8 operand layout the kernel packs the query for; the scaled MFMA itself is
+    emulated with the layouts of :mod:`operand_maps` (a wrong belief shows as a wrong result).
     """
     d, g_heads = cfg.head_size, cfg.gqa
     rnd = (lambda x: x) if exact_operands else to_bf16
     # --- 1. query: load (B layout, rows >= G zero), rotate, round to the operand type
     qh = kvh * g_heads + torch.clamp(_R, max=g_heads - 1)
     valid_q = _R < g_heads
-    e = torch.arange(32)
-    c_idx = torch.arange(cfg.chunks)
-    dims = 128 * c_idx[None, :, None] + 32 * _G[:, None, None] + e[None, None, :]  # (64, chunks, 32)
+    qmap = mx_query_map if mx else QUERY_MAP_BF16
+    dims = query_dim(qmap, torch.arange(cfg.chunks)[None, :, None], _LANES[:, None, None],
+                     torch.arange(32)[None, None, :])  # (64, chunks, 32)
     q_rows = query[b].float()[qh]  # (64, D)
     q_lanes = torch.gather(q_rows[:, None, :].expand(WAVE, cfg.chunks, d), 2, dims)
     q_lanes = torch.where(valid_q[:, None, None], q_lanes, torch.zeros_like(q_lanes))
-    q_rot = rotate_query_lanes(q_lanes, d)
+    q_rot = rotate_query_lanes(q_lanes, d, qmap)
     q_ops = rnd(q_rot).reshape(WAVE, cfg.chunks, 8, MFMA_K)  # step (c, j)
-    if mx:  # gfx950: per (head, 32-group) FP8 hi and lo terms, each with a power-of-two exponent
-        q_terms = fp8_two_term(q_rot)  # two (64, chunks, 32) B operands: B[32g + v][r] values
+    if mx:  # gfx950: per (head, K block) FP8 hi and lo terms, each with a power-of-two exponent
+        q_terms = fp8_query_operands(q_rot, qmap)
 
     seq_len = min(max(int(seq_lens[b]), 0), block_table.shape[1] * kv_cache.shape[1])
     lo, hi, t_begin, t_end = split_tiles(seq_len, num_splits, split, window)
@@ -360,11 +409,14 @@ def emulate_split(cfg: DecodeConfig, query: torch.Tensor, kv_cache: torch.Tensor
                 codes = torch.gather(k_slots, 1, off[:, None] + torch.arange(16)[None, :])  # (64, 16)
                 sbyte = torch.gather(k_slots, 1, k_scale_offset(d, c, _G)[:, None])  # (64, 1)
                 nibs = torch.stack([codes & 0xF, codes >> 4], dim=2).reshape(WAVE, 32)
-                kv = bf16_from_bits(fp4_bf16_bits_torch(nibs, sbyte))  # (64, 32) = elements 4j+i
-                if mx:  # two scaled MFMAs 16x16x128 (hi, lo): lane (r, g) holds k = 32g + v of A and B
-                    for term in q_terms:
-                        acc = mfma_scale_16x16x128(kv, term[:, c], acc)
+                if mx:  # two scaled MFMAs 16x16x128 (hi, lo): A = the FP4 codes and scale bytes as stored
+                    a_vals = _E2M1[nibs]
+                    a_scale = om.e8m0_value(sbyte[:, 0])
+                    for vals, ex in q_terms:
+                        acc = mfma_scale_16x16x128(a_vals, vals[:, c], acc, a_map=om.FP4, b_map=om.FP8,
+                                                   a_scale=a_scale, b_scale=torch.exp2(ex[:, c].double()))
                 else:
+                    kv = bf16_from_bits(fp4_bf16_bits_torch(nibs, sbyte))  # (64, 32) = elements 4j+i
                     for j in range(8):
                         acc = mfma_16x16x16(kv[:, 4 * j : 4 * j + 4], q_ops[:, c, j], acc)
             # --- 3. scores S^T[token 4g+i][head r] (log2 units), mask, online softmax
@@ -439,7 +491,7 @@ def emulate_decode(cfg: DecodeConfig, query: torch.Tensor, kv_cache: torch.Tenso
                    block_table: torch.Tensor, seq_lens: torch.Tensor, scale: float, *,
                    num_splits: int = 4, sinks: torch.Tensor | None = None, window: int | None = None,
                    softcap: float | None = None, exact_operands: bool = False,
-                   mx: bool = False, waves: int = 1) -> torch.Tensor:
+                   mx: bool = False, waves: int = 1, mx_query_map: om.OperandMap = om.FP8) -> torch.Tensor:
     """The whole FlyDSL decode launch: every split of every (request, kv head), then the last
     split's merge (splits in order) and sink fold, as the kernel does. Returns (B, Hq, D) float32."""
     bsz, hq, d = query.shape
@@ -458,7 +510,8 @@ def emulate_decode(cfg: DecodeConfig, query: torch.Tensor, kv_cache: torch.Tenso
             for s in range(num_splits):
                 a2, m2, l2 = emulate_split(cfg, query, kv_cache, block_table, seq_lens, b, kvh, s,
                                            num_splits, scale, window=window, softcap=softcap,
-                                           exact_operands=exact_operands, mx=mx, waves=waves)
+                                           exact_operands=exact_operands, mx=mx, waves=waves,
+                                           mx_query_map=mx_query_map)
                 acc, m, l_ = merge_state(acc, m, l_, a2, m2, l2)
             heads = slice(kvh * cfg.gqa, (kvh + 1) * cfg.gqa)
             sk = None if sinks is None else sinks[heads]

@@ -1,0 +1,95 @@
+"""Decode v8 (Gluon, NVIDIA sm_90+) on a GPU against the float64 reference over the same cache bytes.
+
+Covers what v8 serves (D=128, GQA 1..16, Hk 1..8, blocks 16..128, head-major caches: whole 16-token
+runs): ragged lengths at block/split boundaries (including an empty request), sinks, sliding window,
+soft cap, V outliers 2^20 apart, NaN-poisoned outputs, several ring shapes, warp counts and split
+counts, CUDA graph capture + replay with new lengths on a side stream. Token-major caches (Hk > 1)
+and everything else are v7's by ``v8_supports`` (tests/test_decode_v8_plan.py, CPU).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tests.gpu.test_kernels_gpu import _problem, check_close, check_graph_replay_and_stream
+from ultraquant import reference as R
+from ultraquant.errors import UltraQuantError
+from ultraquant.kernels.decode_v8_plan import V8Tuning, decode_v8
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available() or torch.version.hip is not None
+                       or torch.cuda.get_device_capability() < (9, 0), reason="needs an NVIDIA sm_90+ GPU"),
+]
+
+CASES = {
+    # name: (seq_lens, Hq, Hk, block, sinks, window, softcap)   (head-major caches)
+    "gqa4-hk8-b64-long": ([32768, 1, 8191, 8192, 8193, 20000, 64, 65], 32, 8, 64, False, None, None),
+    "gqa4-hk8-b64-sinks": ([5000, 1, 63, 64, 65, 129], 32, 8, 64, True, None, None),
+    "gqa6-hk2-b32-window-softcap": ([5000, 31, 33, 1], 12, 2, 32, False, 1000, 30.0),
+    "gqa8-hk1-b128-sinks-window": ([4000, 129, 127], 8, 1, 128, True, 128, None),
+    "gqa16-hk1-b16-batch64": ([(i * 977) % 2048 + 1 for i in range(64)], 16, 1, 16, True, 500, None),
+    "gqa1-hk4-b16-sinks": ([1, 15, 16, 17, 300], 4, 4, 16, True, None, None),
+    "gqa3-hk4-b64-softcap-sinks": ([3000, 2047, 64, 0], 12, 4, 64, True, None, 50.0),
+    "gqa16-hk8-b32": ([1500, 700], 128, 8, 32, False, None, None),
+}
+RINGS = [(2, 4), (1, 4), (4, 2), (2, 2)]
+"""(NSUB, STAGES) ring shapes checked on one case."""
+
+
+def _run(name: str, tuning: V8Tuning | None = None) -> None:
+    tuning = tuning or V8Tuning()
+    lens, hq, hk, bs, sinks, window, softcap = CASES[name]
+    prob, query, sk = _problem(lens, hq, hk, 128, bs, True, seed=len(name), sinks=sinks)
+    scale = 128 ** -0.5
+    ref = R.decode_attention(query.float(), prob.kv_cache, prob.block_table, prob.seq_lens, scale, sinks=sk,
+                             sliding_window=window, softcap=softcap)
+    out = torch.full_like(query, float("nan"))
+    decode_v8(query, prob.kv_cache, prob.block_table, prob.seq_lens, scale, sinks=sk, sliding_window=window,
+              softcap=softcap, out=out, tuning=tuning)
+    torch.cuda.synchronize()
+    check_close(out, ref, f"{name} {tuning}")
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_decode_v8(name):
+    _run(name)
+
+
+@pytest.mark.parametrize("nsub,stages", RINGS)
+@pytest.mark.parametrize("splits", [1, 7, None])
+def test_decode_v8_rings_and_splits(nsub, stages, splits):
+    _run("gqa4-hk8-b64-sinks", V8Tuning(nsub=nsub, stages=stages, splits=splits))
+
+
+@pytest.mark.parametrize("name", ["gqa4-hk8-b64-long", "gqa6-hk2-b32-window-softcap", "gqa16-hk1-b16-batch64"])
+def test_decode_v8_16_warps(name):
+    """16 warps (two token groups per kv head at Hk=8) under a 128-register cap."""
+    _run(name, V8Tuning(warps=16, nsub=1, stages=4, maxnreg=128))
+
+
+def test_decode_v8_token_major_is_refused():
+    """Token-major pages (Hk > 1) have no contiguous runs: a clear error, never a wrong read."""
+    prob, query, _ = _problem([100, 7], 16, 4, 128, 16, False, seed=5, sinks=False)
+    with pytest.raises(UltraQuantError, match="whole 16-token runs"):
+        decode_v8(query, prob.kv_cache, prob.block_table, prob.seq_lens, 0.1)
+
+
+def test_decode_v8_wide_dynamic_range():
+    """V outliers 2**20 above the rest with almost no attention (the v7 CPU/GPU case)."""
+    from tests.test_kernels_attention import wide_range_problem
+
+    query = torch.randn(3, 1, 128, generator=torch.Generator().manual_seed(3)).to(torch.bfloat16)
+    prob = wide_range_problem([3000, 64, 700], 128, 32, query, device="cuda")
+    query = query.cuda()
+    ref = R.decode_attention(query.float(), prob.kv_cache, prob.block_table, prob.seq_lens, 0.125)
+    out = torch.full_like(query, float("nan"))
+    decode_v8(query, prob.kv_cache, prob.block_table, prob.seq_lens, 0.125, out=out)
+    torch.cuda.synchronize()
+    check_close(out, ref, "wide range")
+
+
+def test_decode_v8_graph_replay_new_seq_lens_and_stream():
+    """Capture once on a side stream, replay with other seq_lens (tickets reset themselves)."""
+    check_graph_replay_and_stream(decode_v8)

@@ -1,0 +1,111 @@
+"""Time decode v8 (and its no-math stream: issue 14 gate 1) against the read ceiling, bf16 SDPA and v7
+in one run, timed like ``ultraquant bench`` (CUDA-graph replay, no flush, head-major caches).
+
+    python tools/v8_bench.py --json out.json [--shapes A,B,C,D] [--rings 8:2x4,8:2x4:m16,16:1x4]
+
+``--rings`` lists ``warps:NSUBxSTAGES[:m16]`` variants (``m16``: query rows as 16 MMA M rows instead of
+8 N rows; 16 warps run under a 128-register cap; v8 covers
+D=128 only, so D=256 shapes get no v8 rows); the no-math stream of a variant (gate 1) is timed for the
+first variant only unless ``--stream-all``. Prints a table last.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import traceback
+from collections.abc import Callable
+from functools import partial
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from ultraquant.bench.decode import (  # noqa: E402
+    SHAPES,
+    bench_decode,
+    bench_sdpa,
+    make_decode_problem,
+    measure_ceiling,
+    time_graph,
+)
+from ultraquant.kernels.decode_v8_plan import V8Tuning, decode_v8, v8_splits, v8_supports, whole_runs  # noqa: E402
+
+
+def time_v8(p, scale: float, math: bool, tuning: V8Tuning) -> float:
+    """Graph-replay microseconds of one v8 launch (``math=False``: the no-math stream)."""
+    return time_graph(lambda: decode_v8(p.query, p.kv_cache, p.block_table, p.seq_lens, scale, out=p.out,
+                                        math=math, tuning=tuning))
+
+
+def _variants(spec: str) -> list[V8Tuning]:
+    out = []
+    for variant in spec.split(","):
+        warps, ring, *flags = variant.split(":")
+        nsub, stages = (int(x) for x in ring.split("x"))
+        out.append(V8Tuning(warps=int(warps), nsub=nsub, stages=stages, maxnreg=128 if warps == "16" else None,
+                            rows_in_n="m16" not in flags))
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--json", required=True)
+    ap.add_argument("--shapes", default="A,B,C,D")
+    ap.add_argument("--rings", default="8:2x4,8:2x4:m16", help="warps:NSUBxSTAGES[:m16] variants")
+    ap.add_argument("--splits-scale", default="1")
+    ap.add_argument("--no-v7", action="store_true")
+    ap.add_argument("--no-stream", action="store_true", help="skip the no-math stream rows of the variants")
+    ap.add_argument("--stream-all", action="store_true", help="stream rows for every variant, not the first only")
+    a = ap.parse_args()
+    rows: list[dict] = []
+    ceiling = measure_ceiling()
+    print(f"ceiling {ceiling:.3f} TB/s", flush=True)
+    result = {"ceiling_tbps": ceiling, "rows": rows}
+
+    def add(shape: str, name: str, us: float, nbytes: int, sdpa: float | None, **extra) -> None:
+        tbps = nbytes / (us * 1e-6) / 1e12
+        rows.append(dict(shape=shape, name=name, us=us, tbps=tbps, pct_ceiling=100 * tbps / ceiling,
+                         vs_sdpa=None if sdpa is None else sdpa / us, **extra))
+        print(f"{shape} {name:44s} {us:8.1f} us {100 * tbps / ceiling:5.1f}% "
+              f"{'' if sdpa is None else f'{sdpa / us:.2f}x'}", flush=True)
+        with open(a.json, "w") as f:
+            json.dump(result, f, indent=1)
+
+    def attempt(shape: str, name: str, fn: Callable[[], float], nbytes: int, sdpa: float, **extra) -> None:
+        try:
+            add(shape, name, fn(), nbytes, sdpa, **extra)
+        except Exception:
+            traceback.print_exc()
+
+    for shape in a.shapes.split(","):
+        s = SHAPES[shape]
+        p = make_decode_problem(s["B"], s["L"], s["Hq"], s["Hk"], s["D"], s["block"], head_major=True)
+        sdpa = bench_sdpa(s["B"], s["L"], s["Hq"], s["Hk"], s["D"])
+        add(shape, "sdpa-bf16", sdpa, 2 * s["B"] * s["L"] * s["Hk"] * s["D"] * 2, None)
+        if not a.no_v7:
+            add(shape, "v7 (JIT)", bench_decode(p, s["D"]), p.stored_bytes, sdpa)
+        scale = s["D"] ** -0.5
+        base_splits = v8_splits(s["B"], p.block_table.shape[1] * s["block"], p.query.device)
+        ok = v8_supports(head_size=s["D"], gqa=s["Hq"] // s["Hk"], num_kv_heads=s["Hk"], block_size=s["block"],
+                         runs=whole_runs(s["D"], tuple(p.kv_cache.stride()), s["Hk"]), target="cuda")
+        for i, base in enumerate(_variants(a.rings) if ok else []):
+            for k in (float(x) for x in a.splits_scale.split(",")):
+                t = V8Tuning(**{**base.__dict__, "splits": max(1, int(base_splits * k))})
+                tag = f"w{t.warps} ring {t.nsub}x{t.stages}{'' if t.rows_in_n else ' m16'} splits {t.splits}"
+                stream = not a.no_stream and (i == 0 or a.stream_all)
+                for math in ([False] if stream else []) + [True]:
+                    attempt(shape, f"v8 {'decode' if math else 'stream'} {tag}",
+                            partial(time_v8, p, scale, math, t), p.stored_bytes, sdpa, **t.__dict__)
+        p = None
+        torch.cuda.empty_cache()
+    print("\nshape name us %ceiling vs-sdpa")
+    for r in rows:
+        print(f"{r['shape']} {r['name']:44s} {r['us']:8.1f} {r['pct_ceiling']:5.1f} "
+              f"{'' if r['vs_sdpa'] is None else round(r['vs_sdpa'], 2)}")
+
+
+if __name__ == "__main__":
+    main()

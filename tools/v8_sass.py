@@ -1,0 +1,68 @@
+"""Offline sm_90 SASS census of decode v8 (Gluon) for one configuration (no GPU needed).
+
+Compiles ``uq_decode_v8`` as :func:`ultraquant.kernels.decode_v8_plan.decode_v8_spec` specializes it
+(pointer arguments 16-byte aligned, as codegen assumes), then prints registers, shared memory and the
+hot loop's instruction count and opcode mix (``tools/sass_loop.py``'s census), plus warp instructions
+per token-head (the loop handles ``NSUB * 16`` tokens of one kv head per warp per iteration).
+
+    .venv/bin/python tools/v8_sass.py gqa=4 num_kv_heads=8 block_size=64 [math=false] [nsub=2 stages=4]
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import re
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from tools.sass_loop import _value, cuobjdump, loops, opcode, sass_lines  # noqa: E402
+
+TUNING_KEYS = ("warps", "rows_in_n", "nsub", "stages", "tw", "maxnreg")
+
+
+def compile_v8(config: dict) -> tuple[bytes, object, object]:
+    """(cubin, metadata, spec) of decode v8 for ``config`` (decode_v8_spec keywords + tuning keys)."""
+    k, spec = compile_v8_kernel(config)
+    return k.asm["cubin"], k.metadata, spec
+
+
+def compile_v8_kernel(config: dict) -> tuple[object, object]:
+    """(compiled kernel: ``.asm`` holds ttgir/ptx/cubin, spec) of decode v8 for ``config``."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    from ultraquant.kernels.decode_v8_plan import V8Tuning, decode_v8_spec
+    from ultraquant.kernels.gluon.decode_v8 import uq_decode_v8
+
+    tuning = V8Tuning(**{k: config.pop(k) for k in TUNING_KEYS if k in config})
+    spec = decode_v8_spec(head_size=128, tuning=tuning, **config)
+    names = list(uq_decode_v8.arg_names)
+    attrs = {(names.index(n),): [["tt.divisibility", 16]] for n, ty in spec.signature.items() if ty.startswith("*")}
+    src = GluonASTSource(uq_decode_v8, dict(spec.signature), dict(spec.constexprs), attrs)
+    options = {"num_warps": spec.num_warps, "num_stages": spec.num_stages}
+    if spec.maxnreg:
+        options["maxnreg"] = spec.maxnreg
+    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options), spec
+
+
+def main(argv: list[str]) -> None:
+    config = {k: _value(v) for k, v in (p.split("=", 1) for p in argv)}
+    cubin, md, spec = compile_v8(dict(config))
+    ins = sass_lines(cubin)
+    c = spec.constexprs
+    print(f"{spec.kernel} {c} warps={spec.num_warps}")
+    usage = re.search(r"REG:(\d+) STACK:(\d+)", cuobjdump(cubin, "-res-usage"))
+    regs, stack = usage.groups() if usage else ("?", "?")
+    print(f"registers={regs} stack (spills)={stack} B shared={md.shared} B instructions={len(ins)}")
+    tokens = c["NSUB"] * c["TW"]
+    for start, end in loops(ins)[:2]:
+        body = [t for a, t in ins if start <= a <= end]
+        mix = collections.Counter(opcode(t) for t in body).most_common(16)
+        print(f"loop 0x{start:x}-0x{end:x}: {len(body)} instructions = {len(body) / tokens:.1f} per token-head; "
+              + ", ".join(f"{o} {n}" for o, n in mix))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

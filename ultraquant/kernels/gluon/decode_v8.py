@@ -1,0 +1,546 @@
+"""Decode v8 (issue 14): whole-page streaming split-KV decode for NVIDIA sm_90, in Triton's Gluon.
+
+Same run-time arguments, workspace and single-launch split merge as :func:`uq_decode` (v7); the
+difference is the read structure. One program (CTA) owns ALL kv heads of a token range of one
+request (grid ``(B, 1, splits)``) and streams it through an asynchronous global -> shared-memory ring
+(``cp.async``, ``STAGES`` deep): stage ``i`` holds ``TT = NSUB * WT * 16`` consecutive tokens of every
+kv head as ``NSUB * NW`` runs of 16 whole slots, each run one contiguous piece of a head-major page
+copied with 16-byte ``cp.async`` (17 rows of 128 B at D=128) into the ring exactly as it lies in
+global memory. The math reads its operands (K codes, V codes, the two scale words) straight from
+that raw ring through padded shared layouts (136-byte slots = 128 + 8 padding bytes), so no copy is
+split into pieces.
+
+Math, per warp (warp ``w`` serves kv head ``w // WT`` and the ``w % WT``-th ``TW`` tokens of each
+sub-tile; per-warp online softmax, no cross-warp traffic in the loop), as the Gluon experiment of
+commit 7c1c340 that passed every correctness case: batched 3-D ``mma_v2`` (the warp is the batch),
+the query rotated once in registers, FP4 codes decoded by inline PTX straight into the MMA operands
+(two fp16 per 32-bit op), K/V scales handled like v7 (per token's largest scale as a power of two on
+the score column / probability with a running reference exponent; V outliers 2^20 apart stay
+exact). Each warp leaves its (m, l, acc) in the workspace; the last program of a request (atomic
+ticket) merges them for all heads, folds the sinks and writes ``out``.
+
+``MATH=False`` compiles the no-math stream of exactly this grid, ring and page order (issue 14,
+gate 1): the copies, waits and barriers stay, the math is replaced by reading one word per slot.
+"""
+
+from __future__ import annotations
+
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.ampere import async_copy, mma_v2
+
+from ..triton.attention import _nibble_pair
+
+LOG2E = gl.constexpr(1.4426950408889634)
+
+_FP4_SCALED_ASM = gl.constexpr(" ".join([
+    "{ .reg .b32 x, y, a, c;",
+    "prmt.b32 x, $4, 0, 0x4140;",  # bytes 0 and 1 of the input word into the two 16-bit lanes
+    "prmt.b32 y, $4, 0, 0x4342;",  # bytes 2 and 3
+    _nibble_pair("a", "x", 9, 12), "mul.rn.f16x2 $0, a, $5;",  # low nibbles of bytes 0, 1, scaled
+    _nibble_pair("a", "y", 9, 12), "mul.rn.f16x2 $1, a, $6;",
+    _nibble_pair("a", "x", 5, 8), "mul.rn.f16x2 $2, a, $5;",  # high nibbles
+    _nibble_pair("a", "y", 5, 8), "mul.rn.f16x2 $3, a, $6;",
+    "}",
+]))
+"""v7's nibble -> fp16 PTX (``_nibble_pair``) with the relative scales ($5, $6) multiplied in."""
+
+
+@gluon.constexpr_function
+def _v_layout(nw, tw, words=False):
+    """V bytes as read from shared memory: [NW, TW tokens, 8 (lane group g), 8 (byte r)], byte 8g + r
+    of the V codes; after permute/reshape to [NW, TW, 64] the column index is 8r + g (what the PV
+    B operand puts on lane group g). Tokens 16..TW-1 go to further registers. ``words``: the same
+    elements with bytes 4..7 after the next token in register order, so the shared load is 4-byte
+    words (the V codes start at slot byte 68: 8-byte loads there are misaligned); converting to the
+    plain layout only renames registers."""
+    r4 = [[0, 1, 0, 0], [0, 0, 0, 4]] if words else [[0, 0, 0, 4], [0, 1, 0, 0]]
+    return gl.DistributedLinearLayout(
+        reg_bases=[[0, 0, 0, 1], [0, 0, 0, 2]] + r4 + [[0, 8, 0, 0]]
+        + [[0, 16 << i, 0, 0] for i in range(tw.bit_length() - 5)],
+        lane_bases=[[0, 2, 0, 0], [0, 4, 0, 0], [0, 0, 1, 0], [0, 0, 2, 0], [0, 0, 4, 0]],
+        warp_bases=[[1 << i, 0, 0, 0] for i in range(nw.bit_length() - 1)], block_bases=[],
+        shape=[nw, tw, 8, 8])
+
+
+TOKEN_BASES = gl.constexpr([8, 4, 1, 2])
+"""Logical token (MMA column / PV row) of each bit of a run's physical token index (a bit permutation):
+the 4 tokens one half-warp reads for K (logical 0..3) sit 4 slots (8 banks) apart, so the K reads have
+no bank conflicts at the 136-byte slot stride (identity order: 4-way); V reads stay at most 2-way."""
+
+
+@gluon.jit
+def _physical_token(j):
+    """The physical token of a run that holds logical token ``j`` (inverse of ``TOKEN_BASES``)."""
+    return ((j >> 3) & 1) | (((j >> 2) & 1) << 1) | ((j & 1) << 2) | (((j >> 1) & 1) << 3)
+
+
+@gluon.constexpr_function
+def _slot_layout(interval, pad, shape):
+    """Padded view of ring entries ``[NW, 16 tokens, 2, ...]``: identity over the slot piece (the last
+    axes), ``interval + pad`` elements per slot, run tokens permuted by ``TOKEN_BASES``."""
+    bases = []
+    for dim in reversed(range(len(shape))):
+        for bit in range(shape[dim].bit_length() - 1):
+            v = TOKEN_BASES.value[bit] if dim == 1 else 1 << bit
+            bases.append([v if i == dim else 0 for i in range(len(shape))])
+    return gl.PaddedSharedLayout([[interval, pad]], bases, [], list(shape))
+
+
+@gluon.constexpr_function
+def _pick(cond, a, b):
+    """``a`` if ``cond`` else ``b`` (layouts chosen by a constexpr flag)."""
+    return a if cond else b
+
+
+@gluon.jit
+def _iota3(n: gl.constexpr, axis: gl.constexpr, L: gl.constexpr):
+    """``arange(n)`` along ``axis`` of a 3-D tensor in layout ``L`` (size 1 on the other axes)."""
+    if axis == 0:
+        return gl.expand_dims(gl.expand_dims(gl.arange(0, n, gl.SliceLayout(1, gl.SliceLayout(2, L))), 1), 2)
+    elif axis == 1:
+        return gl.expand_dims(gl.expand_dims(gl.arange(0, n, gl.SliceLayout(0, gl.SliceLayout(2, L))), 0), 2)
+    else:
+        return gl.expand_dims(gl.expand_dims(gl.arange(0, n, gl.SliceLayout(0, gl.SliceLayout(1, L))), 0), 1)
+
+
+@gluon.constexpr_function
+def _with_unit_axes(layout, n):
+    """Linear ``layout`` with ``n`` trailing size-1 axes (to load a sliced shared view)."""
+    def ins(bases):
+        return [list(b) + [0] * n for b in bases]
+    return gl.DistributedLinearLayout(ins(layout.reg_bases), ins(layout.lane_bases), ins(layout.warp_bases),
+                                      ins(layout.block_bases), list(layout.shape) + [1] * n)
+
+
+@gluon.jit
+def _piece(view, shape: gl.constexpr, layout: gl.constexpr, load: gl.constexpr):
+    """Load index 0 of every trailing axis of a ring view past ``shape`` (the slot piece, not the rest
+    of the slot) as ``shape`` in ``load`` (``layout`` or a register reordering of it that sets the
+    vector width of the shared loads), returned in ``layout``; no data moves between threads."""
+    R: gl.constexpr = len(shape)
+    if len(view.shape) == R + 2:
+        view = view.slice(0, 1, R + 1)
+    view = view.slice(0, 1, R)
+    x = view.load(_with_unit_axes(gl.to_linear_layout(load, shape), len(view.shape) - R))
+    return gl.convert_layout(gl.reshape(x, shape), layout)
+
+
+@gluon.jit
+def _pow2(e):
+    """``2**e`` as an exact float32 for int32 ``e`` in [-126, 127] (0.0 below)."""
+    b = e + 127
+    return gl.where(b > 0, b << 23, 0).to(gl.float32, bitcast=True)
+
+
+@gluon.jit
+def _floor_log2(x):
+    """floor(log2(x)) of non-negative normal float32 ``x`` from its exponent bits (-127 for 0)."""
+    return ((x.to(gl.int32, bitcast=True) >> 23) & 0xFF) - 127
+
+
+@gluon.jit
+def _fp4_decode(b, rel):
+    """(low, high) nibbles of uint8 ``b`` as fp16 times fp16 ``rel`` (4 bytes per asm block): two
+    PRMT place byte pairs in the 16-bit lanes, shifts and masks build the subnormal pattern
+    ``fp4 * 2**-14``, one ``mul.f16x2`` applies the relative scale."""
+    return gl.inline_asm_elementwise(
+        asm=_FP4_SCALED_ASM,
+        constraints="=r,=r,=r,=r,r,r,r",
+        args=[b, rel],
+        dtype=(gl.float16, gl.float16),
+        is_pure=True,
+        pack=4,
+    )
+
+
+@gluon.jit
+def _token_top(w):
+    """Largest of the four scale bytes packed in int32 ``w``."""
+    b0 = w & 0xFF
+    b1 = (w >> 8) & 0xFF
+    b2 = (w >> 16) & 0xFF
+    b3 = (w >> 24) & 0xFF
+    return gl.maximum(gl.maximum(b0, b1), gl.maximum(b2, b3))
+
+
+@gluon.jit
+def _rel_scale(w, top, group):
+    """fp16 ``2**(scale byte of group - top)`` (times 2**14: the decode's 2**-14) from the token's
+    scale word ``w`` and largest byte ``top``; 0 for a group 2**28 below its token's largest."""
+    sb = (w >> (group * 8)) & 0xFF
+    field = gl.maximum(sb - top + 29, 0)
+    return (field << 10).to(gl.int16).to(gl.float16, bitcast=True)
+
+
+@gluon.jit
+def _fwht_rows(x, NW: gl.constexpr, R: gl.constexpr, D: gl.constexpr, LOG2D: gl.constexpr):
+    """``x @ H`` over the last axis of float32 ``[NW, R, D]`` (each thread holds whole rows)."""
+    for i in gl.static_range(LOG2D):
+        x = gl.reshape(x, [NW, R, D // (2 << i), 2, 1 << i])
+        x = gl.permute(x, [0, 1, 2, 4, 3])
+        a, b = gl.split(x)
+        x = gl.join(a + b, a - b)
+        x = gl.permute(x, [0, 1, 2, 4, 3])
+        x = gl.reshape(x, [NW, R, D])
+    return x * (1.0 / gl.sqrt(float(D)))
+
+
+@gluon.jit
+def _issue_stage(ring, stage, cache_ptr, bt_row, t0, t_hi, stride_cb, stride_ch, NSUB: gl.constexpr,
+                 NW: gl.constexpr, WT: gl.constexpr, SLOT: gl.constexpr, BLOCK_SIZE: gl.constexpr):
+    """Start the async copies of tokens ``[t0, t0 + NSUB*WT*16)`` of every kv head into ring stage
+    ``stage``: ``NR = NSUB*NW`` runs (run ``q = j*NW + w``: kv head ``w // WT``, the 16 tokens
+    ``t0 + j*WT*16 + (w % WT)*16``), each ``16*SLOT`` contiguous bytes of a head-major page, copied
+    whole as ``SLOT/8`` rows of 128 B: ``16*NR`` rows with 16-byte ``cp.async``, the last ``NR`` rows with
+    ``min(NSUB, 4)*4``-byte ones. Runs starting at or past ``t_hi`` are zero-filled (no read)."""
+    NR: gl.constexpr = NSUB * NW
+    RUN: gl.constexpr = SLOT // 8                     # 128-byte rows per run (17 at SLOT = 136)
+    V: gl.constexpr = 4 if NSUB >= 4 else NSUB          # words per copy of the last rows
+    ROWS: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [1, 0])
+    CL: gl.constexpr = gl.BlockedLayout([1, 4], [4, 8], [NW, 1], [1, 0])
+    RL: gl.constexpr = gl.BlockedLayout([1, V], [V, 32 // V], [NW, 1], [1, 0])
+    rows = ring.index(stage)._reinterpret(gl.int32, [NR * 32, 32], ROWS)
+    one_block: gl.constexpr = BLOCK_SIZE % (NSUB * WT * 16) == 0
+    blk = 0
+    if one_block:
+        blk = gl.load(bt_row + t0 // BLOCK_SIZE, mask=t0 < t_hi, other=0).to(gl.int64)
+    r = gl.expand_dims(gl.arange(0, NR * (RUN - 1), gl.SliceLayout(1, CL)), 1)
+    base, ok = _run_rows(r, RUN, bt_row, t0, t_hi, stride_cb, stride_ch, blk, one_block,
+                         NW, WT, SLOT, BLOCK_SIZE)
+    w = gl.expand_dims(gl.arange(0, 32, gl.SliceLayout(0, CL)), 0)
+    p = gl.multiple_of((cache_ptr + base).to(gl.pointer_type(gl.int32)), [16, 16])
+    async_copy.async_copy_global_to_shared(rows.slice(0, NR * (RUN - 1)), p + w, mask=ok & (w >= 0))
+    r2 = gl.expand_dims(gl.arange(0, NR, gl.SliceLayout(1, RL)), 1) + NR * (RUN - 1)
+    base2, ok2 = _run_rows(r2, RUN, bt_row, t0, t_hi, stride_cb, stride_ch, blk, one_block,
+                           NW, WT, SLOT, BLOCK_SIZE)
+    w2 = gl.expand_dims(gl.arange(0, 32, gl.SliceLayout(0, RL)), 0)
+    p2 = gl.multiple_of((cache_ptr + base2).to(gl.pointer_type(gl.int32)), [16, 16])
+    async_copy.async_copy_global_to_shared(rows.slice(NR * (RUN - 1), NR), p2 + w2, mask=ok2 & (w2 >= 0))
+
+
+@gluon.jit
+def _run_rows(r, RUN: gl.constexpr, bt_row, t0, t_hi, stride_cb, stride_ch, blk, one_block: gl.constexpr,
+              NW: gl.constexpr, WT: gl.constexpr, SLOT: gl.constexpr, BLOCK_SIZE: gl.constexpr):
+    """Byte offsets in the cache of the stage rows ``r`` (row ``r`` = 128-byte piece ``r % RUN`` of run
+    ``r // RUN``) and which rows to read (their run starts before ``t_hi``)."""
+    q = r // RUN
+    w = q % NW
+    tok = t0 + (q // NW) * (WT * 16) + (w % WT) * 16
+    ok = tok < t_hi
+    if not one_block:
+        blk = gl.load(bt_row + tok // BLOCK_SIZE, mask=ok, other=0).to(gl.int64)
+    base = (blk * stride_cb + (w // WT).to(gl.int64) * stride_ch
+            + ((tok % BLOCK_SIZE) * SLOT + (r % RUN) * 128).to(gl.int64))
+    return base, ok
+
+
+@gluon.jit
+def uq_decode_v8(q_ptr, cache_ptr, bt_ptr, seqlen_ptr, sinks_ptr, out_ptr, part_ptr, ml_ptr, counter_ptr,
+                 scale, softcap, window, num_splits,
+                 stride_qb, stride_qh, stride_ob, stride_oh,
+                 stride_cb, stride_ct, stride_ch, stride_btb,
+                 D: gl.constexpr, LOG2D: gl.constexpr, GQA: gl.constexpr, ROWS: gl.constexpr,
+                 GQA_PAD: gl.constexpr, HK: gl.constexpr, WT: gl.constexpr, NSUB: gl.constexpr,
+                 STAGES: gl.constexpr, TW: gl.constexpr, BLOCK_SIZE: gl.constexpr, HAS_SINKS: gl.constexpr,
+                 HAS_WINDOW: gl.constexpr, HAS_SOFTCAP: gl.constexpr, MATH: gl.constexpr,
+                 ROWS_IN_N: gl.constexpr):
+    """Whole-page split-KV paged decode, grid ``(B, 1, num_splits)``; see the module docstring.
+    ``ROWS_IN_N``: the query rows are the MMA N dimension (S^T = K Q^T, O^T = V^T P^T, 8 rows: GQA <= 8)
+    instead of 16 padded M rows."""
+    gl.static_assert(D == 128, "decode v8: D=128 only (the ring's padded views are built for 136-byte slots)")
+    gl.static_assert((ROWS == 16 and not ROWS_IN_N) or (ROWS == 8 and ROWS_IN_N),
+                     "decode v8: 16 M rows (GQA <= 16) or 8 N rows (GQA <= 8)")
+    gl.static_assert(TW == 16, "decode v8: 16-token runs per warp")
+    NW: gl.constexpr = gl.num_warps()
+    gl.static_assert(NW == HK * WT, "decode v8: num_warps must be HK * WT")
+    H: gl.constexpr = D // 2
+    G: gl.constexpr = D // 32
+    TT: gl.constexpr = NSUB * WT * TW
+
+    # ---- layouts: warp = MMA batch
+    MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[NW, 1, 1],
+                                                  instr_shape=[1, 16, 8])
+    QA: gl.constexpr = gl.DotOperandLayout(0, MMA, 8)   # q halves [NW, ROWS, H]
+    KB: gl.constexpr = gl.DotOperandLayout(1, MMA, 8)   # K halves [NW, H, TW]: 8 bytes per lane
+    PA: gl.constexpr = gl.DotOperandLayout(0, MMA, 2)   # probabilities [NW, ROWS, TW]
+    VB: gl.constexpr = gl.DotOperandLayout(1, MMA, 2)   # V halves [NW, TW, H] (columns permuted)
+    ROW: gl.constexpr = gl.SliceLayout(2, MMA)          # [NW, ROWS]
+    WARP: gl.constexpr = gl.SliceLayout(1, ROW)         # [NW]
+    TOK: gl.constexpr = gl.SliceLayout(1, MMA)          # [NW, TW] score columns
+    VL: gl.constexpr = _v_layout(NW, TW)
+    VLW: gl.constexpr = _v_layout(NW, TW, True)
+    QL: gl.constexpr = gl.BlockedLayout([1, 1, D], [1, 32, 1], [NW, 1, 1], [2, 1, 0])
+    # ---- the ring: STAGES x NR runs of 16 whole slots (16 x 136 B), run q at 2176*q bytes. Entries are
+    # the leading dimension (the layouts describe one entry; padding counts over the whole buffer).
+    NR: gl.constexpr = NSUB * NW
+    SLOT: gl.constexpr = 2 * (H + G)
+    RING: gl.constexpr = gl.PaddedSharedLayout.with_identity_for([[512, 32]], [NR, 512], [1, 0])
+    # allocated flat: a padded allocation stops at the last run's 512th word, but its copy fills the
+    # whole 136-byte slot stride (17 rows of 128 B), so the last run's 17th row would land past the end
+    FLAT: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])
+    ring = gl.allocate_shared_memory(gl.int32, [STAGES * NR * (SLOT * 4)], FLAT)._reinterpret(
+        gl.int32, [STAGES, NR, 512], RING)
+    # math views of sub-tile entries (NW runs): K codes at slot byte 0, V codes at byte H + G, the scale
+    # words at words H/4 and SLOT/4 - 1. Each view is [NW, TW, 2, n] over 2n-element slot pieces padded
+    # to the slot (128 + 8 bytes, 32 + 2 words) and based at its piece's offset; slicing index 0 of the
+    # size-2 axis skips the rest of the slot (shared layouts cannot broadcast)
+    PB: gl.constexpr = _slot_layout(2 * H, SLOT - 2 * H, [NW, TW, 2, H])
+    PV: gl.constexpr = _slot_layout(2 * H, SLOT - 2 * H, [NW, TW, 2, H // 8, 8])
+    PWD: gl.constexpr = _slot_layout(32, SLOT // 4 - 32, [NW, TW, 2, 16])
+    E: gl.constexpr = STAGES * NSUB
+    bytes8 = ring._reinterpret(gl.uint8, [STAGES * NR * 4096], FLAT)
+    words = ring._reinterpret(gl.int32, [STAGES * NR * 1024], FLAT)
+    kc8 = ring._reinterpret(gl.uint8, [E, NW, TW, 2, H], PB)
+    vc8 = bytes8.slice(H + G, 4)._reinterpret(gl.uint8, [E, NW, TW, 2, H // 8, 8], PV)
+    ks = words.slice(H // 4, H // 4)._reinterpret(gl.int32, [E, NW, TW, 2, 16], PWD)
+    vs = words.slice(SLOT // 4 - 1, 1)._reinterpret(gl.int32, [E, NW, TW, 2, 16], PWD)
+    KW: gl.constexpr = gl.SliceLayout(1, KB)            # [NW, TW] K scale words
+    # rows in N: S^T [NW, TW, ROWS] = K [NW, TW, H] q^T [NW, H, ROWS]; O^T [NW, H, ROWS] = V^T P^T
+    KA: gl.constexpr = gl.DotOperandLayout(0, MMA, 8)   # K halves [NW, TW, H]: 8 bytes per lane
+    QB: gl.constexpr = gl.DotOperandLayout(1, MMA, 8)   # q^T halves [NW, H, ROWS]
+    PTB: gl.constexpr = gl.DotOperandLayout(1, MMA, 2)   # P^T [NW, TW, ROWS]
+    VA: gl.constexpr = gl.DotOperandLayout(0, MMA, 2)   # V^T halves [NW, H, TW] (rows permuted as VB's columns)
+    KWT: gl.constexpr = gl.SliceLayout(2, KA)           # [NW, TW] K scale words
+    TOKT: gl.constexpr = gl.SliceLayout(2, MMA)         # [NW, TW] score rows (tokens)
+    ROWT: gl.constexpr = gl.SliceLayout(1, MMA)         # [NW, ROWS] score columns (query rows)
+    WARPT: gl.constexpr = gl.SliceLayout(1, ROWT)       # [NW]
+    VW: gl.constexpr = gl.SliceLayout(2, gl.SliceLayout(3, VL))  # [NW, TW] V scale words
+
+    b = gl.program_id(0)
+    sp = gl.program_id(2)
+    length = gl.load(seqlen_ptr + b)
+    lo = 0
+    if HAS_WINDOW:
+        lo = gl.maximum(length - window, 0)
+    lo_run = (lo // TT) * TT  # stages start on TT-token boundaries (whole runs); tokens below lo are masked
+    per = gl.cdiv(gl.cdiv(length - lo_run, num_splits), TT) * TT
+    t_lo = lo_run + sp * per
+    t_hi = gl.minimum(t_lo + per, length)
+    n_it = gl.cdiv(gl.maximum(t_hi - t_lo, 0), TT)
+    bt_row = bt_ptr + b.to(gl.int64) * stride_btb
+
+    # ---- prologue: STAGES - 1 stages in flight
+    for i in gl.static_range(STAGES - 1):
+        _issue_stage(ring, i, cache_ptr, bt_row, t_lo + i * TT, t_hi, stride_cb, stride_ch, NSUB, NW, WT, SLOT,
+                     BLOCK_SIZE)
+        async_copy.commit_group()
+
+    # ---- query: rotate, scale, fp16 halves times a per-row power of two (as v7), once
+    qr = gl.arange(0, ROWS, gl.SliceLayout(0, gl.SliceLayout(2, QL)))
+    qc = gl.arange(0, D, gl.SliceLayout(0, gl.SliceLayout(1, QL)))
+    qw = gl.arange(0, NW, gl.SliceLayout(1, gl.SliceLayout(2, QL)))
+    qr3 = gl.expand_dims(gl.expand_dims(qr, 0), 2)
+    qc3 = gl.expand_dims(gl.expand_dims(qc, 0), 1)
+    qh3 = gl.expand_dims(gl.expand_dims(qw // WT, 1), 2)
+    qoff = (qh3 * GQA + qr3) * stride_qh + qc3
+    q = gl.load(q_ptr + b.to(gl.int64) * stride_qb + qoff, mask=(qr3 < GQA) & (qc3 < D), other=0.0).to(gl.float32)
+    q = _fwht_rows(q, NW, ROWS, D, LOG2D)
+    if HAS_SOFTCAP:
+        q = q * scale
+    else:
+        q = q * (scale * LOG2E)
+    amax = gl.max(gl.abs(q), axis=2)
+    e = gl.maximum(_floor_log2(amax), -100)
+    q = q * gl.expand_dims(_pow2(14 - e), 2)
+    q_e, q_o = gl.split(gl.reshape(q, [NW, ROWS, H, 2]))
+    if ROWS_IN_N:
+        q_e = gl.convert_layout(gl.permute(q_e.to(gl.float16), [0, 2, 1]), QB)
+        q_o = gl.convert_layout(gl.permute(q_o.to(gl.float16), [0, 2, 1]), QB)
+    else:
+        q_e = gl.convert_layout(q_e.to(gl.float16), QA)
+        q_o = gl.convert_layout(q_o.to(gl.float16), QA)
+    # score axes: rows (query rows) and tokens; QR/QW/TK: per-row, per-warp, per-token state layouts
+    RAX: gl.constexpr = _pick(ROWS_IN_N, 2, 1)
+    TAX: gl.constexpr = 3 - RAX
+    QR: gl.constexpr = _pick(ROWS_IN_N, ROWT, ROW)
+    QW: gl.constexpr = _pick(ROWS_IN_N, WARPT, WARP)
+    TK: gl.constexpr = _pick(ROWS_IN_N, TOKT, TOK)
+    KWL: gl.constexpr = _pick(ROWS_IN_N, KWT, KW)
+    rowfac = gl.convert_layout(_pow2(e - 14), QR)
+    rows = gl.arange(0, ROWS, gl.SliceLayout(0, QR))
+    rowbias = gl.expand_dims(gl.where(rows < GQA, 0.0, float("-inf")), 0)
+
+    # ---- per-warp token offsets in the per-token layout; K groups in the K operand layout; V byte groups
+    ws = gl.expand_dims(gl.arange(0, NW, gl.SliceLayout(1, TK)) % WT, 1) * TW
+    ns = gl.expand_dims(_physical_token(gl.arange(0, TW, gl.SliceLayout(0, TK))), 0)
+    kgroup = _iota3(H, RAX, _pick(ROWS_IN_N, KA, KB)) // 16
+    SV: gl.constexpr = gl.SliceLayout(3, VL)
+    gv = gl.expand_dims(gl.expand_dims(gl.arange(0, 8, gl.SliceLayout(0, gl.SliceLayout(1, SV))), 0), 1)
+    R3: gl.constexpr = gl.SliceLayout(0, gl.SliceLayout(1, gl.SliceLayout(2, VL)))
+    rv = gl.expand_dims(gl.expand_dims(gl.expand_dims(gl.arange(0, 8, R3), 0), 1), 2)
+    vgroup = gl.expand_dims(gv // 2, 3) + rv * 0
+
+    ACC: gl.constexpr = _pick(ROWS_IN_N, [NW, H, ROWS], [NW, ROWS, H])
+    acc_e = gl.zeros(ACC, gl.float32, MMA)
+    acc_o = gl.zeros(ACC, gl.float32, MMA)
+    m_i = gl.full([NW, ROWS], float("-inf"), gl.float32, QR)
+    l_i = gl.zeros([NW, ROWS], gl.float32, QR)
+    run = gl.full([NW], -254, gl.int32, QW)
+    sink_acc = gl.zeros([NW, TW], gl.int32, KWL)
+    for it in range(n_it):
+        # stage `it` landed (at most STAGES - 2 younger groups pending); the barrier also retires
+        # every warp's reads of the buffer the next issue overwrites
+        async_copy.wait_group(STAGES - 2)
+        gl.thread_barrier()
+        nxt = (it + STAGES - 1) % STAGES
+        _issue_stage(ring, nxt, cache_ptr, bt_row, t_lo + (it + STAGES - 1) * TT, t_hi, stride_cb, stride_ch, NSUB,
+                     NW, WT, SLOT, BLOCK_SIZE)
+        async_copy.commit_group()
+        cur = (it % STAGES) * NSUB
+        t0 = t_lo + it * TT
+        for j in gl.static_range(NSUB):
+            kw = _piece(ks.index(cur + j), [NW, TW], KWL, KWL)
+            if MATH:
+                # K: relative scales, decode, QK on the tensor cores
+                ktop = _token_top(kw)
+                if ROWS_IN_N:
+                    kb = _piece(kc8.index(cur + j).permute([0, 1, 3, 2]), [NW, TW, H], KA, KA)
+                    krel = _rel_scale(gl.expand_dims(kw, 2), gl.expand_dims(ktop, 2), kgroup)
+                    k_lo, k_hi = _fp4_decode(kb, krel)
+                    s = mma_v2(k_lo, q_e, gl.zeros([NW, TW, ROWS], gl.float32, MMA))
+                    s = mma_v2(k_hi, q_o, s)
+                else:
+                    kb = _piece(kc8.index(cur + j).permute([0, 3, 1, 2]), [NW, H, TW], KB, KB)
+                    krel = _rel_scale(gl.expand_dims(kw, 1), gl.expand_dims(ktop, 1), kgroup)
+                    k_lo, k_hi = _fp4_decode(kb, krel)
+                    s = mma_v2(q_e, k_lo, gl.zeros([NW, ROWS, TW], gl.float32, MMA))
+                    s = mma_v2(q_o, k_hi, s)
+
+                ts = t0 + j * (WT * TW) + ws + ns
+                colfac = gl.expand_dims(_pow2(gl.convert_layout(ktop, TK) - 127), RAX)
+                s = s * colfac
+                rf = gl.expand_dims(rowfac, TAX)
+                rb = gl.expand_dims(rowbias, TAX)
+                if HAS_SOFTCAP:
+                    s = s * rf
+                    s = softcap * (1.0 - 2.0 / (gl.exp2(s / softcap * (2.0 * LOG2E)) + 1.0)) * LOG2E
+                    s = s + rb
+                else:
+                    s = gl.fma(s, rf, rb)
+                live = ts < t_hi
+                if HAS_WINDOW:
+                    live = live & (ts >= lo)
+                s = gl.where(gl.expand_dims(live, RAX), s, float("-inf"))
+                m_new = gl.maximum(m_i, gl.max(s, axis=TAX))
+                m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)
+                alpha = gl.exp2(m_i - m_safe)
+                p = gl.exp2(s - gl.expand_dims(m_safe, TAX))
+                l_i = l_i * alpha + gl.sum(p, axis=TAX)
+                m_i = m_new
+
+                # V: scale word per token, reference exponent from the largest contribution
+                vw = gl.expand_dims(_piece(vs.index(cur + j), [NW, TW], VW, VW), 2)
+                vtop = _token_top(vw)
+                vb = _piece(vc8.index(cur + j).permute([0, 1, 3, 4, 2]), [NW, TW, H // 8, 8], VL, VLW)
+                vrel = _rel_scale(gl.expand_dims(vw, 3), gl.expand_dims(vtop, 3), vgroup)
+                vb = gl.reshape(gl.permute(vb, [0, 1, 3, 2]), [NW, TW, H])
+                vrel = gl.reshape(gl.permute(vrel, [0, 1, 3, 2]), [NW, TW, H])
+                if ROWS_IN_N:
+                    vb = gl.convert_layout(gl.permute(vb, [0, 2, 1]), VA)
+                    vrel = gl.convert_layout(gl.permute(vrel, [0, 2, 1]), VA)
+                else:
+                    vb = gl.convert_layout(vb, VB)
+                    vrel = gl.convert_layout(vrel, VB)
+                v_lo, v_hi = _fp4_decode(vb, vrel)
+
+                vexp = gl.convert_layout(gl.max(vtop, axis=2), TK) - 127
+                contrib = p * gl.expand_dims(_pow2(gl.minimum(vexp, 127)), RAX)
+                ctop = _floor_log2(gl.max(gl.max(contrib, axis=TAX), axis=1))
+                shrink = _floor_log2(gl.max(alpha, axis=1))
+                new_run = gl.maximum(run + shrink, ctop)
+                c = gl.expand_dims(alpha * gl.expand_dims(_pow2(gl.minimum(run - new_run, 127)), 1), TAX)
+                fac = _pow2(gl.minimum(vexp - gl.expand_dims(gl.convert_layout(new_run, gl.SliceLayout(1, TK)), 1),
+                                       127))
+                pf = (p * gl.expand_dims(fac, RAX)).to(gl.float16)
+                if ROWS_IN_N:
+                    pv = gl.convert_layout(pf, PTB)
+                    acc_e = mma_v2(v_lo, pv, acc_e * c)
+                    acc_o = mma_v2(v_hi, pv, acc_o * c)
+                else:
+                    pv = gl.convert_layout(pf, PA)
+                    acc_e = mma_v2(pv, v_lo, acc_e * c)
+                    acc_o = mma_v2(pv, v_hi, acc_o * c)
+                run = new_run
+            else:
+                sink_acc = sink_acc ^ kw
+    async_copy.wait_group(0)
+
+    pair0 = b * HK
+    if MATH:
+        # ---- every warp's partial (acc * 2**run, m, l) to the workspace: slot ((b*HK + h)*S + sp)*WT + s
+        f = gl.expand_dims(gl.expand_dims(_pow2(gl.minimum(run, 127)), 1), TAX)
+        acc_e = acc_e * f
+        acc_o = acc_o * f
+        pw = _iota3(NW, 0, MMA)
+        slot3 = (((pair0 + pw // WT) * num_splits + sp) * WT + pw % WT).to(gl.int64)
+        prow = _iota3(ROWS, RAX, MMA)
+        nn = _iota3(H, TAX, MMA)
+        d_e = 2 * (8 * (nn % 8) + nn // 8)
+        pptr = part_ptr + slot3 * (ROWS * D) + prow * D + d_e
+        pmask = (prow < GQA) & (nn >= 0)
+        gl.store(pptr, acc_e, mask=pmask)
+        gl.store(pptr + 1, acc_o, mask=pmask)
+        pw1 = gl.arange(0, NW, gl.SliceLayout(1, QR))
+        mlw = (((pair0 + pw1 // WT) * num_splits + sp) * WT + pw1 % WT).to(gl.int64)
+        mlp = ml_ptr + gl.expand_dims(mlw, 1) * (2 * ROWS) + gl.expand_dims(rows, 0)
+        mlmask = gl.expand_dims(rows < GQA, 0)
+        gl.store(mlp, m_i, mask=mlmask)
+        gl.store(mlp + ROWS, l_i, mask=mlmask)
+        gl.thread_barrier()
+        ticket = gl.atomic_add(counter_ptr + pair0, 1)
+        if ticket == num_splits - 1:
+            # ---- last program of this request: merge every head's num_splits * WT partials
+            ML: gl.constexpr = gl.BlockedLayout([1, 1, 4], [1, 1, 32], [HK, 1, NW // HK], [2, 1, 0])
+            mh = gl.expand_dims(gl.expand_dims(gl.arange(0, HK, gl.SliceLayout(1, gl.SliceLayout(2, ML))), 1), 2)
+            mr = gl.expand_dims(gl.expand_dims(gl.arange(0, GQA_PAD, gl.SliceLayout(0, gl.SliceLayout(2, ML))), 0), 2)
+            mc = gl.expand_dims(gl.expand_dims(gl.arange(0, D, gl.SliceLayout(0, gl.SliceLayout(1, ML))), 0), 1)
+            M2: gl.constexpr = gl.SliceLayout(2, ML)
+            mh2 = gl.expand_dims(gl.arange(0, HK, gl.SliceLayout(1, M2)), 1)
+            mr2 = gl.expand_dims(gl.arange(0, GQA_PAD, gl.SliceLayout(0, M2)), 0)
+            acc = gl.zeros([HK, GQA_PAD, D], gl.float32, ML)
+            m_a = gl.full([HK, GQA_PAD], float("-inf"), gl.float32, M2)
+            l_a = gl.zeros([HK, GQA_PAD], gl.float32, M2)
+            nparts = num_splits * WT
+            rmask3 = (mr < GQA) & (mc >= 0) & (mh >= 0)
+            rmask2 = (mr2 < GQA) & (mh2 >= 0)
+            for s in range(0, nparts):
+                src3 = ((pair0 + mh) * nparts + s).to(gl.int64)
+                src2 = ((pair0 + mh2) * nparts + s).to(gl.int64)
+                acc2 = gl.load(part_ptr + src3 * (ROWS * D) + mr * D + mc, mask=rmask3, other=0.0,
+                               cache_modifier=".cg")
+                m2 = gl.load(ml_ptr + src2 * (2 * ROWS) + mr2, mask=rmask2, other=float("-inf"),
+                             cache_modifier=".cg")
+                l2 = gl.load(ml_ptr + src2 * (2 * ROWS) + ROWS + mr2, mask=rmask2, other=0.0,
+                             cache_modifier=".cg")
+                m_n = gl.maximum(m_a, m2)
+                m_s = gl.where(m_n == float("-inf"), 0.0, m_n)
+                a1 = gl.exp2(m_a - m_s)
+                a2 = gl.exp2(m2 - m_s)
+                acc = acc * gl.expand_dims(a1, 2) + acc2 * gl.expand_dims(a2, 2)
+                l_a = l_a * a1 + l2 * a2
+                m_a = m_n
+            heads2 = mh2 * GQA + mr2
+            if HAS_SINKS:
+                sink = gl.load(sinks_ptr + heads2, mask=rmask2, other=0.0).to(gl.float32) * LOG2E
+                m_n = gl.maximum(m_a, sink)
+                acc = acc * gl.expand_dims(gl.exp2(m_a - m_n), 2)
+                l_a = l_a * gl.exp2(m_a - m_n) + gl.exp2(sink - m_n)
+            denom = gl.where(l_a > 0.0, l_a, 1.0)
+            o = gl.where(gl.expand_dims(l_a > 0.0, 2), acc / gl.expand_dims(denom, 2), 0.0)
+            optr = out_ptr + b.to(gl.int64) * stride_ob + (mh * GQA + mr) * stride_oh + mc
+            gl.store(optr, o.to(out_ptr.dtype.element_ty), mask=rmask3)
+            gl.atomic_xchg(counter_ptr + pair0, 0)
+    else:
+        gl.store(part_ptr + (b * num_splits + sp).to(gl.int64) * (NW * TW)
+                 + gl.expand_dims(gl.arange(0, NW, gl.SliceLayout(1, KWL)), 1) * TW
+                 + gl.expand_dims(gl.arange(0, TW, gl.SliceLayout(0, KWL)), 0),
+                 sink_acc.to(gl.float32, bitcast=True))
+
+
+def launch_v8(plan) -> None:
+    """Run a :func:`ultraquant.kernels.decode_v8_plan.plan_decode_v8` plan through Gluon's JIT."""
+    spec = plan.spec
+    extra = {"maxnreg": spec.maxnreg} if spec.maxnreg else {}
+    uq_decode_v8[plan.grid](*plan.args, **spec.constexprs, num_warps=spec.num_warps, num_stages=spec.num_stages,
+                            **extra)
