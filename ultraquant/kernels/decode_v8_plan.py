@@ -4,9 +4,10 @@ v8 (``ultraquant/kernels/gluon/decode_v8.py``) is an NVIDIA sm_90+ Gluon kernel:
 kv heads of a token range and streams them through a ``cp.async`` shared-memory ring of whole 16-token
 runs. It covers D = 128, GQA <= 16, 1 <= Hk <= 8 (a power of two), blocks that are a multiple of 16
 tokens, head-major caches whose 16-token runs are contiguous and 16-byte aligned
-(:func:`whole_runs`); :func:`v8_supports` is the rule, everything else is v7's. Same
-run-time arguments as v7 (``DECODE_PARAMS``) and the same per-device workspace. Not routed by the
-production plan yet: on the H200 it is slower than v7 (benchmarks/NOTES.md, "Decode v8").
+(:func:`whole_runs`); :func:`v8_supports` is the rule, everything else is v7's. Run-time arguments:
+v7's before the bounds contract (:data:`V8_PARAMS`: no ``err_ptr``/``num_blocks``/``bt_cols`` yet,
+so no bound on block ids: docs/kernels.md, "Bounds") and the same per-device workspace. Not routed by
+the production plan yet: on the H200 it is slower than v7 (benchmarks/NOTES.md, "Decode v8").
 """
 
 from __future__ import annotations
@@ -22,6 +23,10 @@ from .heuristics import cdiv, num_sms
 from .plans import LaunchPlan
 from .specs import DECODE_PARAMS, Specialization, _signature, _tname, pow2_at_least
 from .workspace import _dummy_f32, decode_workspace
+
+V8_PARAMS: tuple[tuple[str, str], ...] = tuple(
+    p for p in DECODE_PARAMS if p[0] not in ("err_ptr", "num_blocks", "bt_cols"))
+"""v8's parameter list: ``DECODE_PARAMS`` without the bounds parameters (v8 does not take them yet)."""
 
 V8_PROGRAMS_PER_SM = 1
 """Programs per multiprocessor the v8 split count aims for (181 registers x 8 warps and the ring's
@@ -80,7 +85,7 @@ def decode_v8_spec(*, head_size: int, gqa: int, num_kv_heads: int, block_size: i
     rows_in_n = tuning.rows_in_n and int(gqa) <= 8
     return Specialization(
         kernel="uq_decode_v8",
-        signature=_signature(DECODE_PARAMS, query=_tname(query_dtype), out=_tname(out_dtype or query_dtype)),
+        signature=_signature(V8_PARAMS, query=_tname(query_dtype), out=_tname(out_dtype or query_dtype)),
         constexprs={"D": d, "LOG2D": d.bit_length() - 1, "GQA": int(gqa), "ROWS": 8 if rows_in_n else 16,
                     "GQA_PAD": pow2_at_least(int(gqa)), "HK": hk, "WT": wt, "NSUB": tuning.nsub,
                     "STAGES": tuning.stages, "TW": tuning.tw, "BLOCK_SIZE": int(block_size),
