@@ -77,3 +77,35 @@ def layer_batch(q_lens: tuple[int, ...] | list[int], seq_lens: tuple[int, ...] |
                                  slot_mapping=torch.cat(slots))
     query = torch.randn(sum(q_lens), num_heads, head_size, generator=g).to(dtype)
     return md, query, torch.cat(keys), torch.cat(values), cache
+
+
+def guarded(shape: tuple[int, ...], dtype: torch.dtype, fill: float | int, guard: int,
+            device: str | torch.device = "cpu") -> tuple[torch.Tensor, torch.Tensor]:
+    """A contiguous ``shape`` view in the middle of a larger buffer of ``fill`` with ``guard``
+    elements on each side: (view, whole buffer). A write past the view changes a guard element."""
+    n = 1
+    for s in shape:
+        n *= s
+    whole = torch.full((guard + n + guard,), fill, dtype=dtype, device=device)
+    return whole[guard: guard + n].view(shape), whole
+
+
+def guards_intact(whole: torch.Tensor, view: torch.Tensor, fill: float | int) -> bool:
+    """True when every element of ``whole`` outside ``view`` (from :func:`guarded`) is still ``fill``."""
+    start, n = view.storage_offset(), view.numel()
+    return bool((whole[:start] == fill).all() and (whole[start + n:] == fill).all())
+
+
+def fill_cache(kv_cache: torch.Tensor, head_size: int, seed: int) -> None:
+    """Store random K/V (the reference's encoder) into every slot of ``kv_cache``."""
+    nb, bs, hk, _ = kv_cache.shape
+    gen = torch.Generator().manual_seed(seed)
+    key = torch.randn(nb * bs, hk, head_size, generator=gen)
+    value = torch.randn(nb * bs, hk, head_size, generator=gen)
+    slots = torch.arange(nb * bs)
+    if kv_cache.device.type == "cpu":
+        R.store_kv(key, value, kv_cache, slots)
+    else:
+        cpu = kv_cache.cpu()
+        R.store_kv(key, value, cpu, slots)
+        kv_cache.copy_(cpu)

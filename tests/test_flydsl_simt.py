@@ -93,6 +93,30 @@ def test_gfx950_mx_kernel_matches_its_emulation():
     assert cos > 0.9999
 
 
+def test_gfx942_bad_block_ids_and_lengths_stay_inside_the_cache():
+    """Block ids outside the cache (-1, num_blocks, 2**31-1) are empty tiles and a length past the
+    block-table row is clamped to it: the interpreter raises on any read outside a buffer; the
+    output equals attention over the remaining tokens and both error words are set."""
+    d, g, hk, bs, lens, splits = 128, 4, 1, 16, [48, 40], 2
+    q, cache, bt, seq = _cache(d, g, hk, bs, lens, seed=3)
+    nb = cache.shape[0]
+    good = bt.clone()
+    bt[0, 1] = -1
+    bt[1, 1] = 2**31 - 1
+    bt[1, 2] = nb
+    seq_bad = torch.tensor([48, 3 * bs + 7], dtype=torch.int32)  # request 1: longer than its row
+    errors = [0] * 4
+    got = simt.run_decode({"head_size": d, "gqa": g, "block_size": bs}, "gfx942", q, cache, bt, seq_bad,
+                          d**-0.5, num_splits=splits, waves=W, errors=errors)
+    # what remains: request 0 blocks 0 and 2; request 1 block 0 only
+    kept_bt = torch.stack([torch.stack([good[0, 0], good[0, 2], good[0, 2]]), good[1]]).to(torch.int32)
+    expect = ref.decode_attention(q.float(), cache, kept_bt, torch.tensor([32, bs], dtype=torch.int32), d**-0.5)
+    emu = lay.emulate_decode(lay.DecodeConfig(d, g, bs), q, cache, bt, seq_bad, d**-0.5, num_splits=splits,
+                             waves=W)
+    _check(got, expect, emu)
+    assert errors[:3] == [0, 1, 1]
+
+
 class _InterpretedBlob:
     """Looks like a loaded FlyDSL mx blob (a stand-in of ``uq_decode``) to the runtime self-test, but
     runs the kernel's IR here."""

@@ -134,3 +134,38 @@ def test_dequant_rejects_unknown_slot_size() -> None:
 
 def test_error_is_a_value_error() -> None:
     assert issubclass(uq.UltraQuantError, ValueError)
+
+
+def _wide_cache(slot_bytes: int) -> torch.Tensor:
+    return torch.zeros(NB, BS, HK, slot_bytes, dtype=torch.uint8)
+
+
+def test_query_head_size_must_match_the_cache_slot():
+    """A D=64 query over a D=128 cache (136-byte slots) is rejected by every op, naming both sizes."""
+    wide = _wide_cache(uq.slot_size(128))
+    q = torch.randn(2, HQ, D)
+    bt = torch.zeros(2, 2, dtype=torch.int32)
+    seq = torch.tensor([3, 5], dtype=torch.int32)
+    calls = {
+        "store": lambda: uq.store_kv(torch.randn(3, HK, D), torch.randn(3, HK, D), wide, torch.tensor([0, 1, 2])),
+        "decode": lambda: uq.decode_attention(q, wide, bt, seq, 0.1),
+        "prefill": lambda: uq.prefill_attention(q, torch.randn(2, HK, D), torch.randn(2, HK, D), wide, bt, seq,
+                                                torch.tensor([0, 1, 2], dtype=torch.int32), 0.1),
+        "dequant": lambda: uq.dequant_kv(wide, bt, seq, head_size=D),
+    }
+    for call in calls.values():
+        with pytest.raises(uq.UltraQuantError, match=r"136 \(the slot of head size 128\).*head size 64"):
+            call()
+
+
+@pytest.mark.parametrize("extra, ok", [(0, True), (4, True), (12, True), (13, False), (68, False)])
+def test_slot_padding_only_up_to_the_next_16_bytes(extra, ok):
+    """D=64 slots are 68 bytes; padded slots up to 80 bytes (the next multiple of 16) are accepted."""
+    wide = _wide_cache(uq.slot_size(D) + extra)
+    args = store_args(kv_cache=wide)
+    if ok:
+        uq.store_kv(**args)
+        R.store_kv(**store_args(kv_cache=wide.clone()))
+    else:
+        with pytest.raises(uq.UltraQuantError, match=rf"slot_bytes \(last dim\) {68 + extra}.*head size 64.*\(80\)"):
+            uq.store_kv(**args)

@@ -20,7 +20,8 @@ last() { tail -${2:-2} "$1" | tee -a "$LOG/summary.txt"; }
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee -a "$LOG/summary.txt"
 
 if step kernels; then  # Triton kernels vs the reference (both FP4 decodes), bounds cases, graph replay
-  timeout ${T_KERNELS:-230} "${PYT[@]}" -m gpu tests/gpu/test_kernels_gpu.py > "$LOG/kernels_gpu.log" 2>&1
+  timeout ${T_KERNELS:-260} "${PYT[@]}" -m gpu tests/gpu/test_kernels_gpu.py tests/gpu/test_bounds_gpu.py \
+    > "$LOG/kernels_gpu.log" 2>&1
   last "$LOG/kernels_gpu.log" 4
 fi
 if step prefill; then
@@ -44,7 +45,8 @@ if step runtime; then  # blobs: load + self-test every one, then the runtime GPU
   last "$LOG/runtime_gpu.log" 4
 fi
 if step memcheck; then  # garbage slot/block ids through every kernel under compute-sanitizer
-  timeout ${T_MEMCHECK:-120} python3 tools/h200_sanitize.py --memcheck > "$LOG/memcheck.log" 2>&1
+  timeout ${T_MEMCHECK:-200} python3 tools/h200_sanitize.py --memcheck --out "$LOG" --limit-s 90 \
+    > "$LOG/memcheck.log" 2>&1
   last "$LOG/memcheck.log" 3
 fi
 if step bench; then  # decode A-D (JIT and AOT rows), store, vs bf16 SDPA and the read ceiling of this run

@@ -2,12 +2,22 @@
 
 Ragged lengths sit at block and split boundaries; decode runs with 1 and several splits; every
 result is also checked against the reference so a silent wrong answer fails here too.
-Usage: compute-sanitizer --tool memcheck python3 tools/h200_sanitize.py
+``--bounds``: garbage slot_mapping / block_table / seq_lens instead (tests/bounds_cases.py: negative,
+past the end, 2**31-1, -2**31) with value checks off; guards, untouched bytes, outputs over the
+surviving tokens and the error bits checked.
+
+Usage: compute-sanitizer --tool memcheck python3 tools/h200_sanitize.py [--bounds]
+One command for both workloads under memcheck, logs to $OUT (or --out), a one-line verdict:
+    python3 tools/h200_sanitize.py --memcheck [--out DIR]
 """
 
 from __future__ import annotations
 
+import argparse
 import os
+import re
+import shutil
+import subprocess
 import sys
 
 import torch
@@ -15,6 +25,7 @@ import torch
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 import ultraquant as uq  # noqa: E402
+from tests import bounds_cases  # noqa: E402
 from tests.helpers import make_paged  # noqa: E402
 from ultraquant import config as uq_config  # noqa: E402
 from ultraquant import reference as R  # noqa: E402
@@ -25,7 +36,8 @@ def rel(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a - b).norm() / max(float(b.norm()), 1e-30))
 
 
-def main() -> int:
+def workload() -> int:
+    """The valid-input workload (exit status 0 when every result matches the reference)."""
     worst = 0.0
     d, hk, hq, bs = 128, 2, 8, 16
     lens = [1, 15, 16, 17, 31, 32, 33, 257]
@@ -79,6 +91,54 @@ def main() -> int:
     torch.cuda.synchronize()
     print(f"sanitize workload done: worst rel err {worst:.2e} (store bytes differing: {bad})")
     return 0 if worst < 1e-2 else 1
+
+
+def bounds(seeds: int = 3) -> int:
+    """The garbage-index workload: every case of tests/bounds_cases.py for ``seeds`` seeds."""
+    os.environ.pop("ULTRAQUANT_CHECK_VALUES", None)
+    uq_config.reload()
+    failures = [f"seed {s}: {f}" for s in range(seeds) for f in bounds_cases.run_all("cuda", s)]
+    for f in failures:
+        print("FAILED", f)
+    print(f"bounds workload done: {seeds} seeds, {len(failures)} failed checks")
+    return 1 if failures else 0
+
+
+def memcheck(out: str, limit_s: int = 270) -> int:
+    """Both workloads under ``compute-sanitizer --tool memcheck`` (``limit_s`` each); logs in ``out``;
+    one verdict line."""
+    tool = shutil.which("compute-sanitizer") or "/usr/local/cuda/bin/compute-sanitizer"
+    os.makedirs(out, exist_ok=True)
+    parts, ok = [], True
+    for name, extra in (("valid", []), ("bounds", ["--bounds"])):
+        log = os.path.join(out, f"memcheck_{name}.log")
+        cmd = [tool, "--tool", "memcheck", "--print-limit", "20", sys.executable, os.path.abspath(__file__), *extra]
+        with open(log, "w") as f:
+            try:
+                rc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, timeout=limit_s).returncode
+            except subprocess.TimeoutExpired:
+                rc = f"timeout {limit_s} s"
+        text = open(log).read()
+        m = re.search(r"ERROR SUMMARY: (\d+) error", text)
+        errors = int(m.group(1)) if m else -1
+        done = [line for line in text.splitlines() if line.endswith("failed checks") or "worst rel err" in line]
+        ok &= rc == 0 and errors == 0
+        parts.append(f"{name}: rc {rc}, {errors if errors >= 0 else 'no'} memcheck errors"
+                     f"{' (' + done[-1] + ')' if done else ', workload did not finish'}")
+    print(f"{'PASS' if ok else 'FAIL'} compute-sanitizer memcheck -- " + "; ".join(parts) + f" -- logs in {out}")
+    return 0 if ok else 1
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--bounds", action="store_true", help="the garbage-index workload")
+    ap.add_argument("--memcheck", action="store_true", help="run both workloads under memcheck (one verdict)")
+    ap.add_argument("--out", default=os.environ.get("OUT", "/tmp/uq_out"), help="log folder of --memcheck")
+    ap.add_argument("--limit-s", type=int, default=270, help="seconds per workload under --memcheck")
+    args = ap.parse_args()
+    if args.memcheck:
+        return memcheck(args.out, args.limit_s)
+    return bounds() if args.bounds else workload()
 
 
 if __name__ == "__main__":

@@ -2,7 +2,8 @@
 
 The public API: the format helpers (:func:`slot_size`, :func:`hadamard`), the ops
 (:func:`store_kv`, :func:`decode_attention`, :func:`dequant_kv`, :func:`prefill_attention`, which
-pick an AOT blob, the Triton JIT kernel or the PyTorch reference per call), :func:`warmup` (load and
+pick an AOT blob, the Triton JIT kernel or the PyTorch reference per call), :func:`check_errors`
+(out-of-range values the kernels met), :func:`warmup` (load and
 self-test a model's blobs before CUDA graph capture), and
 :mod:`ultraquant.reference`, the plain-PyTorch definition every kernel is tested against.
 """
@@ -10,13 +11,15 @@ self-test a model's blobs before CUDA graph capture), and
 from . import reference
 from .errors import UltraQuantError
 from .format import hadamard, slot_size
-from .ops import decode_attention, dequant_kv, prefill_attention, store_kv
+from .ops import KernelError, check_errors, decode_attention, dequant_kv, prefill_attention, store_kv
 from .runtime import warmup
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "KernelError",
     "UltraQuantError",
+    "check_errors",
     "decode_attention",
     "dequant_kv",
     "hadamard",

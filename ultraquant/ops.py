@@ -16,10 +16,11 @@ import torch
 
 from . import config, policy, reference, validate
 from .errors import UltraQuantError
-from .kernels import heuristics, plans
+from .kernels import flags, heuristics, plans
+from .kernels.flags import KernelError
 
 __all__ = ["store_kv", "decode_attention", "dequant_kv", "dequant_kv_packed", "prefill_attention",
-           "CONTINUATION_THRESHOLD"]
+           "check_errors", "KernelError", "CONTINUATION_THRESHOLD"]
 
 CONTINUATION_THRESHOLD = heuristics.CONTINUATION_THRESHOLD
 """Small/large continuation-chunk boundary (new tokens) the attention layer reads."""
@@ -41,6 +42,15 @@ def _op(name: str, impl):
 def _last_dim_contiguous(t: torch.Tensor) -> torch.Tensor:
     """The kernels index the head dimension with stride 1; copy only when that is not so."""
     return t if t.stride(-1) == 1 else t.contiguous()
+
+
+def check_errors(device: torch.device | str | None = None) -> KernelError:
+    """Out-of-range values the kernels met since the last call (on ``device``; every device when None),
+    then reset: :class:`KernelError` bits, 0 when none. The kernels only store a word on device
+    memory (no sync on the hot path); this call copies the words to the host, so it waits for the
+    current stream: call it between steps (never inside a captured graph). The CPU value checks
+    (and ``ULTRAQUANT_CHECK_VALUES=1``) reject such values before a launch instead."""
+    return flags.read_errors(device)
 
 
 # ---------------------------------------------------------------- the cached host path
@@ -356,7 +366,9 @@ def dequant_kv(kv_cache: torch.Tensor, block_table: torch.Tensor, seq_lens: torc
     """
     if policy.route(kv_cache.device) == "reference":
         return reference.dequant_kv(kv_cache, block_table, seq_lens, head_size=head_size)
-    geo = validate.check_dequant(kv_cache, block_table, seq_lens, head_size)
+    # this op reads seq_lens on the host anyway (the result's shapes), so it checks every value too:
+    # a garbage length would otherwise size a huge allocation
+    geo = validate.check_dequant(kv_cache, block_table, seq_lens, head_size, read_values=True)
     lens = seq_lens.tolist()
     total = sum(lens)
     cu = torch.zeros(len(lens) + 1, dtype=torch.int32, device=kv_cache.device)

@@ -3,8 +3,10 @@
 Shapes, dtypes, devices and head sizes are always checked (metadata only, no device work). Checks
 that must read tensor *values* (slot_mapping, block_table and seq_lens ranges) run when the tensor
 lives on the CPU, or on any device when ``ULTRAQUANT_CHECK_VALUES=1`` (that costs a device sync, so
-it is off on the GPU hot path; the kernels mask out-of-range slots and clamp block ids instead, so
-bad values there can never write outside the cache).
+it is off on the GPU hot path). Unchecked values cannot make a kernel touch memory outside the cache:
+the kernels skip slots outside ``[0, num_blocks * block_size)``, read a block id outside
+``[0, num_blocks)`` as an empty block and clamp a length to its block-table row, and report each
+case in a device error word that :func:`ultraquant.check_errors` reads (docs/kernels.md, "Bounds").
 """
 
 from __future__ import annotations
@@ -19,6 +21,11 @@ from .errors import UltraQuantError
 from .format import check_head_size, slot_size
 
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+SLOT_PAD_ALIGN = 16
+"""A slot may be padded up to the next multiple of this many bytes, no further. The vLLM adapter
+allocates exactly ``slot_size(D)`` bytes (``ultraquant.vllm``: ``customize_spec``, ``kv_cache_shape``);
+16 is the widest slot alignment the kernels exploit (``kernels.specs.slot_alignment``). A wider slot
+is another head size's cache (D=64 -> 68..80 bytes, D=128 -> 136..144, D=256 -> 272, D=512 -> 544)."""
 INDEX_DTYPES = (torch.int32, torch.int64)
 
 
@@ -71,9 +78,15 @@ def check_cache(kv_cache: object, head_size: int, num_kv_heads: int | None = Non
     check_head_size(head_size)
     check_tensor("kv_cache", kv_cache, dtypes=(torch.uint8,), ndim=4)
     nb, bs, hk, sb = kv_cache.shape
-    if sb < slot_size(head_size):
+    size = slot_size(head_size)
+    widest = -(-size // SLOT_PAD_ALIGN) * SLOT_PAD_ALIGN
+    if not size <= sb <= widest:
+        d = sb * 16 // 17
+        other = f" (the slot of head size {d})" if d * 17 == sb * 16 and d % 32 == 0 else ""
         raise UltraQuantError(
-            f"kv_cache: slot_bytes (last dim) {sb} < slot_size({head_size}) = {slot_size(head_size)}")
+            f"kv_cache: slot_bytes (last dim) {sb}{other} does not fit head size {head_size}: expected "
+            f"slot_size({head_size}) = {size} bytes, padded at most to the next multiple of {SLOT_PAD_ALIGN} "
+            f"({widest})")
     if num_kv_heads is not None and hk != num_kv_heads:
         raise UltraQuantError(f"kv_cache: expected {num_kv_heads} kv heads (dim 2), got {hk}")
     if kv_cache.stride(3) != 1:
@@ -104,14 +117,15 @@ def check_slot_mapping(slot_mapping: object, num_tokens: int, geo: CacheGeometry
 
 
 def check_block_table(block_table: object, seq_lens: object, geo: CacheGeometry,
-                      device: torch.device, batch: int | None = None) -> None:
-    """block_table (B, max_blocks) int32 and seq_lens (B,) int32, consistent with the cache."""
+                      device: torch.device, batch: int | None = None, read_values: bool = False) -> None:
+    """block_table (B, max_blocks) int32 and seq_lens (B,) int32, consistent with the cache
+    (values too where :func:`values_checkable`, or with ``read_values``: a caller that syncs anyway)."""
     check_tensor("block_table", block_table, dtypes=(torch.int32,), ndim=2, device=device)
     check_tensor("seq_lens", seq_lens, dtypes=(torch.int32,), ndim=1, device=device)
     b = block_table.shape[0] if batch is None else batch
     check_shape("block_table", block_table, (b, None))
     check_shape("seq_lens", seq_lens, (b,))
-    if b == 0 or not values_checkable(block_table, seq_lens):
+    if b == 0 or not (read_values or values_checkable(block_table, seq_lens)):
         return
     capacity = block_table.shape[1] * geo.block_size
     lens = seq_lens.to("cpu", torch.int64)
@@ -252,10 +266,11 @@ def check_prefill(query: object, key: object, value: object, kv_cache: object, b
 
 
 def check_dequant(kv_cache: object, block_table: object, seq_lens: object,
-                  head_size: int | None) -> CacheGeometry:
-    """All checks of dequant_kv; the head size comes from the slot size unless given."""
+                  head_size: int | None, read_values: bool = False) -> CacheGeometry:
+    """All checks of dequant_kv; the head size comes from the slot size unless given
+    (``read_values``: see :func:`check_block_table`)."""
     check_tensor("kv_cache", kv_cache, dtypes=(torch.uint8,), ndim=4)
     d = head_size_from_slot(kv_cache.shape[3]) if head_size is None else head_size
     geo = check_cache(kv_cache, d)
-    check_block_table(block_table, seq_lens, geo, kv_cache.device)
+    check_block_table(block_table, seq_lens, geo, kv_cache.device, read_values=read_values)
     return geo

@@ -63,8 +63,11 @@ def _placeholders(kind: str) -> list[Any]:
     def null(t):
         return flyc.from_c_void_p(t, None)
 
-    if kind == "decode":  # byte pointers: the kernel addresses everything in bytes
-        return [null(fx.Uint8) for _ in range(9)] + [1.0, 1.0, 0, 1] + [0] * 8
+    if kind == "decode":  # byte pointers: the kernel addresses everything in bytes; one per parameter
+        from ultraquant.kernels.flydsl.decode import PARAMS
+
+        values = {"ptr": lambda: null(fx.Uint8), "f32": lambda: 1.0, "i32": lambda: 0}
+        return [1 if name == "num_splits" else values[ty]() for name, ty in PARAMS]
     raise ValueError(f"unknown kernel kind {kind!r} (known: {', '.join(KERNEL_KINDS)})")
 
 

@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from ultraquant.kernels.flags import ERROR_WORDS
 from ultraquant.kernels.flydsl import layout as lay
 from ultraquant.kernels.flydsl import operand_maps as om
 
@@ -631,9 +632,10 @@ def run_decode(config: dict[str, Any], arch: str, query: torch.Tensor, kv_cache:
                sinks: torch.Tensor | None = None, window: int | None = None, softcap: float | None = None,
                mx: bool = False, order: list[tuple[int, int, int]] | None = None,
                kernel: Kernel | None = None, waves: int = 1, mx_query_map=None,
-               pipelined: bool = True) -> torch.Tensor:
+               pipelined: bool = True, errors: list[int] | None = None) -> torch.Tensor:
     """Compile the decode kernel for ``config`` (DecodeConfig fields) and run it here, with the very
-    arguments and workspace ``ultraquant.kernels.plans.plan_decode`` would pass. Returns ``out``."""
+    arguments and workspace ``ultraquant.kernels.plans.plan_decode`` would pass. Returns ``out``;
+    the error words the kernel stored (``ultraquant.kernels.flags``) go into ``errors`` when given."""
     from ultraquant.codegen.flydsl.compiler import compile_decode
 
     qdt = {torch.bfloat16: "bf16", torch.float16: "fp16"}[query.dtype]
@@ -650,11 +652,15 @@ def run_decode(config: dict[str, Any], arch: str, query: torch.Tensor, kv_cache:
     ml = torch.full((b * hk * num_splits * 32,), float("nan"), dtype=torch.float32)
     counter = torch.zeros(b * hk, dtype=torch.int32)
     sink_t = sinks.float().contiguous() if sinks is not None else torch.zeros(1)
-    args = [query, kv_cache, block_table.int(), seq_lens.int(), sink_t, out, part, ml, counter,
+    err = torch.zeros(ERROR_WORDS, dtype=torch.int32)
+    args = [query, kv_cache, block_table.int(), seq_lens.int(), sink_t, out, part, ml, counter, err,
             float(scale), float(softcap or 0.0), int(window or 0), num_splits,
+            kv_cache.shape[0], block_table.shape[1],
             query.stride(0), query.stride(1), out.stride(0), out.stride(1),
             kv_cache.stride(0), kv_cache.stride(1), kv_cache.stride(2), block_table.stride(0)]
     kernel.launch_tensors((b, hk, num_splits), args, order=order)
+    if errors is not None:
+        errors[:] = err.tolist()
     if torch.any(counter != 0):
         raise RuntimeError(f"tickets not reset after the launch: {counter.tolist()}")
     return out

@@ -13,6 +13,7 @@ import torch
 
 from ..config import Tuning
 from .decode_v8_plan import V8Tuning, decode_v8_spec, plan_decode_v8, v8_call
+from .flags import error_words
 from .heuristics import STORE_FEW_ROWS_PER_SM, cdiv, decode_splits, num_sms, prefill_splits
 from .specs import (
     Specialization,
@@ -55,7 +56,8 @@ def plan_store(key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor, s
         few_rows = store_few_rows(rows, key.device)
     spec = store_spec(head_size=d, key_dtype=key.dtype, value_dtype=value.dtype, slot_dtype=slot_mapping.dtype,
                       encoder=encoder, few_rows=few_rows)
-    args = (key, value, kv_cache, slot_mapping, rows, hk, kv_cache.shape[1],
+    args = (key, value, kv_cache, slot_mapping, error_words(key.device), rows, hk, kv_cache.shape[1],
+            kv_cache.shape[0] * kv_cache.shape[1],
             key.stride(0), key.stride(1), value.stride(0), value.stride(1),
             kv_cache.stride(0), kv_cache.stride(1), kv_cache.stride(2))
     return LaunchPlan(fit_divisible(spec, args), args, (max(1, cdiv(rows, spec.constexprs["BLOCK_R"])), 1, 1))
@@ -69,7 +71,8 @@ def plan_dequant(kv_cache: torch.Tensor, block_table: torch.Tensor, seq_lens: to
                         original_space=original_space)
     tile = spec.constexprs["TILE"]
     max_tokens = block_table.shape[1] * kv_cache.shape[1]
-    args = (kv_cache, block_table, seq_lens, cu_seqlens, k_out, v_out,
+    args = (kv_cache, block_table, seq_lens, cu_seqlens, k_out, v_out, error_words(kv_cache.device),
+            kv_cache.shape[0], block_table.shape[1], min(k_out.shape[0], v_out.shape[0]),
             kv_cache.stride(0), kv_cache.stride(1), kv_cache.stride(2), block_table.stride(0),
             k_out.stride(0), k_out.stride(1), v_out.stride(0), v_out.stride(1))
     grid = (max(1, cdiv(max_tokens, tile)), block_table.shape[0], kv_cache.shape[2])
@@ -139,8 +142,9 @@ def plan_decode(query: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.
     part, ml, counter = decode_workspace(query.device, b * hk * splits * rows * d, b * hk * splits * 2 * rows,
                                          b * hk)
     args = (query, kv_cache, block_table, seq_lens, sinks if sinks is not None else _dummy_f32(query.device),
-            out, part, ml, counter,
+            out, part, ml, counter, error_words(query.device),
             float(scale), float(softcap or 0.0), int(sliding_window or 0), splits,
+            kv_cache.shape[0], block_table.shape[1],
             query.stride(0), query.stride(1), out.stride(0), out.stride(1),
             kv_cache.stride(0), kv_cache.stride(1), kv_cache.stride(2), block_table.stride(0))
     return LaunchPlan(fit_divisible(spec, args), args, (b, hk, splits), notes={"num_splits": splits})
@@ -169,7 +173,9 @@ def plan_prefill(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, kv
         counter = _dummy_i32(query.device)
     args = (query, key, value, kv_cache, block_table, seq_lens, query_start_loc,
             sinks if sinks is not None else _dummy_f32(query.device), out, part, ml, counter,
+            error_words(query.device),
             float(scale), float(softcap or 0.0), int(sliding_window or 0), nreq, splits,
+            kv_cache.shape[0], block_table.shape[1],
             query.stride(0), query.stride(1), key.stride(0), key.stride(1), value.stride(0), value.stride(1),
             out.stride(0), out.stride(1), kv_cache.stride(0), kv_cache.stride(1), kv_cache.stride(2),
             block_table.stride(0))

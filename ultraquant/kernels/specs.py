@@ -76,21 +76,24 @@ ENCODER_IDS: dict[str, int] = {"rne": 0, "upstream": 1, "mse": 2}
 
 STORE_PARAMS: tuple[tuple[str, str], ...] = (
     ("key_ptr", "*{key}"), ("value_ptr", "*{value}"), ("cache_ptr", "*u8"), ("slot_ptr", "*{slot}"),
-    ("n_rows", "i32"), ("num_kv_heads", "i32"), ("block_size", "i32"),
+    ("err_ptr", "*i32"),
+    ("n_rows", "i32"), ("num_kv_heads", "i32"), ("block_size", "i32"), ("num_slots", "i64"),
     ("stride_kn", "i32"), ("stride_kh", "i32"), ("stride_vn", "i32"), ("stride_vh", "i32"),
     ("stride_cb", "i32"), ("stride_ct", "i32"), ("stride_ch", "i32"),
 )
 DEQUANT_PARAMS: tuple[tuple[str, str], ...] = (
     ("cache_ptr", "*u8"), ("bt_ptr", "*i32"), ("seqlen_ptr", "*i32"), ("cu_ptr", "*i32"),
-    ("k_out_ptr", "*{out}"), ("v_out_ptr", "*{out}"),
+    ("k_out_ptr", "*{out}"), ("v_out_ptr", "*{out}"), ("err_ptr", "*i32"),
+    ("num_blocks", "i32"), ("bt_cols", "i32"), ("out_rows", "i32"),
     ("stride_cb", "i32"), ("stride_ct", "i32"), ("stride_ch", "i32"), ("stride_btb", "i32"),
     ("stride_kn", "i32"), ("stride_kh", "i32"), ("stride_vn", "i32"), ("stride_vh", "i32"),
 )
 DECODE_PARAMS: tuple[tuple[str, str], ...] = (
     ("q_ptr", "*{query}"), ("cache_ptr", "*u8"), ("bt_ptr", "*i32"), ("seqlen_ptr", "*i32"),
     ("sinks_ptr", "*fp32"), ("out_ptr", "*{out}"), ("part_ptr", "*fp32"), ("ml_ptr", "*fp32"),
-    ("counter_ptr", "*i32"),
+    ("counter_ptr", "*i32"), ("err_ptr", "*i32"),
     ("scale", "fp32"), ("softcap", "fp32"), ("window", "i32"), ("num_splits", "i32"),
+    ("num_blocks", "i32"), ("bt_cols", "i32"),
     ("stride_qb", "i32"), ("stride_qh", "i32"), ("stride_ob", "i32"), ("stride_oh", "i32"),
     ("stride_cb", "i32"), ("stride_ct", "i32"), ("stride_ch", "i32"), ("stride_btb", "i32"),
 )
@@ -98,12 +101,17 @@ PREFILL_PARAMS: tuple[tuple[str, str], ...] = (
     ("q_ptr", "*{query}"), ("k_ptr", "*{key}"), ("v_ptr", "*{key}"), ("cache_ptr", "*u8"),
     ("bt_ptr", "*i32"), ("seqlen_ptr", "*i32"), ("qsl_ptr", "*i32"), ("sinks_ptr", "*fp32"),
     ("out_ptr", "*{out}"), ("part_ptr", "*fp32"), ("ml_ptr", "*fp32"), ("counter_ptr", "*i32"),
+    ("err_ptr", "*i32"),
     ("scale", "fp32"), ("softcap", "fp32"), ("window", "i32"), ("num_reqs", "i32"), ("num_splits", "i32"),
+    ("num_blocks", "i32"), ("bt_cols", "i32"),
     ("stride_qn", "i32"), ("stride_qh", "i32"), ("stride_kn", "i32"), ("stride_kh", "i32"),
     ("stride_vn", "i32"), ("stride_vh", "i32"), ("stride_on", "i32"), ("stride_oh", "i32"),
     ("stride_cb", "i32"), ("stride_ct", "i32"), ("stride_ch", "i32"), ("stride_btb", "i32"),
 )
-
+"""Every kernel receives the cache's size (the store ``num_slots`` = blocks x block size, i64; the
+readers ``num_blocks``) and, where it reads a block table, the table's row length (``bt_cols``), plus
+``err_ptr``, the per-device error words (:mod:`.flags`): the bounds contract of docs/kernels.md,
+"Bounds". A new kernel follows it."""
 
 
 def pow2_at_least(n: int) -> int:

@@ -31,6 +31,7 @@ from flydsl._mlir.dialects import llvm
 from flydsl.expr import arith, const_expr, gpu, range_constexpr, rocdl
 from flydsl.expr.typing import T
 
+from ultraquant.kernels.flags import KernelError
 from ultraquant.kernels.flydsl import layout as lay
 from ultraquant.kernels.flydsl import operand_maps as om
 from ultraquant.kernels.flydsl.layout import LOG2E, MFMA_K, TILE, WAVE, DecodeConfig
@@ -198,13 +199,20 @@ def _mfma(a, b, c):
 
 PARAMS: tuple[tuple[str, str], ...] = (
     ("q_ptr", "ptr"), ("cache_ptr", "ptr"), ("bt_ptr", "ptr"), ("seqlen_ptr", "ptr"), ("sinks_ptr", "ptr"),
-    ("out_ptr", "ptr"), ("part_ptr", "ptr"), ("ml_ptr", "ptr"), ("counter_ptr", "ptr"),
+    ("out_ptr", "ptr"), ("part_ptr", "ptr"), ("ml_ptr", "ptr"), ("counter_ptr", "ptr"), ("err_ptr", "ptr"),
     ("scale", "f32"), ("softcap", "f32"), ("window", "i32"), ("num_splits", "i32"),
+    ("num_blocks", "i32"), ("bt_cols", "i32"),
     ("stride_qb", "i32"), ("stride_qh", "i32"), ("stride_ob", "i32"), ("stride_oh", "i32"),
     ("stride_cb", "i32"), ("stride_ct", "i32"), ("stride_ch", "i32"), ("stride_btb", "i32"),
 )
-"""The kernel's parameters, in order: exactly ``ultraquant.kernels.plans.DECODE_PARAMS`` (the Triton
-decode's), so one LaunchPlan launches either blob; no hidden trailing parameters."""
+"""The kernel's parameters, in order: exactly ``ultraquant.kernels.specs.DECODE_PARAMS`` (the Triton
+decode's), so one LaunchPlan launches either blob; no hidden trailing parameters. Bounds as the
+Triton decode's: the length clamped to the block-table row, a block id outside [0, num_blocks) an
+empty tile, and error words set through ``err_ptr`` (``ultraquant.kernels.flags``)."""
+
+ERR_BLOCK_BYTES = 4 * (KernelError.BLOCK_OUT_OF_RANGE.bit_length() - 1)
+ERR_SEQ_LEN_BYTES = 4 * (KernelError.SEQ_LEN_OUT_OF_RANGE.bit_length() - 1)
+"""Byte offsets of the error words this kernel stores 1 into."""
 
 ROWS = 16
 """Rows of one (request, kv head) in the decode workspace (the MFMA's 16 columns = padded heads)."""
@@ -264,15 +272,18 @@ def build_decode(cfg: DecodeConfig, arch: str, *, name: str, query_dtype: str = 
 
     SLOT_BYTES = ROWS * D * 4 + 2 * ROWS * 4  # one wave's (acc, m, l) in LDS
 
-    def fetch(tile, valid, seq_len, bt_ptr, bt_row, cache_ptr, kv_base, stride_cb, stride_ct, r, g):
+    def fetch(tile, valid, seq_len, bt_ptr, bt_row, cache_ptr, kv_base, stride_cb, stride_ct, r, g, num_blocks):
         """Issue every global load of one 16-token tile: its block-table entry, then lane (r, g)'s K
         codes and scale bytes (token t0 + r) and V codes and scale bytes (tokens t0 + 4g + i). Rows past
         the sequence re-read its last token; ``valid`` (True, or a flag that is false for an empty split)
         false reads page 0, row 0, so no address depends on a block-table entry past the sequence.
+        A block id outside [0, num_blocks) reads page 0 (an empty tile: the caller masks it).
         Returns the values flat:
-        K words [c][4], K scales [c], V words [i][VB/4], V scales [i] (Int32)."""
+        K words [c][4], K scales [c], V words [i][VB/4], V scales [i], page inside (1/0) (Int32)."""
         t0 = tile * TILE
         page = _load(bt_ptr, (bt_row + fx.Int64(t0 // BS)) * 4, fx.Int32, 1, 4)[0]
+        inside = (page >= 0) & (page < num_blocks)
+        page = _select(inside, page, fx.Int32(0))
         if valid is not True:
             page = _select(valid, page, fx.Int32(0))
         within = t0 % BS
@@ -297,14 +308,15 @@ def build_decode(cfg: DecodeConfig, arch: str, *, name: str, query_dtype: str = 
                                               VB // 4, 4)]
             vs.append(fx.Int32(_load(cache_ptr, v_base + fx.Int64(lay.v_scale_offset(D, r)), fx.Uint8, 1, 1)[0])
                       & 0xFF)
-        return kw + ks + vw + vs
+        return kw + ks + vw + vs + [_select(inside, fx.Int32(1), fx.Int32(0))]
 
     @flyc.kernel(name=name, known_block_size=(WAVE * W, 1, 1))
     def decode_kernel(
         q_ptr: fx.Pointer, cache_ptr: fx.Pointer, bt_ptr: fx.Pointer, seqlen_ptr: fx.Pointer,
         sinks_ptr: fx.Pointer, out_ptr: fx.Pointer, part_ptr: fx.Pointer, ml_ptr: fx.Pointer,
-        counter_ptr: fx.Pointer,
+        counter_ptr: fx.Pointer, err_ptr: fx.Pointer,
         scale: fx.Float32, softcap: fx.Float32, window: fx.Int32, num_splits: fx.Int32,
+        num_blocks: fx.Int32, bt_cols: fx.Int32,
         stride_qb: fx.Int32, stride_qh: fx.Int32, stride_ob: fx.Int32, stride_oh: fx.Int32,
         stride_cb: fx.Int32, stride_ct: fx.Int32, stride_ch: fx.Int32, stride_btb: fx.Int32,
     ):
@@ -319,7 +331,11 @@ def build_decode(cfg: DecodeConfig, arch: str, *, name: str, query_dtype: str = 
         r = lane % 16
         g = lane // 16
 
-        seq_len = _load(seqlen_ptr, b * 4, fx.Int32, 1, 4)[0]
+        seq_raw = _load(seqlen_ptr, b * 4, fx.Int32, 1, 4)[0]
+        capacity = bt_cols * BS
+        seq_len = fx.Int32(_select(seq_raw < 0, fx.Int32(0), _select(seq_raw > capacity, capacity, seq_raw)))
+        if (seq_raw < 0) | (seq_raw > capacity):
+            fx.generic_store(_global_ptr(err_ptr, ERR_SEQ_LEN_BYTES, fx.Int32, 4), fx.Int32(1))
         if const_expr(has_window):
             lo, hi, t_begin, t_end = lay.split_tiles(seq_len, num_splits, split, window)
         else:
@@ -377,22 +393,27 @@ def build_decode(cfg: DecodeConfig, arch: str, *, name: str, query_dtype: str = 
         n_iter = (t_end - t_begin + (W - 1)) // W
         first_w = t_begin + wave
         first = _select(first_w < t_end, first_w, t_begin)
-        fetch_args = (seq_len, bt_ptr, bt_row, cache_ptr, kv_base, stride_cb, stride_ct, r, g)
-        init = ([fx.Float32(F32_NEG_INF), fx.Float32(0.0)] + [zero4] * NB
+        fetch_args = (seq_len, bt_ptr, bt_row, cache_ptr, kv_base, stride_cb, stride_ct, r, g, num_blocks)
+        init = ([fx.Float32(F32_NEG_INF), fx.Float32(0.0)] + [zero4] * NB + [fx.Int32(0)]
                 + (fetch(first, n_iter > 0, *fetch_args) if pipelined else []))
         for step, st in range(0, n_iter, 1, init=init):
             tile_w = t_begin + fx.Int32(step) * W + wave
-            tile_ok = tile_w < t_end
-            tile = _select(tile_ok, tile_w, t_begin)
+            in_split = tile_w < t_end
+            tile = _select(in_split, tile_w, t_begin)
             m_run, l_run = fx.Float32(st[0]), fx.Float32(st[1])
             o_acc = [fx.Vector(st[2 + nb]) for nb in range_constexpr(NB)]
             next_w = tile_w + W
             if const_expr(pipelined):
-                cur = [fx.Int32(v) for v in st[2 + NB:]]
+                cur = [fx.Int32(v) for v in st[3 + NB:]]
                 nxt = fetch(_select(next_w < t_end, next_w, tile), True, *fetch_args)
             else:
                 cur, nxt = fetch(tile, True, *fetch_args), []
             t0 = tile * TILE
+            # a block id outside the cache: an empty tile, counted (error word after the loop)
+            page_ok = cur[-1] != 0
+            tile_ok = in_split & page_ok
+            bad_pages = fx.Int32(st[2 + NB]) | _select(in_split, _select(page_ok, fx.Int32(0), fx.Int32(1)),
+                                                        fx.Int32(0))
 
             # ---- 2. QK: A = K rows (token t0 + r), B = rotated Q
             acc = zero4
@@ -463,11 +484,13 @@ def build_decode(cfg: DecodeConfig, arch: str, *, name: str, query_dtype: str = 
                         [_i16(lay.fp4_bf16_bits(nibs[i], vscales[i], _select)) for i in range(MFMA_K)],
                         dtype=fx.Int16)
                 new_o.append(_mfma(a_op, p_ops, o_acc[nb] * alpha4))
-            results = yield [m_new, l_new] + new_o + nxt
+            results = yield [m_new, l_new] + new_o + [bad_pages] + nxt
 
         # ---- 5. epilogue. Lane (r, g) holds O[r][QUARTER*g + NB*i + nb] = o[nb][i].
         m_fin, l_fin = fx.Float32(results[0]), fx.Float32(results[1])
         o_fin = [fx.Vector(results[2 + nb]) for nb in range_constexpr(NB)]
+        if fx.Int32(results[2 + NB]) != 0:
+            fx.generic_store(_global_ptr(err_ptr, ERR_BLOCK_BYTES, fx.Int32, 4), fx.Int32(1))
         l_tot = l_fin + _xor(l_fin, 16)
         l_tot = l_tot + _xor(l_tot, 32)
         # registers as QUARTER/4 vectors of 4 in memory order: chunk k = elements 4k..4k+3
@@ -570,15 +593,17 @@ def build_decode(cfg: DecodeConfig, arch: str, *, name: str, query_dtype: str = 
     def launch(
         q_ptr: fx.Pointer, cache_ptr: fx.Pointer, bt_ptr: fx.Pointer, seqlen_ptr: fx.Pointer,
         sinks_ptr: fx.Pointer, out_ptr: fx.Pointer, part_ptr: fx.Pointer, ml_ptr: fx.Pointer,
-        counter_ptr: fx.Pointer,
+        counter_ptr: fx.Pointer, err_ptr: fx.Pointer,
         scale: fx.Float32, softcap: fx.Float32, window: fx.Int32, num_splits: fx.Int32,
+        num_blocks: fx.Int32, bt_cols: fx.Int32,
         stride_qb: fx.Int32, stride_qh: fx.Int32, stride_ob: fx.Int32, stride_oh: fx.Int32,
         stride_cb: fx.Int32, stride_ct: fx.Int32, stride_ch: fx.Int32, stride_btb: fx.Int32,
         stream: fx.Stream = fx.Stream(None),  # noqa: B008 (FlyDSL reads the default at trace time)
     ):
         decode_kernel(q_ptr, cache_ptr, bt_ptr, seqlen_ptr, sinks_ptr, out_ptr, part_ptr, ml_ptr,
-                      counter_ptr, scale, softcap, window, num_splits, stride_qb, stride_qh, stride_ob,
-                      stride_oh, stride_cb, stride_ct, stride_ch, stride_btb).launch(
+                      counter_ptr, err_ptr, scale, softcap, window, num_splits, num_blocks, bt_cols,
+                      stride_qb, stride_qh, stride_ob, stride_oh, stride_cb, stride_ct, stride_ch,
+                      stride_btb).launch(
             grid=(1, 1, 1), block=(WAVE * W, 1, 1), stream=stream)
 
     return launch

@@ -368,6 +368,8 @@ def emulate_split(cfg: DecodeConfig, query: torch.Tensor, kv_cache: torch.Tensor
     to ~1e-6, which makes any layout slip visible. ``mx``: the gfx950 path (FP8 query groups in a
     scaled 16x16x128 MFMA; V through the FP4 conversion, which gives the same bf16 values).
     ``waves``: waves per workgroup (tiles dealt round robin, states folded W-1 .. 1 into wave 0).
+    Bounds as the kernel's: the length clamped to the block-table row, a tile whose block id is
+    outside [0, num_blocks) reads block 0 with every token masked.
     ``mx_query_map``: the FP8 operand layout the kernel packs the query for; the scaled MFMA itself is
     emulated with the layouts of :mod:`operand_maps` (a wrong belief shows as a wrong result).
     """
@@ -387,8 +389,10 @@ def emulate_split(cfg: DecodeConfig, query: torch.Tensor, kv_cache: torch.Tensor
     if mx:  # gfx950: per (head, K block) FP8 hi and lo terms, each with a power-of-two exponent
         q_terms = fp8_query_operands(q_rot, qmap)
 
-    seq_len = int(seq_lens[b])
+    seq_len = min(max(int(seq_lens[b]), 0), block_table.shape[1] * kv_cache.shape[1])
     lo, hi, t_begin, t_end = split_tiles(seq_len, num_splits, split, window)
+    page_ok = (block_table >= 0) & (block_table < kv_cache.shape[0])
+    block_table = torch.where(page_ok, block_table, torch.zeros_like(block_table))
 
     def one_wave(tiles):
         m_run = torch.full((WAVE,), float("-inf"))
@@ -423,7 +427,7 @@ def emulate_split(cfg: DecodeConfig, query: torch.Tensor, kv_cache: torch.Tensor
             else:
                 s = acc * (scale * LOG2E)
             tok = t0 + 4 * _G[:, None] + _I[None, :]  # (64, 4)
-            visible = (tok >= lo) & (tok < hi)
+            visible = (tok >= lo) & (tok < hi) & bool(page_ok[b, t0 // kv_cache.shape[1]])
             s = torch.where(visible, s, torch.full_like(s, float("-inf")))
             mt = s.amax(dim=1)
             mt = torch.maximum(mt, _xor_shuffle(mt, 16))

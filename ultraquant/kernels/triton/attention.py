@@ -17,7 +17,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .common import fwht, pow2_f32, scale_f32
+from .common import block_ids, blocks_inside, clamp_length, fwht, pow2_f32, row_capacity, scale_f32
 
 
 @triton.jit
@@ -144,9 +144,10 @@ def _load_fp16_codes(base, tmask, T: tl.constexpr, D: tl.constexpr, FP4_PTX: tl.
 
 @triton.jit
 def _attend_paged(acc_e, acc_o, vtop_run, m_i, l_i, q_e, q_o, rowfac, qpos, rmask, cache_ptr, bt_row_ptr, head_off,
-                  t_lo, t_hi, window, softcap, stride_cb, stride_ct, D: tl.constexpr, BLOCK_SIZE: tl.constexpr,
-                  TILE: tl.constexpr, HAS_WINDOW: tl.constexpr, HAS_SOFTCAP: tl.constexpr, ALIGN: tl.constexpr,
-                  FP4_PTX: tl.constexpr, V_IN_LOAD_LAYOUT: tl.constexpr):
+                  t_lo, t_hi, window, softcap, stride_cb, stride_ct, num_blocks, err_ptr, D: tl.constexpr,
+                  BLOCK_SIZE: tl.constexpr, TILE: tl.constexpr, HAS_WINDOW: tl.constexpr,
+                  HAS_SOFTCAP: tl.constexpr, ALIGN: tl.constexpr, FP4_PTX: tl.constexpr,
+                  V_IN_LOAD_LAYOUT: tl.constexpr):
     """Attend to cached tokens ``[t_lo, t_hi)`` of one request and kv head (rotated space).
 
     Query: fp16 even/odd halves times ``rowfac`` (:func:`_paged_query`); scores are two fp16 MMAs
@@ -156,25 +157,58 @@ def _attend_paged(acc_e, acc_o, vtop_run, m_i, l_i, q_e, q_o, rowfac, qpos, rmas
     of ``2**(vtop_run - 127)``. Per element the FP4 decode is a few bit operations and half an fp16x2
     multiply. ``rmask`` marks real query rows (padding rows must not steer the reference exponent).
     ALIGN (from the host: gcd of 16 and the cache strides) lets the compiler vectorize slot loads.
+
+    Bounds: one pass over the range's block ids first (one id per entry, not per token); when all
+    are inside the cache the tile loop runs without checks, else a copy of it that reads a block id
+    outside [0, num_blocks) as an empty block (its tokens masked out, nothing read).
     """
+    if blocks_inside(bt_row_ptr, t_lo, t_hi, num_blocks, err_ptr, BLOCK_SIZE):
+        acc_e, acc_o, vtop_run, m_i, l_i = _attend_tiles(
+            acc_e, acc_o, vtop_run, m_i, l_i, q_e, q_o, rowfac, qpos, rmask, cache_ptr, bt_row_ptr, head_off,
+            t_lo, t_hi, window, softcap, stride_cb, stride_ct, num_blocks, D, BLOCK_SIZE, TILE, HAS_WINDOW,
+            HAS_SOFTCAP, ALIGN, FP4_PTX, V_IN_LOAD_LAYOUT, False)
+    else:
+        acc_e, acc_o, vtop_run, m_i, l_i = _attend_tiles(
+            acc_e, acc_o, vtop_run, m_i, l_i, q_e, q_o, rowfac, qpos, rmask, cache_ptr, bt_row_ptr, head_off,
+            t_lo, t_hi, window, softcap, stride_cb, stride_ct, num_blocks, D, BLOCK_SIZE, TILE, HAS_WINDOW,
+            HAS_SOFTCAP, ALIGN, FP4_PTX, V_IN_LOAD_LAYOUT, True)
+    return acc_e, acc_o, vtop_run, m_i, l_i
+
+
+@triton.jit
+def _attend_tiles(acc_e, acc_o, vtop_run, m_i, l_i, q_e, q_o, rowfac, qpos, rmask, cache_ptr, bt_row_ptr, head_off,
+                  t_lo, t_hi, window, softcap, stride_cb, stride_ct, num_blocks, D: tl.constexpr,
+                  BLOCK_SIZE: tl.constexpr, TILE: tl.constexpr, HAS_WINDOW: tl.constexpr,
+                  HAS_SOFTCAP: tl.constexpr, ALIGN: tl.constexpr, FP4_PTX: tl.constexpr,
+                  V_IN_LOAD_LAYOUT: tl.constexpr, CHECKED: tl.constexpr):
+    """The tile loop of :func:`_attend_paged`. ``CHECKED``: a token of a block id outside the cache
+    reads nothing and carries its emptiness in its K power of two (-1: no scale byte is negative) and
+    a V power of two far below any real one (out of the reference exponent, probability flushed), so
+    the masks of the score layout need no extra layout conversion."""
     for t0 in range(t_lo, t_hi, TILE):
         toks = t0 + tl.arange(0, TILE)
-        tmask = toks < t_hi
-        blk = tl.load(bt_row_ptr + toks // BLOCK_SIZE, mask=tmask, other=0)
+        inside = toks < t_hi
+        blk, live = block_ids(bt_row_ptr, toks, inside, num_blocks, BLOCK_SIZE, CHECKED)
         off = blk.to(tl.int64) * stride_cb + (toks % BLOCK_SIZE).to(tl.int64) * stride_ct + head_off
         base = cache_ptr + tl.multiple_of(off, ALIGN)
-        k_e, k_o, ktop = _load_fp16_codes(base, tmask, TILE, D, FP4_PTX)
+        k_e, k_o, ktop = _load_fp16_codes(base, live, TILE, D, FP4_PTX)
+        tmask = inside
+        if CHECKED:
+            ktop = tl.where(live, ktop, -1)
+            tmask = inside & (ktop >= 0)
         s = tl.dot(q_e, tl.trans(k_e))
         s = tl.dot(q_o, tl.trans(k_o), s)
         s = s * rowfac[:, None] * scale_f32(ktop)[None, :]
         p, alpha, m_i, l_i = _online_softmax(s, m_i, l_i, toks, tmask, qpos, window, softcap, HAS_WINDOW,
                                              HAS_SOFTCAP)
-        v_e, v_o, vtop = _load_fp16_codes(base + (D // 2 + D // 32), tmask, TILE, D, FP4_PTX, not V_IN_LOAD_LAYOUT)
+        v_e, v_o, vtop = _load_fp16_codes(base + (D // 2 + D // 32), live, TILE, D, FP4_PTX, not V_IN_LOAD_LAYOUT)
+        if CHECKED:
+            vtop = tl.where(live, vtop, -2000)
         # New reference exponent: the largest contribution (p times the token's V power of two) of
         # this tile, or the old one shrunk by the rows' largest alpha, whichever is bigger. Then every
         # fp16 probability stays below 2 and anything flushed is 2**-24 below the largest term.
         pmax = tl.max(tl.where(rmask[:, None], p, 0.0), axis=0)
-        ctop = tl.where(tmask, vtop + _floor_log2(pmax), -1000)
+        ctop = tl.where(inside, vtop + _floor_log2(pmax), -1000)
         shrink = _floor_log2(tl.max(tl.where(rmask, alpha, 0.0), axis=0))
         run = tl.maximum(vtop_run + shrink, tl.max(ctop, axis=0))
         c = alpha * pow2_f32(tl.minimum(vtop_run - run, 127))
@@ -274,8 +308,8 @@ def _paged_acc(acc_e, acc_o, vtop_run, R: tl.constexpr, D: tl.constexpr):
 
 
 @triton.jit
-def uq_decode(q_ptr, cache_ptr, bt_ptr, seqlen_ptr, sinks_ptr, out_ptr, part_ptr, ml_ptr, counter_ptr,
-              scale, softcap, window, num_splits,
+def uq_decode(q_ptr, cache_ptr, bt_ptr, seqlen_ptr, sinks_ptr, out_ptr, part_ptr, ml_ptr, counter_ptr, err_ptr,
+              scale, softcap, window, num_splits, num_blocks, bt_cols,
               stride_qb, stride_qh, stride_ob, stride_oh,
               stride_cb, stride_ct, stride_ch, stride_btb,
               D: tl.constexpr, LOG2D: tl.constexpr, GQA: tl.constexpr, ROWS: tl.constexpr,
@@ -287,7 +321,7 @@ def uq_decode(q_ptr, cache_ptr, bt_ptr, seqlen_ptr, sinks_ptr, out_ptr, part_ptr
     kvh = tl.program_id(1)
     sp = tl.program_id(2)
     num_kv = tl.num_programs(1)
-    length = tl.load(seqlen_ptr + b)
+    length = clamp_length(tl.load(seqlen_ptr + b), bt_cols, err_ptr, BLOCK_SIZE)
     lo = 0
     if HAS_WINDOW:
         lo = tl.maximum(length - window, 0)
@@ -309,7 +343,8 @@ def uq_decode(q_ptr, cache_ptr, bt_ptr, seqlen_ptr, sinks_ptr, out_ptr, part_ptr
     l_i = tl.zeros([ROWS], dtype=tl.float32)
     acc_e, acc_o, vtop, m_i, l_i = _attend_paged(acc_e, acc_o, vtop, m_i, l_i, q_e, q_o, rowfac, qpos, rmask, cache_ptr,
                                                  bt_ptr + b.to(tl.int64) * stride_btb, kvh.to(tl.int64) * stride_ch,
-                                                 t_lo, t_hi, window, softcap, stride_cb, stride_ct, D, BLOCK_SIZE,
+                                                 t_lo, t_hi, window, softcap, stride_cb, stride_ct, num_blocks,
+                                                 err_ptr, D, BLOCK_SIZE,
                                                  TILE, HAS_WINDOW, HAS_SOFTCAP, ALIGN, FP4_PTX,
                                                  V_IN_LOAD_LAYOUT)
     acc = _paged_acc(acc_e, acc_o, vtop, ROWS, D)
@@ -349,8 +384,8 @@ def _store_partial_or_finish(acc, m_i, l_i, rows, cols, heads, rmask, out_rows, 
 
 @triton.jit
 def uq_prefill(q_ptr, k_ptr, v_ptr, cache_ptr, bt_ptr, seqlen_ptr, qsl_ptr, sinks_ptr, out_ptr,
-               part_ptr, ml_ptr, counter_ptr,
-               scale, softcap, window, num_reqs, num_splits,
+               part_ptr, ml_ptr, counter_ptr, err_ptr,
+               scale, softcap, window, num_reqs, num_splits, num_blocks, bt_cols,
                stride_qn, stride_qh, stride_kn, stride_kh, stride_vn, stride_vh, stride_on, stride_oh,
                stride_cb, stride_ct, stride_ch, stride_btb,
                D: tl.constexpr, LOG2D: tl.constexpr, GQA: tl.constexpr, GQA_PAD: tl.constexpr,
@@ -382,6 +417,7 @@ def uq_prefill(q_ptr, k_ptr, v_ptr, cache_ptr, bt_ptr, seqlen_ptr, qsl_ptr, sink
         q_start = tl.load(qsl_ptr + req)
         q_len = tl.load(qsl_ptr + req + 1) - q_start
         length = tl.load(seqlen_ptr + req)
+        cap = row_capacity(length, bt_cols, err_ptr, BLOCK_SIZE)
         ctx = length - q_len
         rows = tl.arange(0, ROWS)
         qi = tile * QT + rows // GQA_PAD
@@ -404,13 +440,14 @@ def uq_prefill(q_ptr, k_ptr, v_ptr, cache_ptr, bt_ptr, seqlen_ptr, qsl_ptr, sink
             lo = tl.maximum(pos_first - window + 1, 0)
         per = tl.cdiv(tl.cdiv(tl.maximum(ctx - lo, 0), num_splits), TILE) * TILE
         c_lo = lo + sp * per
-        c_hi = tl.minimum(c_lo + per, ctx)
+        c_hi = tl.minimum(tl.minimum(c_lo + per, ctx), cap)  # the cache is read within the row only
         if c_lo < c_hi:
             q_e, q_o, rowfac = _paged_query(q, scale, ROWS, D, LOG2D, HAS_SOFTCAP)
             acc_e, acc_o, vtop, m_i, l_i = _attend_paged(acc_e, acc_o, vtop, m_i, l_i, q_e, q_o, rowfac, qpos,
                                                          rmask, cache_ptr, bt_ptr + req.to(tl.int64) * stride_btb,
                                                          kvh.to(tl.int64) * stride_ch, c_lo, c_hi, window,
-                                                         softcap, stride_cb, stride_ct, D, BLOCK_SIZE, TILE,
+                                                         softcap, stride_cb, stride_ct, num_blocks, err_ptr, D,
+                                                         BLOCK_SIZE, TILE,
                                                          HAS_WINDOW, HAS_SOFTCAP, ALIGN, FP4_PTX,
                                                          V_IN_LOAD_LAYOUT)
         acc = _paged_acc(acc_e, acc_o, vtop, ROWS, D)

@@ -12,6 +12,59 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from ..flags import KernelError
+
+ERR_SLOT = tl.constexpr(KernelError.SLOT_OUT_OF_RANGE.bit_length() - 1)
+ERR_BLOCK = tl.constexpr(KernelError.BLOCK_OUT_OF_RANGE.bit_length() - 1)
+ERR_SEQ_LEN = tl.constexpr(KernelError.SEQ_LEN_OUT_OF_RANGE.bit_length() - 1)
+"""Indices of the error words (``err_ptr``) the kernels store 1 into (:mod:`ultraquant.kernels.flags`)."""
+
+
+@triton.jit
+def row_capacity(length, bt_cols, err_ptr, BLOCK_SIZE: tl.constexpr):
+    """Tokens a block-table row covers; a request ``length`` outside [0, that] sets the error word."""
+    cap = bt_cols * BLOCK_SIZE
+    tl.store(err_ptr + ERR_SEQ_LEN, 1, mask=(length < 0) | (length > cap))
+    return cap
+
+
+@triton.jit
+def clamp_length(length, bt_cols, err_ptr, BLOCK_SIZE: tl.constexpr):
+    """A request's length clamped to [0, what its block-table row covers] (:func:`row_capacity`)."""
+    return tl.minimum(tl.maximum(length, 0), row_capacity(length, bt_cols, err_ptr, BLOCK_SIZE))
+
+
+@triton.jit
+def blocks_inside(bt_row_ptr, t_lo, t_hi, num_blocks, err_ptr, BLOCK_SIZE: tl.constexpr, CHUNK: tl.constexpr = 64):
+    """True when every block id covering tokens ``[t_lo, t_hi)`` of a block-table row is inside
+    [0, num_blocks); otherwise sets the error word. One check per entry (CHUNK entries a step), not
+    per token: callers branch once to a loop without per-token checks."""
+    hi = tl.cdiv(t_hi, BLOCK_SIZE)
+    bad = tl.zeros([CHUNK], dtype=tl.int32)
+    for j0 in range(t_lo // BLOCK_SIZE, hi, CHUNK):
+        j = j0 + tl.arange(0, CHUNK)
+        used = j < hi
+        blk = tl.load(bt_row_ptr + j, mask=used, other=0)
+        bad = bad | (used & ((blk < 0) | (blk >= num_blocks))).to(tl.int32)
+    found = tl.max(bad, axis=0)
+    tl.store(err_ptr + ERR_BLOCK, 1, mask=found != 0)
+    return found == 0
+
+
+@triton.jit
+def block_ids(bt_row_ptr, toks, tmask, num_blocks, BLOCK_SIZE: tl.constexpr, CHECKED: tl.constexpr):
+    """Block ids of tokens ``toks`` (where ``tmask``) from one block-table row, and the tokens to read.
+
+    ``CHECKED`` (attention: a range :func:`blocks_inside` found a bad id in; dequant: always): ids
+    outside [0, num_blocks) become 0 and their tokens leave the returned mask (an empty block: never
+    read). Otherwise the mask is ``tmask``.
+    """
+    blk = tl.load(bt_row_ptr + toks // BLOCK_SIZE, mask=tmask, other=0)
+    if CHECKED:
+        ok = (blk >= 0) & (blk < num_blocks)
+        return tl.where(ok, blk, 0), tmask & ok
+    return blk, tmask
+
 
 @triton.jit
 def fwht(x, R: tl.constexpr, D: tl.constexpr, LOG2D: tl.constexpr):

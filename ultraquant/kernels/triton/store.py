@@ -5,20 +5,21 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .common import fwht, quantize_store
+from .common import ERR_SLOT, fwht, quantize_store
 
 
 @triton.jit
-def uq_store_kv(key_ptr, value_ptr, cache_ptr, slot_ptr,
-                n_rows, num_kv_heads, block_size,
+def uq_store_kv(key_ptr, value_ptr, cache_ptr, slot_ptr, err_ptr,
+                n_rows, num_kv_heads, block_size, num_slots,
                 stride_kn, stride_kh, stride_vn, stride_vh,
                 stride_cb, stride_ct, stride_ch,
                 D: tl.constexpr, LOG2D: tl.constexpr, ENCODER: tl.constexpr, BLOCK_R: tl.constexpr):
     """One program quantizes BLOCK_R (token, kv head) rows of K and V.
 
     Row r is token ``r // Hk``, kv head ``r % Hk``; its slot is ``slot_mapping[token]`` (negative:
-    skipped, nothing written). K is rotated in registers by a Walsh-Hadamard butterfly (float32),
-    then both are quantized per group of 32 (UE8M0 scale + FP4 E2M1 codes, nibble-packed).
+    skipped, nothing written; ``>= num_slots`` (blocks x block size): skipped too, and error word
+    ERR_SLOT set). K is rotated in registers by a Walsh-Hadamard butterfly (float32), then both are quantized
+    per group of 32 (UE8M0 scale + FP4 E2M1 codes, nibble-packed).
     """
     pid = tl.program_id(0)
     rows = pid * BLOCK_R + tl.arange(0, BLOCK_R)
@@ -26,7 +27,9 @@ def uq_store_kv(key_ptr, value_ptr, cache_ptr, slot_ptr,
     tok = rows // num_kv_heads
     head = rows % num_kv_heads
     slot = tl.load(slot_ptr + tok, mask=in_range, other=-1).to(tl.int64)
-    valid = in_range & (slot >= 0)
+    beyond = in_range & (slot >= num_slots)
+    tl.store(err_ptr + ERR_SLOT + tl.zeros_like(rows), 1, mask=beyond)
+    valid = in_range & (slot >= 0) & ~beyond
     slot = tl.where(valid, slot, 0)
     blk = slot // block_size
     off = slot % block_size
