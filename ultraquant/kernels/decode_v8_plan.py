@@ -4,9 +4,10 @@ v8 (``ultraquant/kernels/gluon/decode_v8.py``) is an NVIDIA sm_90+ Gluon kernel:
 kv heads of a token range and streams them through a ``cp.async`` shared-memory ring of whole 16-token
 runs. It covers D = 128, GQA <= 16, 1 <= Hk <= 8 (a power of two), blocks that are a multiple of 16
 tokens, head-major caches whose 16-token runs are contiguous and 16-byte aligned
-(:func:`whole_runs`); :func:`v8_supports` is the rule, everything else is v7's. Same
-run-time arguments as v7 (``DECODE_PARAMS``) and the same per-device workspace. Not routed by the
-production plan routes every decode that :func:`v8_call` accepts here (``ultraquant.kernels.plans.plan_decode``).
+(:func:`whole_runs`); :func:`v8_supports` is the rule, everything else is v7's. Same run-time
+arguments as v7 (``DECODE_PARAMS``, the bounds contract's included) and the same per-device
+workspace. The production plan (``ultraquant.kernels.plans.plan_decode``) routes every decode that
+:func:`v8_call` accepts here.
 """
 
 from __future__ import annotations
