@@ -113,3 +113,21 @@ def test_decode_v8_graph_replay_new_seq_lens_and_stream():
     """Capture once on a side stream, replay with other seq_lens (tickets reset themselves), through the
     routed public API (the case is v8's: D=128, GQA 4, head-major)."""
     check_graph_replay_and_stream(uq.decode_attention)
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_decode_v8_bounds_contract(monkeypatch, seed):
+    """Issue 17's contract on v8 (one kv head: v8 reads any layout whole): garbage block ids read as
+    empty blocks, lengths clamped to the row, error bits set, guards and cache unchanged, 1 and 3
+    splits (tests/bounds_cases.py's decode case through the routed API)."""
+    from tests import bounds_cases
+
+    monkeypatch.delenv("ULTRAQUANT_CHECK_VALUES", raising=False)
+    p = bounds_cases.Problem("cuda", seed, hk=1, gqa=4, bs=16)
+    assert plans.takes_v8(128, 4, 1, 16, tuple(p.cache.stride()), p.cache.device,
+                          cache_aligned=p.cache.data_ptr() % 16 == 0)
+    uq.check_errors()
+    failures: list[str] = []
+    for splits in (1, 3):
+        bounds_cases.decode_case(p, failures, splits)
+    assert failures == []

@@ -29,9 +29,13 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy, mma_v2
 
+from ..flags import KernelError
 from ..triton.attention import _nibble_pair
 
 LOG2E = gl.constexpr(1.4426950408889634)
+ERR_BLOCK = gl.constexpr(KernelError.BLOCK_OUT_OF_RANGE.bit_length() - 1)
+ERR_SEQ_LEN = gl.constexpr(KernelError.SEQ_LEN_OUT_OF_RANGE.bit_length() - 1)
+"""Error words (``err_ptr``) of the bounds contract (docs/kernels.md, "Bounds"), as the Triton kernels'."""
 
 _FP4_SCALED_ASM = gl.constexpr(" ".join([
     "{ .reg .b32 x, y, a, c;",
@@ -187,13 +191,16 @@ def _fwht_rows(x, NW: gl.constexpr, R: gl.constexpr, D: gl.constexpr, LOG2D: gl.
 
 
 @gluon.jit
-def _issue_stage(ring, stage, cache_ptr, bt_row, t0, t_hi, stride_cb, stride_ch, NSUB: gl.constexpr,
-                 NW: gl.constexpr, WT: gl.constexpr, SLOT: gl.constexpr, BLOCK_SIZE: gl.constexpr):
+def _issue_stage(ring, stage, cache_ptr, bt_row, t0, t_hi, stride_cb, stride_ch, inside, num_blocks,
+                 NSUB: gl.constexpr, NW: gl.constexpr, WT: gl.constexpr, SLOT: gl.constexpr,
+                 BLOCK_SIZE: gl.constexpr):
     """Start the async copies of tokens ``[t0, t0 + NSUB*WT*16)`` of every kv head into ring stage
     ``stage``: ``NR = NSUB*NW`` runs (run ``q = j*NW + w``: kv head ``w // WT``, the 16 tokens
     ``t0 + j*WT*16 + (w % WT)*16``), each ``16*SLOT`` contiguous bytes of a head-major page, copied
     whole as ``SLOT/8`` rows of 128 B: ``16*NR`` rows with 16-byte ``cp.async``, the last ``NR`` rows with
-    ``min(NSUB, 4)*4``-byte ones. Runs starting at or past ``t_hi`` are zero-filled (no read)."""
+    ``min(NSUB, 4)*4``-byte ones. Runs starting at or past ``t_hi`` are zero-filled (no read); unless
+    ``inside`` (:func:`_blocks_inside` of the program's range), so are runs of block ids outside
+    ``[0, num_blocks)``."""
     NR: gl.constexpr = NSUB * NW
     RUN: gl.constexpr = SLOT // 8                     # 128-byte rows per run (17 at SLOT = 136)
     V: gl.constexpr = 4 if NSUB >= 4 else NSUB          # words per copy of the last rows
@@ -206,13 +213,13 @@ def _issue_stage(ring, stage, cache_ptr, bt_row, t0, t_hi, stride_cb, stride_ch,
     if one_block:
         blk = gl.load(bt_row + t0 // BLOCK_SIZE, mask=t0 < t_hi, other=0).to(gl.int64)
     r = gl.expand_dims(gl.arange(0, NR * (RUN - 1), gl.SliceLayout(1, CL)), 1)
-    base, ok = _run_rows(r, RUN, bt_row, t0, t_hi, stride_cb, stride_ch, blk, one_block,
+    base, ok = _run_rows(r, RUN, bt_row, t0, t_hi, stride_cb, stride_ch, blk, one_block, inside, num_blocks,
                          NW, WT, SLOT, BLOCK_SIZE)
     w = gl.expand_dims(gl.arange(0, 32, gl.SliceLayout(0, CL)), 0)
     p = gl.multiple_of((cache_ptr + base).to(gl.pointer_type(gl.int32)), [16, 16])
     async_copy.async_copy_global_to_shared(rows.slice(0, NR * (RUN - 1)), p + w, mask=ok & (w >= 0))
     r2 = gl.expand_dims(gl.arange(0, NR, gl.SliceLayout(1, RL)), 1) + NR * (RUN - 1)
-    base2, ok2 = _run_rows(r2, RUN, bt_row, t0, t_hi, stride_cb, stride_ch, blk, one_block,
+    base2, ok2 = _run_rows(r2, RUN, bt_row, t0, t_hi, stride_cb, stride_ch, blk, one_block, inside, num_blocks,
                            NW, WT, SLOT, BLOCK_SIZE)
     w2 = gl.expand_dims(gl.arange(0, 32, gl.SliceLayout(0, RL)), 0)
     p2 = gl.multiple_of((cache_ptr + base2).to(gl.pointer_type(gl.int32)), [16, 16])
@@ -221,23 +228,45 @@ def _issue_stage(ring, stage, cache_ptr, bt_row, t0, t_hi, stride_cb, stride_ch,
 
 @gluon.jit
 def _run_rows(r, RUN: gl.constexpr, bt_row, t0, t_hi, stride_cb, stride_ch, blk, one_block: gl.constexpr,
-              NW: gl.constexpr, WT: gl.constexpr, SLOT: gl.constexpr, BLOCK_SIZE: gl.constexpr):
+              inside, num_blocks, NW: gl.constexpr, WT: gl.constexpr, SLOT: gl.constexpr,
+              BLOCK_SIZE: gl.constexpr):
     """Byte offsets in the cache of the stage rows ``r`` (row ``r`` = 128-byte piece ``r % RUN`` of run
-    ``r // RUN``) and which rows to read (their run starts before ``t_hi``)."""
+    ``r // RUN``) and which rows to read (their run starts before ``t_hi`` and, unless ``inside``, its
+    block id is inside ``[0, num_blocks)``)."""
     q = r // RUN
     w = q % NW
     tok = t0 + (q // NW) * (WT * 16) + (w % WT) * 16
     ok = tok < t_hi
     if not one_block:
         blk = gl.load(bt_row + tok // BLOCK_SIZE, mask=ok, other=0).to(gl.int64)
+    ok = ok & (inside | ((blk >= 0) & (blk < num_blocks)))
     base = (blk * stride_cb + (w // WT).to(gl.int64) * stride_ch
             + ((tok % BLOCK_SIZE) * SLOT + (r % RUN) * 128).to(gl.int64))
     return base, ok
 
 
 @gluon.jit
-def uq_decode_v8(q_ptr, cache_ptr, bt_ptr, seqlen_ptr, sinks_ptr, out_ptr, part_ptr, ml_ptr, counter_ptr,
-                 scale, softcap, window, num_splits,
+def _blocks_inside(bt_row, t_lo, t_hi, num_blocks, err_ptr, BLOCK_SIZE: gl.constexpr, NW: gl.constexpr):
+    """True when every block id covering tokens ``[t_lo, t_hi)`` of a block-table row is inside
+    ``[0, num_blocks)`` (else sets the error word): one check per entry, once per program, as the
+    Triton kernels' ``blocks_inside``; the loop then masks per token only when this is False."""
+    L: gl.constexpr = gl.BlockedLayout([1], [32], [NW], [0])
+    CHUNK: gl.constexpr = 32 * NW
+    hi = gl.cdiv(t_hi, BLOCK_SIZE)
+    bad = gl.zeros([CHUNK], gl.int32, L)
+    for j0 in range(t_lo // BLOCK_SIZE, hi, CHUNK):
+        j = j0 + gl.arange(0, CHUNK, L)
+        used = j < hi
+        blk = gl.load(bt_row + j, mask=used, other=0)
+        bad = bad | (used & ((blk < 0) | (blk >= num_blocks))).to(gl.int32)
+    found = gl.max(bad, axis=0)
+    gl.store(err_ptr + ERR_BLOCK, 1, mask=found != 0)
+    return found == 0
+
+
+@gluon.jit
+def uq_decode_v8(q_ptr, cache_ptr, bt_ptr, seqlen_ptr, sinks_ptr, out_ptr, part_ptr, ml_ptr, counter_ptr, err_ptr,
+                 scale, softcap, window, num_splits, num_blocks, bt_cols,
                  stride_qb, stride_qh, stride_ob, stride_oh,
                  stride_cb, stride_ct, stride_ch, stride_btb,
                  D: gl.constexpr, LOG2D: gl.constexpr, GQA: gl.constexpr, ROWS: gl.constexpr,
@@ -310,6 +339,9 @@ def uq_decode_v8(q_ptr, cache_ptr, bt_ptr, seqlen_ptr, sinks_ptr, out_ptr, part_
     b = gl.program_id(0)
     sp = gl.program_id(2)
     length = gl.load(seqlen_ptr + b)
+    cap = bt_cols * BLOCK_SIZE  # bounds: a length outside [0, the row's capacity] is clamped, error word set
+    gl.store(err_ptr + ERR_SEQ_LEN, 1, mask=(length < 0) | (length > cap))
+    length = gl.minimum(gl.maximum(length, 0), cap)
     lo = 0
     if HAS_WINDOW:
         lo = gl.maximum(length - window, 0)
@@ -319,11 +351,12 @@ def uq_decode_v8(q_ptr, cache_ptr, bt_ptr, seqlen_ptr, sinks_ptr, out_ptr, part_
     t_hi = gl.minimum(t_lo + per, length)
     n_it = gl.cdiv(gl.maximum(t_hi - t_lo, 0), TT)
     bt_row = bt_ptr + b.to(gl.int64) * stride_btb
+    inside = _blocks_inside(bt_row, t_lo, t_hi, num_blocks, err_ptr, BLOCK_SIZE, NW)
 
     # ---- prologue: STAGES - 1 stages in flight
     for i in gl.static_range(STAGES - 1):
-        _issue_stage(ring, i, cache_ptr, bt_row, t_lo + i * TT, t_hi, stride_cb, stride_ch, NSUB, NW, WT, SLOT,
-                     BLOCK_SIZE)
+        _issue_stage(ring, i, cache_ptr, bt_row, t_lo + i * TT, t_hi, stride_cb, stride_ch, inside, num_blocks,
+                     NSUB, NW, WT, SLOT, BLOCK_SIZE)
         async_copy.commit_group()
 
     # ---- query: rotate, scale, fp16 halves times a per-row power of two (as v7), once
@@ -384,8 +417,8 @@ def uq_decode_v8(q_ptr, cache_ptr, bt_ptr, seqlen_ptr, sinks_ptr, out_ptr, part_
         async_copy.wait_group(STAGES - 2)
         gl.thread_barrier()
         nxt = (it + STAGES - 1) % STAGES
-        _issue_stage(ring, nxt, cache_ptr, bt_row, t_lo + (it + STAGES - 1) * TT, t_hi, stride_cb, stride_ch, NSUB,
-                     NW, WT, SLOT, BLOCK_SIZE)
+        _issue_stage(ring, nxt, cache_ptr, bt_row, t_lo + (it + STAGES - 1) * TT, t_hi, stride_cb, stride_ch,
+                     inside, num_blocks, NSUB, NW, WT, SLOT, BLOCK_SIZE)
         async_copy.commit_group()
         cur = (it % STAGES) * NSUB
         t0 = t_lo + it * TT
@@ -421,6 +454,9 @@ def uq_decode_v8(q_ptr, cache_ptr, bt_ptr, seqlen_ptr, sinks_ptr, out_ptr, part_
                 live = ts < t_hi
                 if HAS_WINDOW:
                     live = live & (ts >= lo)
+                if not inside:  # a range with a bad block id (bounds): its tokens are empty
+                    tb = gl.load(bt_row + ts // BLOCK_SIZE, mask=live, other=0)
+                    live = live & (tb >= 0) & (tb < num_blocks)
                 s = gl.where(gl.expand_dims(live, RAX), s, float("-inf"))
                 m_new = gl.maximum(m_i, gl.max(s, axis=TAX))
                 m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)
