@@ -3,7 +3,7 @@
 # ultraquant.decode_attention under ULTRAQUANT_BACKEND=aot (the sm_90 blobs of $ULTRAQUANT_GENERATED;
 # only the cases those blobs cover) and =triton (every routed case), graph capture + replay, the
 # blobs' own self-tests (verify --device), then decode A, B, D: v8 AOT / v8 JIT / v7 AOT / v7 JIT vs
-# bf16 SDPA. Writes $OUT/v8route/{env.txt,*.log,bench.json}. Run from the repo root:
+# bf16 SDPA; the bounds contract (issue 17) on v8 (garbage block ids / lengths). Writes $OUT/v8route/{env.txt,*.log,bench.json}. Run from the repo root:
 #   PYTHONPATH=$PWD ULTRAQUANT_GENERATED=$PWD/generated bash tools/v8_route_device.sh
 # The blobs: make kernels ARCH=sm_90 HEAD_SIZES=128 GQA=1,4,16 BLOCK_SIZES=16,32,64 KV_HEADS=1,4,8 \
 #   OPS=decode_attention,decode_attention_v8
@@ -24,7 +24,7 @@ ULTRAQUANT_BACKEND=aot ULTRAQUANT_CACHE_DIR="$D/cache-aot" timeout ${TEST_S:-75}
   "$G::test_decode_v8[gqa4-hk8-b64-long]" "$G::test_decode_v8[gqa4-hk8-b64-sinks]" \
   "$G::test_decode_v8[gqa16-hk1-b16-batch64]" "$G::test_decode_v8[gqa1-hk4-b16-sinks]" \
   "$G::test_decode_v8[gqa16-hk8-b32]" "$G::test_decode_v8_wide_dynamic_range" \
-  "$G::test_decode_v8_graph_replay_new_seq_lens_and_stream" \
+  "$G::test_decode_v8_graph_replay_new_seq_lens_and_stream" "$G::test_decode_v8_bounds_contract" \
   "$K::test_decode[d128-gqa4-b64-long-native]" "$K::test_decode[d128-gqa16-b16-batch64-native]" \
   "$K::test_decode_wide_dynamic_range[native]" "$K::test_decode_graph_replay_new_seq_lens_and_stream" \
   > "$D/tests_aot.log" 2>&1 &
