@@ -246,6 +246,7 @@ def decode_attention(query: torch.Tensor, kv_cache: torch.Tensor, block_table: t
     try:
         sig = ("decode", query.__class__, query.shape, query.stride(), query.dtype, query.device,
                kv_cache.__class__, kv_cache.shape, kv_cache.stride(), kv_cache.dtype, kv_cache.device,
+               kv_cache.data_ptr() % 16,  # the plan's rule reads it (decode v8 needs 16-byte aligned pages)
                block_table.__class__, block_table.shape, block_table.stride(), block_table.dtype,
                block_table.device, seq_lens.__class__, seq_lens.shape, seq_lens.dtype, seq_lens.device,
                _t(sinks), _t(out),
