@@ -25,7 +25,7 @@ ULTRAQUANT_BACKEND=aot ULTRAQUANT_CACHE_DIR="$D/cache-aot" timeout ${TEST_S:-75}
   "$G::test_decode_v8[gqa16-hk1-b16-batch64]" "$G::test_decode_v8[gqa1-hk4-b16-sinks]" \
   "$G::test_decode_v8[gqa16-hk8-b32]" "$G::test_decode_v8_wide_dynamic_range" \
   "$G::test_decode_v8_graph_replay_new_seq_lens_and_stream" "$G::test_decode_v8_bounds_contract" \
-  "$K::test_decode[d128-gqa4-b64-long-native]" "$K::test_decode[d128-gqa16-b16-batch64-native]" \
+  "$K::test_decode[native-d128-gqa4-b64-long]" "$K::test_decode[native-d128-gqa16-b16-batch64]" \
   "$K::test_decode_wide_dynamic_range[native]" "$K::test_decode_graph_replay_new_seq_lens_and_stream" \
   > "$D/tests_aot.log" 2>&1 &
 A=$!
