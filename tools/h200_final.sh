@@ -29,7 +29,7 @@ if step prefill; then
   last "$LOG/prefill_routes_gpu.log"
 fi
 if step attention; then
-  timeout ${T_ATTN:-60} "${PYT[@]}" -m gpu tests/gpu/test_attention_gpu.py > "$LOG/attention_gpu.log" 2>&1
+  timeout ${T_ATTN:-150} "${PYT[@]}" -m gpu tests/gpu/test_attention_gpu.py > "$LOG/attention_gpu.log" 2>&1
   last "$LOG/attention_gpu.log"
 fi
 if step v8; then
