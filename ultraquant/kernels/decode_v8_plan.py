@@ -21,7 +21,16 @@ from ..errors import UltraQuantError
 from ..format import check_head_size, slot_size
 from .flags import error_words
 from .heuristics import cdiv, num_sms
-from .specs import ALIGNABLE, DECODE_PARAMS, Specialization, _signature, _tname, fit_divisible, pow2_at_least
+from .specs import (
+    ALIGNABLE,
+    DECODE_PARAMS,
+    Specialization,
+    _signature,
+    _tname,
+    decode_args,
+    fit_divisible,
+    pow2_at_least,
+)
 from .workspace import _dummy_f32, decode_workspace
 
 if TYPE_CHECKING:
@@ -133,12 +142,9 @@ def plan_decode_v8(query: torch.Tensor, kv_cache: torch.Tensor, block_table: tor
     stream_out = b * splits * spec.num_warps * c["TW"]  # the no-math stream's per-program words
     part, ml, counter = decode_workspace(query.device, max(parts * c["ROWS"] * d, stream_out),
                                          parts * 2 * c["ROWS"], b * hk)
-    args = (query, kv_cache, block_table, seq_lens, sinks if sinks is not None else _dummy_f32(query.device),
-            out, part, ml, counter, error_words(query.device),
-            float(scale), float(softcap or 0.0), int(sliding_window or 0), splits,
-            kv_cache.shape[0], block_table.shape[1],
-            query.stride(0), query.stride(1), out.stride(0), out.stride(1),
-            kv_cache.stride(0), kv_cache.stride(1), kv_cache.stride(2), block_table.stride(0))
+    args = decode_args(query, kv_cache, block_table, seq_lens,
+                       sinks if sinks is not None else _dummy_f32(query.device), out, (part, ml, counter),
+                       error_words(query.device), scale, softcap, sliding_window, splits)
     return LaunchPlan(fit_divisible(spec, args), args, (b, 1, splits), notes={"num_splits": splits})
 
 

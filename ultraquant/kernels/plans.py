@@ -17,6 +17,7 @@ from .flags import error_words
 from .heuristics import STORE_FEW_ROWS_PER_SM, cdiv, decode_splits, num_sms, prefill_splits
 from .specs import (
     Specialization,
+    decode_args,
     decode_spec,
     dequant_spec,
     fit_divisible,
@@ -141,12 +142,9 @@ def plan_decode(query: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.
     splits = decode_splits(b, hk, block_table.shape[1] * bs, query.device, d, tuning.decode_splits)
     part, ml, counter = decode_workspace(query.device, b * hk * splits * rows * d, b * hk * splits * 2 * rows,
                                          b * hk)
-    args = (query, kv_cache, block_table, seq_lens, sinks if sinks is not None else _dummy_f32(query.device),
-            out, part, ml, counter, error_words(query.device),
-            float(scale), float(softcap or 0.0), int(sliding_window or 0), splits,
-            kv_cache.shape[0], block_table.shape[1],
-            query.stride(0), query.stride(1), out.stride(0), out.stride(1),
-            kv_cache.stride(0), kv_cache.stride(1), kv_cache.stride(2), block_table.stride(0))
+    args = decode_args(query, kv_cache, block_table, seq_lens,
+                       sinks if sinks is not None else _dummy_f32(query.device), out, (part, ml, counter),
+                       error_words(query.device), scale, softcap, sliding_window, splits)
     return LaunchPlan(fit_divisible(spec, args), args, (b, hk, splits), notes={"num_splits": splits})
 
 

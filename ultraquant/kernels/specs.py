@@ -97,6 +97,20 @@ DECODE_PARAMS: tuple[tuple[str, str], ...] = (
     ("stride_qb", "i32"), ("stride_qh", "i32"), ("stride_ob", "i32"), ("stride_oh", "i32"),
     ("stride_cb", "i32"), ("stride_ct", "i32"), ("stride_ch", "i32"), ("stride_btb", "i32"),
 )
+
+
+def decode_args(query: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tensor, seq_lens: torch.Tensor,
+                sinks: torch.Tensor, out: torch.Tensor, workspace: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
+                err: torch.Tensor, scale: float, softcap: float | None, window: int | None,
+                splits: int) -> tuple[Any, ...]:
+    """The run-time arguments of every decode kernel (v7, v8, the FlyDSL decodes), in DECODE_PARAMS order."""
+    return (query, kv_cache, block_table, seq_lens, sinks, out, *workspace, err,
+            float(scale), float(softcap or 0.0), int(window or 0), splits,
+            kv_cache.shape[0], block_table.shape[1],
+            query.stride(0), query.stride(1), out.stride(0), out.stride(1),
+            kv_cache.stride(0), kv_cache.stride(1), kv_cache.stride(2), block_table.stride(0))
+
+
 PREFILL_PARAMS: tuple[tuple[str, str], ...] = (
     ("q_ptr", "*{query}"), ("k_ptr", "*{key}"), ("v_ptr", "*{key}"), ("cache_ptr", "*u8"),
     ("bt_ptr", "*i32"), ("seqlen_ptr", "*i32"), ("qsl_ptr", "*i32"), ("sinks_ptr", "*fp32"),
