@@ -3,8 +3,9 @@ in one run, timed like ``ultraquant bench`` (CUDA-graph replay, no flush, head-m
 
     python tools/v8_bench.py --json out.json [--shapes A,B,C,D] [--rings 8:2x4,8:2x4:m16,16:1x4]
 
-``--rings`` lists ``warps:NSUBxSTAGES[:m16]`` variants (``m16``: query rows as 16 MMA M rows instead of
-8 N rows; 16 warps run under a 128-register cap; v8 covers
+``--rings`` lists ``warps:NSUBxSTAGES[:m16][:r128]`` variants (``m16``: query rows as 16 MMA M rows instead
+of 8 N rows; 16 warps, and ``r128``, run under a 128-register cap: two 8-warp programs per SM when the
+ring fits twice; v8 covers
 D=128 only, so D=256 shapes get no v8 rows); the no-math stream of a variant (gate 1) is timed for the
 first variant only unless ``--stream-all``. Prints a table last.
 """
@@ -45,7 +46,8 @@ def _variants(spec: str) -> list[V8Tuning]:
     for variant in spec.split(","):
         warps, ring, *flags = variant.split(":")
         nsub, stages = (int(x) for x in ring.split("x"))
-        out.append(V8Tuning(warps=int(warps), nsub=nsub, stages=stages, maxnreg=128 if warps == "16" else None,
+        capped = warps == "16" or "r128" in flags
+        out.append(V8Tuning(warps=int(warps), nsub=nsub, stages=stages, maxnreg=128 if capped else None,
                             rows_in_n="m16" not in flags))
     return out
 
@@ -94,7 +96,8 @@ def main() -> None:
         for i, base in enumerate(_variants(a.rings) if ok else []):
             for k in (float(x) for x in a.splits_scale.split(",")):
                 t = V8Tuning(**{**base.__dict__, "splits": max(1, int(base_splits * k))})
-                tag = f"w{t.warps} ring {t.nsub}x{t.stages}{'' if t.rows_in_n else ' m16'} splits {t.splits}"
+                tag = (f"w{t.warps} ring {t.nsub}x{t.stages}{'' if t.rows_in_n else ' m16'}"
+                       f"{' r128' if t.maxnreg else ''} splits {t.splits}")
                 stream = not a.no_stream and (i == 0 or a.stream_all)
                 for math in ([False] if stream else []) + [True]:
                     attempt(shape, f"v8 {'decode' if math else 'stream'} {tag}",

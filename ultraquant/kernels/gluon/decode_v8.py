@@ -50,6 +50,42 @@ _FP4_SCALED_ASM = gl.constexpr(" ".join([
 """v7's nibble -> fp16 PTX (``_nibble_pair``) with the relative scales ($5, $6) multiplied in."""
 
 
+def _qk_ptx() -> str:
+    """PTX of :func:`_qk_runs`: per scale group g, the K words of tokens n and n + 8 become fp16 A
+    fragments of two ``m16n8k16`` steps (PRMT puts bytes 0, 1 / 2, 3 in the 16-bit lanes, then
+    ``_nibble_pair``: low nibbles are the first step's k pairs, high nibbles the second's), two MMAs
+    with the query fragments $16 + 4g .. $19 + 4g, then the group's UE8M0 scale (byte g of the scale
+    words $12 / $14: ``byte << 23`` is ``2**(byte - 127)``) times the group's scores, summed in $0..$3."""
+    lines = ["{ .reg .b32 a, c, x0, x1, y0, y1, a0, a1, a2, a3, fa, fb; .reg .f32 e0, e1, e2, e3, z;",
+             "mov.f32 z, 0f00000000;"]
+    mma = "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {e0, e1, e2, e3}, {a0, a1, a2, a3}, "
+    for g in range(4):
+        x = 4 + (g % 2) + 4 * (g // 2)  # token n's word of group g; token n + 8's is 2 further
+        lines += [f"prmt.b32 x0, ${x}, 0, 0x4140; prmt.b32 x1, ${x}, 0, 0x4342;",
+                  f"prmt.b32 y0, ${x + 2}, 0, 0x4140; prmt.b32 y1, ${x + 2}, 0, 0x4342;"]
+        q = 16 + 4 * g
+        for step, (xs, ys) in enumerate((("x0", "y0"), ("x1", "y1"))):
+            lines += [_nibble_pair("a0", xs, 9, 12), _nibble_pair("a1", ys, 9, 12),
+                      _nibble_pair("a2", xs, 5, 8), _nibble_pair("a3", ys, 5, 8)]
+            acc = "{z, z, z, z}" if step == 0 else "{e0, e1, e2, e3}"
+            lines += [mma + f"{{${q + 2 * step}, ${q + 2 * step + 1}}}, {acc};"]
+        shift = 23 - 8 * g
+        lines += [f"shl.b32 fa, $12, {shift}; shl.b32 fb, $14, {shift};" if shift > 0
+                  else "shr.b32 fa, $12, 1; shr.b32 fb, $14, 1;",
+                  "and.b32 fa, fa, 0x7F800000; and.b32 fb, fb, 0x7F800000;"]
+        if g == 0:
+            lines += ["mul.f32 $0, e0, fa; mul.f32 $1, e1, fa; mul.f32 $2, e2, fb; mul.f32 $3, e3, fb;"]
+        else:
+            lines += ["fma.rn.f32 $0, e0, fa, $0; fma.rn.f32 $1, e1, fa, $1; fma.rn.f32 $2, e2, fb, $2;",
+                      "fma.rn.f32 $3, e3, fb, $3;"]
+    return " ".join(lines + ["}"])
+
+
+_QK_ASM = gl.constexpr(_qk_ptx())
+_QK_CONSTRAINTS = gl.constexpr(",".join(["=f"] * 4 + ["r"] * 28))
+"""Scores of one 16-token run (:func:`_qk_runs`): 4 scores out, 7 x 4 words in."""
+
+
 @gluon.constexpr_function
 def _v_layout(nw, tw, words=False):
     """V bytes as read from shared memory: [NW, TW tokens, 8 (lane group g), 8 (byte r)], byte 8g + r
@@ -80,13 +116,16 @@ def _physical_token(j):
 
 
 @gluon.constexpr_function
-def _slot_layout(interval, pad, shape):
+def _slot_layout(interval, pad, shape, last=None):
     """Padded view of ring entries ``[NW, 16 tokens, 2, ...]``: identity over the slot piece (the last
-    axes), ``interval + pad`` elements per slot, run tokens permuted by ``TOKEN_BASES``."""
+    axes; ``last``: the logical index of each bit of the last axis instead), ``interval + pad`` elements
+    per slot, run tokens permuted by ``TOKEN_BASES``."""
     bases = []
     for dim in reversed(range(len(shape))):
         for bit in range(shape[dim].bit_length() - 1):
             v = TOKEN_BASES.value[bit] if dim == 1 else 1 << bit
+            if last is not None and dim == len(shape) - 1:
+                v = last[bit]
             bases.append([v if i == dim else 0 for i in range(len(shape))])
     return gl.PaddedSharedLayout([[interval, pad]], bases, [], list(shape))
 
@@ -156,6 +195,41 @@ def _fp4_decode(b, rel):
         is_pure=True,
         pack=4,
     )
+
+
+@gluon.jit
+def _qk_runs(ka, kb, kw, q0, q1, q2, q3):
+    """Scores ``S^T`` of one 16-token run (MMA accumulator layout ``[NW, 16, 8]``) from K code words
+    ``ka``/``kb`` (element (n, 2i + c): word i of scale group c / 2 + c of token n), the token's scale
+    word ``kw`` and the query fragments ``q0..q3`` (:func:`_query_frags`): the FP4 codes go to fp16
+    fragments one scale group at a time (two MMA k-steps per group), and the UE8M0 scales multiply
+    each group's partial scores after the MMA (no per-element scale, no relative scales)."""
+    return gl.inline_asm_elementwise(
+        asm=_QK_ASM,
+        constraints=_QK_CONSTRAINTS,
+        args=[ka, kb, kw, q0, q1, q2, q3],
+        dtype=gl.float32,
+        is_pure=True,
+        pack=4,
+    )
+
+
+@gluon.jit
+def _query_frags(q, NW: gl.constexpr, L: gl.constexpr):
+    """The query's fp16 B fragments for :func:`_qk_runs`: float32 ``q`` ``[NW, 8 rows, 128]`` as words of
+    two fp16 (row r, group g, lane t, step s, fragment b: elements ``32g + 8t + 4s + b`` and ``+ 2``,
+    the k pair that K word t's nibbles give that fragment), laid out in ``L`` (the MMA accumulator
+    layout of ``[NW, 16, 8]``: element (8s + r, 2t + b)), one tensor per scale group g."""
+    x = gl.permute(gl.reshape(q, [NW, 8, 4, 4, 2, 2, 2]), [0, 1, 2, 3, 4, 6, 5])  # r, g, t, s, b, pair
+    bits = x.to(gl.float16).to(gl.int16, bitcast=True).to(gl.int32) & 0xFFFF
+    lo, hi = gl.split(bits)
+    w = gl.permute(lo | (hi << 16), [0, 4, 1, 3, 5, 2])  # s, r, t, b, g
+    w = gl.reshape(w, [NW, 16, 8, 2, 2])                 # g = 2 * g1 + g0
+    e0, e1 = gl.split(w)                                 # g0 = 0, 1
+    g0, g2 = gl.split(e0)
+    g1, g3 = gl.split(e1)
+    return (gl.convert_layout(g0, L), gl.convert_layout(g1, L), gl.convert_layout(g2, L),
+            gl.convert_layout(g3, L))
 
 
 @gluon.jit
@@ -265,6 +339,73 @@ def _blocks_inside(bt_row, t_lo, t_hi, num_blocks, err_ptr, BLOCK_SIZE: gl.const
 
 
 @gluon.jit
+def _run_scores(kwa, kwb, kc8, kw, q0, q1, q2, q3, q_e, q_o, kgroup, rowfac, rowbias, ts, t_hi, lo, inside, bt_row,
+                num_blocks, softcap, NW: gl.constexpr, TW: gl.constexpr, ROWS: gl.constexpr, H: gl.constexpr,
+                ROWS_IN_N: gl.constexpr, HAS_SOFTCAP: gl.constexpr, HAS_WINDOW: gl.constexpr,
+                BLOCK_SIZE: gl.constexpr, MMA: gl.constexpr, KB: gl.constexpr, TK: gl.constexpr,
+                RAX: gl.constexpr, TAX: gl.constexpr):
+    """log2-domain scores of one 16-token run (ring entry views ``kwa``/``kwb``/``kc8``, scale words
+    ``kw``), tokens ``ts`` outside the request, the window or the cache set to -inf. Rows in N: K words
+    straight into :func:`_qk_runs`; m16: fp16 halves times relative scales (``_fp4_decode``), the token's
+    largest scale on the score column."""
+    if ROWS_IN_N:
+        ka = _piece(kwa.permute([0, 1, 3, 2]), [NW, TW, ROWS], MMA, MMA)
+        kb = _piece(kwb.permute([0, 1, 3, 2]), [NW, TW, ROWS], MMA, MMA)
+        kw3 = gl.expand_dims(kw, 2) + gl.zeros([NW, TW, ROWS], gl.int32, MMA)
+        s = _qk_runs(ka, kb, kw3, q0, q1, q2, q3)
+    else:
+        ktop = _token_top(kw)
+        kb = _piece(kc8.permute([0, 3, 1, 2]), [NW, H, TW], KB, KB)
+        krel = _rel_scale(gl.expand_dims(kw, 1), gl.expand_dims(ktop, 1), kgroup)
+        k_lo, k_hi = _fp4_decode(kb, krel)
+        s = mma_v2(q_e, k_lo, gl.zeros([NW, ROWS, TW], gl.float32, MMA))
+        s = mma_v2(q_o, k_hi, s)
+        s = s * gl.expand_dims(_pow2(gl.convert_layout(ktop, TK) - 127), RAX)
+    rf = gl.expand_dims(rowfac, TAX)
+    rb = gl.expand_dims(rowbias, TAX)
+    if HAS_SOFTCAP:
+        s = s * rf
+        s = softcap * (1.0 - 2.0 / (gl.exp2(s / softcap * (2.0 * LOG2E)) + 1.0)) * LOG2E
+        s = s + rb
+    else:
+        s = gl.fma(s, rf, rb)
+    live = ts < t_hi
+    if HAS_WINDOW:
+        live = live & (ts >= lo)
+    if not inside:  # a range with a bad block id (bounds): its tokens are empty
+        tb = gl.load(bt_row + ts // BLOCK_SIZE, mask=live, other=0)
+        live = live & (tb >= 0) & (tb < num_blocks)
+    return gl.where(gl.expand_dims(live, RAX), s, float("-inf"))
+
+
+@gluon.jit
+def _run_pv(acc_e, acc_o, vc8, vw, vtop, vexp, p, nr, vgroup, NW: gl.constexpr, TW: gl.constexpr, H: gl.constexpr,
+            ROWS_IN_N: gl.constexpr, VL: gl.constexpr, VLW: gl.constexpr, VA: gl.constexpr, VB: gl.constexpr,
+            PTB: gl.constexpr, PA: gl.constexpr, RAX: gl.constexpr):
+    """``acc += V^T P^T`` (or ``P V``) of one run: V codes (ring entry view ``vc8``) as fp16 halves times
+    their relative scales, probabilities ``p`` times ``2**(vexp - nr)`` (the token's largest V scale
+    against the running reference exponent ``nr``) in fp16."""
+    vb = _piece(vc8.permute([0, 1, 3, 4, 2]), [NW, TW, H // 8, 8], VL, VLW)
+    vrel = _rel_scale(gl.expand_dims(vw, 3), gl.expand_dims(vtop, 3), vgroup)
+    vb = gl.reshape(gl.permute(vb, [0, 1, 3, 2]), [NW, TW, H])
+    vrel = gl.reshape(gl.permute(vrel, [0, 1, 3, 2]), [NW, TW, H])
+    fac = _pow2(gl.minimum(vexp - nr, 127))
+    pf = (p * gl.expand_dims(fac, RAX)).to(gl.float16)
+    if ROWS_IN_N:
+        v_lo, v_hi = _fp4_decode(gl.convert_layout(gl.permute(vb, [0, 2, 1]), VA),
+                                 gl.convert_layout(gl.permute(vrel, [0, 2, 1]), VA))
+        pv = gl.convert_layout(pf, PTB)
+        acc_e = mma_v2(v_lo, pv, acc_e)
+        acc_o = mma_v2(v_hi, pv, acc_o)
+    else:
+        v_lo, v_hi = _fp4_decode(gl.convert_layout(vb, VB), gl.convert_layout(vrel, VB))
+        pv = gl.convert_layout(pf, PA)
+        acc_e = mma_v2(pv, v_lo, acc_e)
+        acc_o = mma_v2(pv, v_hi, acc_o)
+    return acc_e, acc_o
+
+
+@gluon.jit
 def uq_decode_v8(q_ptr, cache_ptr, bt_ptr, seqlen_ptr, sinks_ptr, out_ptr, part_ptr, ml_ptr, counter_ptr, err_ptr,
                  scale, softcap, window, num_splits, num_blocks, bt_cols,
                  stride_qb, stride_qh, stride_ob, stride_oh,
@@ -286,6 +427,7 @@ def uq_decode_v8(q_ptr, cache_ptr, bt_ptr, seqlen_ptr, sinks_ptr, out_ptr, part_
     H: gl.constexpr = D // 2
     G: gl.constexpr = D // 32
     TT: gl.constexpr = NSUB * WT * TW
+    PAIR: gl.constexpr = 2 if NSUB % 2 == 0 else 1  # runs per online-softmax update
 
     # ---- layouts: warp = MMA batch
     MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[NW, 1, 1],
@@ -317,20 +459,21 @@ def uq_decode_v8(q_ptr, cache_ptr, bt_ptr, seqlen_ptr, sinks_ptr, out_ptr, part_
     PB: gl.constexpr = _slot_layout(2 * H, SLOT - 2 * H, [NW, TW, 2, H])
     PV: gl.constexpr = _slot_layout(2 * H, SLOT - 2 * H, [NW, TW, 2, H // 8, 8])
     PWD: gl.constexpr = _slot_layout(32, SLOT // 4 - 32, [NW, TW, 2, 16])
+    # K code words for _qk_runs: [NW, TW, 4, 8 (score column 2i + c: word 4c + i)], index 0 of axis 2
+    PKW: gl.constexpr = _slot_layout(32, SLOT // 4 - 32, [NW, TW, 4, 8], [2, 4, 1])
     E: gl.constexpr = STAGES * NSUB
     bytes8 = ring._reinterpret(gl.uint8, [STAGES * NR * 4096], FLAT)
     words = ring._reinterpret(gl.int32, [STAGES * NR * 1024], FLAT)
     kc8 = ring._reinterpret(gl.uint8, [E, NW, TW, 2, H], PB)
+    kwa = words._reinterpret(gl.int32, [E, NW, TW, 4, 8], PKW)  # groups 0, 1 (words 0..7)
+    kwb = words.slice(8, 8)._reinterpret(gl.int32, [E, NW, TW, 4, 8], PKW)  # groups 2, 3
     vc8 = bytes8.slice(H + G, 4)._reinterpret(gl.uint8, [E, NW, TW, 2, H // 8, 8], PV)
     ks = words.slice(H // 4, H // 4)._reinterpret(gl.int32, [E, NW, TW, 2, 16], PWD)
     vs = words.slice(SLOT // 4 - 1, 1)._reinterpret(gl.int32, [E, NW, TW, 2, 16], PWD)
     KW: gl.constexpr = gl.SliceLayout(1, KB)            # [NW, TW] K scale words
     # rows in N: S^T [NW, TW, ROWS] = K [NW, TW, H] q^T [NW, H, ROWS]; O^T [NW, H, ROWS] = V^T P^T
-    KA: gl.constexpr = gl.DotOperandLayout(0, MMA, 8)   # K halves [NW, TW, H]: 8 bytes per lane
-    QB: gl.constexpr = gl.DotOperandLayout(1, MMA, 8)   # q^T halves [NW, H, ROWS]
     PTB: gl.constexpr = gl.DotOperandLayout(1, MMA, 2)   # P^T [NW, TW, ROWS]
     VA: gl.constexpr = gl.DotOperandLayout(0, MMA, 2)   # V^T halves [NW, H, TW] (rows permuted as VB's columns)
-    KWT: gl.constexpr = gl.SliceLayout(2, KA)           # [NW, TW] K scale words
     TOKT: gl.constexpr = gl.SliceLayout(2, MMA)         # [NW, TW] score rows (tokens)
     ROWT: gl.constexpr = gl.SliceLayout(1, MMA)         # [NW, ROWS] score columns (query rows)
     WARPT: gl.constexpr = gl.SliceLayout(1, ROWT)       # [NW]
@@ -375,29 +518,40 @@ def uq_decode_v8(q_ptr, cache_ptr, bt_ptr, seqlen_ptr, sinks_ptr, out_ptr, part_
         q = q * (scale * LOG2E)
     amax = gl.max(gl.abs(q), axis=2)
     e = gl.maximum(_floor_log2(amax), -100)
-    q = q * gl.expand_dims(_pow2(14 - e), 2)
-    q_e, q_o = gl.split(gl.reshape(q, [NW, ROWS, H, 2]))
     if ROWS_IN_N:
-        q_e = gl.convert_layout(gl.permute(q_e.to(gl.float16), [0, 2, 1]), QB)
-        q_o = gl.convert_layout(gl.permute(q_o.to(gl.float16), [0, 2, 1]), QB)
+        # fp16 with the row's largest element in [2**14, 2**15); K's fp16 codes are fp4 * 2**-14
+        q = q * gl.expand_dims(_pow2(14 - e), 2)
+        q0, q1, q2, q3 = _query_frags(q, NW, MMA)
+        q_e = 0
+        q_o = 0
+        rowscale = _pow2(e)
     else:
+        q = q * gl.expand_dims(_pow2(14 - e), 2)
+        q_e, q_o = gl.split(gl.reshape(q, [NW, ROWS, H, 2]))
         q_e = gl.convert_layout(q_e.to(gl.float16), QA)
         q_o = gl.convert_layout(q_o.to(gl.float16), QA)
+        q0 = 0
+        q1 = 0
+        q2 = 0
+        q3 = 0
+        rowscale = _pow2(e - 14)
     # score axes: rows (query rows) and tokens; QR/QW/TK: per-row, per-warp, per-token state layouts
     RAX: gl.constexpr = _pick(ROWS_IN_N, 2, 1)
     TAX: gl.constexpr = 3 - RAX
     QR: gl.constexpr = _pick(ROWS_IN_N, ROWT, ROW)
     QW: gl.constexpr = _pick(ROWS_IN_N, WARPT, WARP)
     TK: gl.constexpr = _pick(ROWS_IN_N, TOKT, TOK)
-    KWL: gl.constexpr = _pick(ROWS_IN_N, KWT, KW)
-    rowfac = gl.convert_layout(_pow2(e - 14), QR)
+    KWL: gl.constexpr = _pick(ROWS_IN_N, TOKT, KW)
+    rowfac = gl.convert_layout(rowscale, QR)
     rows = gl.arange(0, ROWS, gl.SliceLayout(0, QR))
     rowbias = gl.expand_dims(gl.where(rows < GQA, 0.0, float("-inf")), 0)
 
     # ---- per-warp token offsets in the per-token layout; K groups in the K operand layout; V byte groups
     ws = gl.expand_dims(gl.arange(0, NW, gl.SliceLayout(1, TK)) % WT, 1) * TW
     ns = gl.expand_dims(_physical_token(gl.arange(0, TW, gl.SliceLayout(0, TK))), 0)
-    kgroup = _iota3(H, RAX, _pick(ROWS_IN_N, KA, KB)) // 16
+    kgroup = 0
+    if not ROWS_IN_N:
+        kgroup = _iota3(H, 1, KB) // 16
     SV: gl.constexpr = gl.SliceLayout(3, VL)
     gv = gl.expand_dims(gl.expand_dims(gl.arange(0, 8, gl.SliceLayout(0, gl.SliceLayout(1, SV))), 0), 1)
     R3: gl.constexpr = gl.SliceLayout(0, gl.SliceLayout(1, gl.SliceLayout(2, VL)))
@@ -422,81 +576,58 @@ def uq_decode_v8(q_ptr, cache_ptr, bt_ptr, seqlen_ptr, sinks_ptr, out_ptr, part_
         async_copy.commit_group()
         cur = (it % STAGES) * NSUB
         t0 = t_lo + it * TT
-        for j in gl.static_range(NSUB):
+        for jp in gl.static_range(NSUB // PAIR):
+            j = jp * PAIR
             kw = _piece(ks.index(cur + j), [NW, TW], KWL, KWL)
             if MATH:
-                # K: relative scales, decode, QK on the tensor cores
-                ktop = _token_top(kw)
-                if ROWS_IN_N:
-                    kb = _piece(kc8.index(cur + j).permute([0, 1, 3, 2]), [NW, TW, H], KA, KA)
-                    krel = _rel_scale(gl.expand_dims(kw, 2), gl.expand_dims(ktop, 2), kgroup)
-                    k_lo, k_hi = _fp4_decode(kb, krel)
-                    s = mma_v2(k_lo, q_e, gl.zeros([NW, TW, ROWS], gl.float32, MMA))
-                    s = mma_v2(k_hi, q_o, s)
-                else:
-                    kb = _piece(kc8.index(cur + j).permute([0, 3, 1, 2]), [NW, H, TW], KB, KB)
-                    krel = _rel_scale(gl.expand_dims(kw, 1), gl.expand_dims(ktop, 1), kgroup)
-                    k_lo, k_hi = _fp4_decode(kb, krel)
-                    s = mma_v2(q_e, k_lo, gl.zeros([NW, ROWS, TW], gl.float32, MMA))
-                    s = mma_v2(q_o, k_hi, s)
-
-                ts = t0 + j * (WT * TW) + ws + ns
-                colfac = gl.expand_dims(_pow2(gl.convert_layout(ktop, TK) - 127), RAX)
-                s = s * colfac
-                rf = gl.expand_dims(rowfac, TAX)
-                rb = gl.expand_dims(rowbias, TAX)
-                if HAS_SOFTCAP:
-                    s = s * rf
-                    s = softcap * (1.0 - 2.0 / (gl.exp2(s / softcap * (2.0 * LOG2E)) + 1.0)) * LOG2E
-                    s = s + rb
-                else:
-                    s = gl.fma(s, rf, rb)
-                live = ts < t_hi
-                if HAS_WINDOW:
-                    live = live & (ts >= lo)
-                if not inside:  # a range with a bad block id (bounds): its tokens are empty
-                    tb = gl.load(bt_row + ts // BLOCK_SIZE, mask=live, other=0)
-                    live = live & (tb >= 0) & (tb < num_blocks)
-                s = gl.where(gl.expand_dims(live, RAX), s, float("-inf"))
-                m_new = gl.maximum(m_i, gl.max(s, axis=TAX))
-                m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)
-                alpha = gl.exp2(m_i - m_safe)
-                p = gl.exp2(s - gl.expand_dims(m_safe, TAX))
-                l_i = l_i * alpha + gl.sum(p, axis=TAX)
+                # scores of PAIR runs, then ONE online-softmax update for all of them (one cross-lane
+                # max, one sum, one rescale of the accumulator per PAIR * 16 tokens)
+                tj = t0 + j * (WT * TW) + ws + ns
+                s0 = _run_scores(kwa.index(cur + j), kwb.index(cur + j), kc8.index(cur + j), kw, q0, q1, q2, q3,
+                                 q_e, q_o, kgroup, rowfac, rowbias, tj, t_hi, lo, inside, bt_row, num_blocks, softcap,
+                                 NW, TW, ROWS, H, ROWS_IN_N, HAS_SOFTCAP, HAS_WINDOW, BLOCK_SIZE, MMA, KB, TK, RAX,
+                                 TAX)
+                smax = s0
+                if PAIR == 2:
+                    kw1 = _piece(ks.index(cur + j + 1), [NW, TW], KWL, KWL)
+                    s1 = _run_scores(kwa.index(cur + j + 1), kwb.index(cur + j + 1), kc8.index(cur + j + 1), kw1,
+                                     q0, q1, q2, q3, q_e, q_o, kgroup, rowfac, rowbias, tj + WT * TW, t_hi, lo,
+                                     inside, bt_row, num_blocks, softcap, NW, TW, ROWS, H, ROWS_IN_N, HAS_SOFTCAP,
+                                     HAS_WINDOW, BLOCK_SIZE, MMA, KB, TK, RAX, TAX)
+                    smax = gl.maximum(s0, s1)
+                m_new = gl.maximum(m_i, gl.max(smax, axis=TAX))
+                m_safe = gl.expand_dims(gl.where(m_new == float("-inf"), 0.0, m_new), TAX)
+                alpha = gl.exp2(m_i - gl.where(m_new == float("-inf"), 0.0, m_new))
+                p0 = gl.exp2(s0 - m_safe)
+                psum = p0
+                if PAIR == 2:
+                    p1 = gl.exp2(s1 - m_safe)
+                    psum = p0 + p1
+                l_i = l_i * alpha + gl.sum(psum, axis=TAX)
                 m_i = m_new
 
-                # V: scale word per token, reference exponent from the largest contribution
-                vw = gl.expand_dims(_piece(vs.index(cur + j), [NW, TW], VW, VW), 2)
-                vtop = _token_top(vw)
-                vb = _piece(vc8.index(cur + j).permute([0, 1, 3, 4, 2]), [NW, TW, H // 8, 8], VL, VLW)
-                vrel = _rel_scale(gl.expand_dims(vw, 3), gl.expand_dims(vtop, 3), vgroup)
-                vb = gl.reshape(gl.permute(vb, [0, 1, 3, 2]), [NW, TW, H])
-                vrel = gl.reshape(gl.permute(vrel, [0, 1, 3, 2]), [NW, TW, H])
-                if ROWS_IN_N:
-                    vb = gl.convert_layout(gl.permute(vb, [0, 2, 1]), VA)
-                    vrel = gl.convert_layout(gl.permute(vrel, [0, 2, 1]), VA)
-                else:
-                    vb = gl.convert_layout(vb, VB)
-                    vrel = gl.convert_layout(vrel, VB)
-                v_lo, v_hi = _fp4_decode(vb, vrel)
-
-                vexp = gl.convert_layout(gl.max(vtop, axis=2), TK) - 127
-                contrib = p * gl.expand_dims(_pow2(gl.minimum(vexp, 127)), RAX)
-                ctop = _floor_log2(gl.max(gl.max(contrib, axis=TAX), axis=1))
+                # V: scale word per token, reference exponent from the largest contribution of the runs
+                vw0 = gl.expand_dims(_piece(vs.index(cur + j), [NW, TW], VW, VW), 2)
+                vtop0 = _token_top(vw0)
+                vexp0 = gl.convert_layout(gl.max(vtop0, axis=2), TK) - 127
+                cmax = p0 * gl.expand_dims(_pow2(gl.minimum(vexp0, 127)), RAX)
+                if PAIR == 2:
+                    vw1 = gl.expand_dims(_piece(vs.index(cur + j + 1), [NW, TW], VW, VW), 2)
+                    vtop1 = _token_top(vw1)
+                    vexp1 = gl.convert_layout(gl.max(vtop1, axis=2), TK) - 127
+                    cmax = gl.maximum(cmax, p1 * gl.expand_dims(_pow2(gl.minimum(vexp1, 127)), RAX))
+                ctop = _floor_log2(gl.max(gl.max(cmax, axis=TAX), axis=1))
                 shrink = _floor_log2(gl.max(alpha, axis=1))
                 new_run = gl.maximum(run + shrink, ctop)
                 c = gl.expand_dims(alpha * gl.expand_dims(_pow2(gl.minimum(run - new_run, 127)), 1), TAX)
-                fac = _pow2(gl.minimum(vexp - gl.expand_dims(gl.convert_layout(new_run, gl.SliceLayout(1, TK)), 1),
-                                       127))
-                pf = (p * gl.expand_dims(fac, RAX)).to(gl.float16)
-                if ROWS_IN_N:
-                    pv = gl.convert_layout(pf, PTB)
-                    acc_e = mma_v2(v_lo, pv, acc_e * c)
-                    acc_o = mma_v2(v_hi, pv, acc_o * c)
-                else:
-                    pv = gl.convert_layout(pf, PA)
-                    acc_e = mma_v2(pv, v_lo, acc_e * c)
-                    acc_o = mma_v2(pv, v_hi, acc_o * c)
+                nr = gl.expand_dims(gl.convert_layout(new_run, gl.SliceLayout(1, TK)), 1)
+                acc_e = acc_e * c
+                acc_o = acc_o * c
+                acc_e, acc_o = _run_pv(acc_e, acc_o, vc8.index(cur + j), vw0, vtop0, vexp0, p0, nr, vgroup, NW, TW,
+                                       H, ROWS_IN_N, VL, VLW, VA, VB, PTB, PA, RAX)
+                if PAIR == 2:
+                    acc_e, acc_o = _run_pv(acc_e, acc_o, vc8.index(cur + j + 1), vw1, vtop1, vexp1, p1, nr, vgroup,
+                                           NW, TW, H, ROWS_IN_N, VL, VLW, VA, VB, PTB, PA, RAX)
                 run = new_run
             else:
                 sink_acc = sink_acc ^ kw
