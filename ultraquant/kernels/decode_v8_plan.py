@@ -54,8 +54,8 @@ class V8Tuning:
 
     warps: int = 8
     rows_in_n: bool = True
-    nsub: int = 2
-    stages: int = 4
+    nsub: int = 4
+    stages: int = 2
     tw: int = 16
     maxnreg: int | None = None
     splits: int | None = None

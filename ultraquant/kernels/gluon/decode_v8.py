@@ -427,7 +427,7 @@ def uq_decode_v8(q_ptr, cache_ptr, bt_ptr, seqlen_ptr, sinks_ptr, out_ptr, part_
     H: gl.constexpr = D // 2
     G: gl.constexpr = D // 32
     TT: gl.constexpr = NSUB * WT * TW
-    PAIR: gl.constexpr = 2 if NSUB % 2 == 0 else 1  # runs per online-softmax update
+    PAIR: gl.constexpr = NSUB  # runs per online-softmax update: the whole stage
 
     # ---- layouts: warp = MMA batch
     MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[NW, 1, 1],
@@ -582,40 +582,44 @@ def uq_decode_v8(q_ptr, cache_ptr, bt_ptr, seqlen_ptr, sinks_ptr, out_ptr, part_
             if MATH:
                 # scores of PAIR runs, then ONE online-softmax update for all of them (one cross-lane
                 # max, one sum, one rescale of the accumulator per PAIR * 16 tokens)
-                tj = t0 + j * (WT * TW) + ws + ns
-                s0 = _run_scores(kwa.index(cur + j), kwb.index(cur + j), kc8.index(cur + j), kw, q0, q1, q2, q3,
-                                 q_e, q_o, kgroup, rowfac, rowbias, tj, t_hi, lo, inside, bt_row, num_blocks, softcap,
-                                 NW, TW, ROWS, H, ROWS_IN_N, HAS_SOFTCAP, HAS_WINDOW, BLOCK_SIZE, MMA, KB, TK, RAX,
-                                 TAX)
-                smax = s0
-                if PAIR == 2:
-                    kw1 = _piece(ks.index(cur + j + 1), [NW, TW], KWL, KWL)
-                    s1 = _run_scores(kwa.index(cur + j + 1), kwb.index(cur + j + 1), kc8.index(cur + j + 1), kw1,
-                                     q0, q1, q2, q3, q_e, q_o, kgroup, rowfac, rowbias, tj + WT * TW, t_hi, lo,
-                                     inside, bt_row, num_blocks, softcap, NW, TW, ROWS, H, ROWS_IN_N, HAS_SOFTCAP,
-                                     HAS_WINDOW, BLOCK_SIZE, MMA, KB, TK, RAX, TAX)
-                    smax = gl.maximum(s0, s1)
+                ss = ()
+                for i in gl.static_range(PAIR):
+                    kwi = kw
+                    if i > 0:
+                        kwi = _piece(ks.index(cur + j + i), [NW, TW], KWL, KWL)
+                    ss = ss + (_run_scores(kwa.index(cur + j + i), kwb.index(cur + j + i), kc8.index(cur + j + i),
+                                           kwi, q0, q1, q2, q3, q_e, q_o, kgroup, rowfac, rowbias,
+                                           t0 + (j + i) * (WT * TW) + ws + ns, t_hi, lo, inside, bt_row, num_blocks,
+                                           softcap, NW, TW, ROWS, H, ROWS_IN_N, HAS_SOFTCAP, HAS_WINDOW, BLOCK_SIZE,
+                                           MMA, KB, TK, RAX, TAX),)
+                smax = ss[0]
+                for i in gl.static_range(1, PAIR):
+                    smax = gl.maximum(smax, ss[i])
                 m_new = gl.maximum(m_i, gl.max(smax, axis=TAX))
-                m_safe = gl.expand_dims(gl.where(m_new == float("-inf"), 0.0, m_new), TAX)
-                alpha = gl.exp2(m_i - gl.where(m_new == float("-inf"), 0.0, m_new))
-                p0 = gl.exp2(s0 - m_safe)
-                psum = p0
-                if PAIR == 2:
-                    p1 = gl.exp2(s1 - m_safe)
-                    psum = p0 + p1
+                m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)
+                alpha = gl.exp2(m_i - m_safe)
+                ps = ()
+                for i in gl.static_range(PAIR):
+                    ps = ps + (gl.exp2(ss[i] - gl.expand_dims(m_safe, TAX)),)
+                psum = ps[0]
+                for i in gl.static_range(1, PAIR):
+                    psum = psum + ps[i]
                 l_i = l_i * alpha + gl.sum(psum, axis=TAX)
                 m_i = m_new
 
                 # V: scale word per token, reference exponent from the largest contribution of the runs
-                vw0 = gl.expand_dims(_piece(vs.index(cur + j), [NW, TW], VW, VW), 2)
-                vtop0 = _token_top(vw0)
-                vexp0 = gl.convert_layout(gl.max(vtop0, axis=2), TK) - 127
-                cmax = p0 * gl.expand_dims(_pow2(gl.minimum(vexp0, 127)), RAX)
-                if PAIR == 2:
-                    vw1 = gl.expand_dims(_piece(vs.index(cur + j + 1), [NW, TW], VW, VW), 2)
-                    vtop1 = _token_top(vw1)
-                    vexp1 = gl.convert_layout(gl.max(vtop1, axis=2), TK) - 127
-                    cmax = gl.maximum(cmax, p1 * gl.expand_dims(_pow2(gl.minimum(vexp1, 127)), RAX))
+                vws = ()
+                vtops = ()
+                vexps = ()
+                for i in gl.static_range(PAIR):
+                    vw = gl.expand_dims(_piece(vs.index(cur + j + i), [NW, TW], VW, VW), 2)
+                    vtop = _token_top(vw)
+                    vws = vws + (vw,)
+                    vtops = vtops + (vtop,)
+                    vexps = vexps + (gl.convert_layout(gl.max(vtop, axis=2), TK) - 127,)
+                cmax = ps[0] * gl.expand_dims(_pow2(gl.minimum(vexps[0], 127)), RAX)
+                for i in gl.static_range(1, PAIR):
+                    cmax = gl.maximum(cmax, ps[i] * gl.expand_dims(_pow2(gl.minimum(vexps[i], 127)), RAX))
                 ctop = _floor_log2(gl.max(gl.max(cmax, axis=TAX), axis=1))
                 shrink = _floor_log2(gl.max(alpha, axis=1))
                 new_run = gl.maximum(run + shrink, ctop)
@@ -623,11 +627,9 @@ def uq_decode_v8(q_ptr, cache_ptr, bt_ptr, seqlen_ptr, sinks_ptr, out_ptr, part_
                 nr = gl.expand_dims(gl.convert_layout(new_run, gl.SliceLayout(1, TK)), 1)
                 acc_e = acc_e * c
                 acc_o = acc_o * c
-                acc_e, acc_o = _run_pv(acc_e, acc_o, vc8.index(cur + j), vw0, vtop0, vexp0, p0, nr, vgroup, NW, TW,
-                                       H, ROWS_IN_N, VL, VLW, VA, VB, PTB, PA, RAX)
-                if PAIR == 2:
-                    acc_e, acc_o = _run_pv(acc_e, acc_o, vc8.index(cur + j + 1), vw1, vtop1, vexp1, p1, nr, vgroup,
-                                           NW, TW, H, ROWS_IN_N, VL, VLW, VA, VB, PTB, PA, RAX)
+                for i in gl.static_range(PAIR):
+                    acc_e, acc_o = _run_pv(acc_e, acc_o, vc8.index(cur + j + i), vws[i], vtops[i], vexps[i], ps[i],
+                                           nr, vgroup, NW, TW, H, ROWS_IN_N, VL, VLW, VA, VB, PTB, PA, RAX)
                 run = new_run
             else:
                 sink_acc = sink_acc ^ kw
