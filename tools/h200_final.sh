@@ -1,7 +1,8 @@
 #!/bin/bash
-# The release check on an H200, in steps with time boxes; two device calls split the list:
+# The release check on an H200, in steps with time boxes; device calls split the list, e.g.
 #   STEPS="kernels prefill attention v8 runtime" bash tools/h200_final.sh
 #   STEPS="memcheck bench host startup" bash tools/h200_final.sh
+#   STEPS="v8bench v8san ncu" bash tools/h200_final.sh     (decode v8: gate-1 stream, sanitizers, ncu)
 # Blobs: $RT_BLOBS (runtime tests: D=128 GQA 4 block 16, all ops) and $BENCH_BLOBS (bench shapes' decode
 # and store), both sm_90 folders built here by `make kernels` and carried. $OUT gets summary.txt + logs.tgz.
 set -uo pipefail
@@ -13,7 +14,7 @@ RT_BLOBS=${RT_BLOBS:-$PWD/.final/rt} BENCH_BLOBS=${BENCH_BLOBS:-$PWD/.final/benc
 export ULTRAQUANT_CACHE_DIR=$(mktemp -d)
 PYT=(python3 -m pytest -q -rfE -p no:cacheprovider)
 t0=$(date +%s)
-STEPS=${STEPS:-"kernels prefill attention v8 runtime memcheck bench host startup"}
+STEPS=${STEPS:-"kernels prefill attention v8 runtime memcheck bench host startup v8bench v8san ncu"}
 step() { case " $STEPS " in *" $1 "*) echo "== $1 at +$(( $(date +%s) - t0 ))s" | tee -a "$LOG/summary.txt";;
          *) return 1;; esac; }
 last() { tail -${2:-2} "$1" | tee -a "$LOG/summary.txt"; }
@@ -63,6 +64,25 @@ if step startup; then
   ULTRAQUANT_GENERATED=$RT_BLOBS timeout ${T_STARTUP:-90} python3 -m ultraquant.bench.startup \
     --json "$LOG/startup.json" > "$LOG/startup.log" 2>&1
   last "$LOG/startup.log" 12
+fi
+if step v8bench; then  # decode v8 (JIT) and its no-math stream of the same grid/ring (issue 14 gate 1) on A, B, D
+  timeout ${T_V8BENCH:-120} python3 tools/v8_bench.py --json "$LOG/v8_bench.json" --shapes A,B,D --no-v7 \
+    --rings "${V8_RINGS:-8:4x2}" > "$LOG/v8_bench.log" 2>&1
+  sed -n '/^shape name/,$p' "$LOG/v8_bench.log" | tee -a "$LOG/summary.txt"
+fi
+if step v8san; then  # decode v8 under compute-sanitizer memcheck and racecheck (tools/v8_sanitize.py)
+  for tool in memcheck racecheck; do
+    timeout ${T_V8SAN:-120} compute-sanitizer --tool $tool --print-limit 20 python3 tools/v8_sanitize.py \
+      > "$LOG/v8_$tool.log" 2>&1
+    echo "v8 $tool rc=$?" | tee -a "$LOG/summary.txt"; last "$LOG/v8_$tool.log" 3
+  done
+fi
+if step ncu; then  # decode v8 on shape A: occupancy, DRAM throughput, warp stall reasons
+  timeout ${T_NCU:-120} ncu --clock-control none -k "regex:uq_decode_v8" -c 4 --section SpeedOfLight \
+    --section Occupancy --section WarpStateStats --section LaunchStats --section MemoryWorkloadAnalysis \
+    --section SchedulerStats python3 tools/v8_ncu.py A > "$LOG/ncu_v8_A.txt" 2>&1
+  grep -E "uq_decode_v8|Duration|DRAM Throughput|Achieved Occupancy|Registers Per|Stall|Issued Warp|No Eligible" \
+    "$LOG/ncu_v8_A.txt" | head -40 | tee -a "$LOG/summary.txt"
 fi
 echo "== done at +$(( $(date +%s) - t0 ))s" | tee -a "$LOG/summary.txt"
 cp "$LOG/summary.txt" "$OUT/" && tar -czf "$OUT/logs.tgz" -C "$LOG" .

@@ -50,23 +50,29 @@ _FP4_SCALED_ASM = gl.constexpr(" ".join([
 """v7's nibble -> fp16 PTX (``_nibble_pair``) with the relative scales ($5, $6) multiplied in."""
 
 
+def _nibbles_fp16(out: str, src: str, i: int) -> str:
+    """PTX: nibbles ``i`` and ``i + 4`` of word ``src`` (one in each 16-bit lane) as the fp16 patterns
+    ``fp4 * 2**-14`` into ``out`` (magnitude bits to 11..9, sign to 15); no byte moves needed."""
+    mag, sign = 9 - 4 * i, 12 - 4 * i
+    m = f"shl.b32 a, {src}, {mag};" if mag > 0 else f"shr.b32 a, {src}, {-mag};"
+    c = f"shl.b32 c, {src}, {sign};" if sign > 0 else f"mov.b32 c, {src};"
+    return f"{m} {c} and.b32 a, a, 0x0E000E00; and.b32 c, c, 0x80008000; or.b32 {out}, a, c;"
+
+
 def _qk_ptx() -> str:
     """PTX of :func:`_qk_runs`: per scale group g, the K words of tokens n and n + 8 become fp16 A
-    fragments of two ``m16n8k16`` steps (PRMT puts bytes 0, 1 / 2, 3 in the 16-bit lanes, then
-    ``_nibble_pair``: low nibbles are the first step's k pairs, high nibbles the second's), two MMAs
-    with the query fragments $16 + 4g .. $19 + 4g, then the group's UE8M0 scale (byte g of the scale
-    words $12 / $14: ``byte << 23`` is ``2**(byte - 127)``) times the group's scores, summed in $0..$3."""
-    lines = ["{ .reg .b32 a, c, x0, x1, y0, y1, a0, a1, a2, a3, fa, fb; .reg .f32 e0, e1, e2, e3, z;",
-             "mov.f32 z, 0f00000000;"]
+    fragments of two ``m16n8k16`` steps (nibbles (0, 4) and (1, 5) of a word are the first step's
+    k pairs, (2, 6) and (3, 7) the second's), two MMAs with the query fragments $16 + 4g .. $19 + 4g,
+    then the group's UE8M0 scale (byte g of the scale words $12 / $14: ``byte << 23`` is
+    ``2**(byte - 127)``) times the group's scores, summed in $0..$3."""
+    lines = ["{ .reg .b32 a, c, a0, a1, a2, a3, fa, fb; .reg .f32 e0, e1, e2, e3, z;", "mov.f32 z, 0f00000000;"]
     mma = "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {e0, e1, e2, e3}, {a0, a1, a2, a3}, "
     for g in range(4):
         x = 4 + (g % 2) + 4 * (g // 2)  # token n's word of group g; token n + 8's is 2 further
-        lines += [f"prmt.b32 x0, ${x}, 0, 0x4140; prmt.b32 x1, ${x}, 0, 0x4342;",
-                  f"prmt.b32 y0, ${x + 2}, 0, 0x4140; prmt.b32 y1, ${x + 2}, 0, 0x4342;"]
         q = 16 + 4 * g
-        for step, (xs, ys) in enumerate((("x0", "y0"), ("x1", "y1"))):
-            lines += [_nibble_pair("a0", xs, 9, 12), _nibble_pair("a1", ys, 9, 12),
-                      _nibble_pair("a2", xs, 5, 8), _nibble_pair("a3", ys, 5, 8)]
+        for step in range(2):
+            lines += [_nibbles_fp16("a0", f"${x}", 2 * step), _nibbles_fp16("a1", f"${x + 2}", 2 * step),
+                      _nibbles_fp16("a2", f"${x}", 2 * step + 1), _nibbles_fp16("a3", f"${x + 2}", 2 * step + 1)]
             acc = "{z, z, z, z}" if step == 0 else "{e0, e1, e2, e3}"
             lines += [mma + f"{{${q + 2 * step}, ${q + 2 * step + 1}}}, {acc};"]
         shift = 23 - 8 * g
@@ -217,10 +223,10 @@ def _qk_runs(ka, kb, kw, q0, q1, q2, q3):
 @gluon.jit
 def _query_frags(q, NW: gl.constexpr, L: gl.constexpr):
     """The query's fp16 B fragments for :func:`_qk_runs`: float32 ``q`` ``[NW, 8 rows, 128]`` as words of
-    two fp16 (row r, group g, lane t, step s, fragment b: elements ``32g + 8t + 4s + b`` and ``+ 2``,
+    two fp16 (row r, group g, lane t, step s, fragment b: elements ``32g + 8t + 2s + b`` and ``+ 4``,
     the k pair that K word t's nibbles give that fragment), laid out in ``L`` (the MMA accumulator
     layout of ``[NW, 16, 8]``: element (8s + r, 2t + b)), one tensor per scale group g."""
-    x = gl.permute(gl.reshape(q, [NW, 8, 4, 4, 2, 2, 2]), [0, 1, 2, 3, 4, 6, 5])  # r, g, t, s, b, pair
+    x = gl.permute(gl.reshape(q, [NW, 8, 4, 4, 2, 2, 2]), [0, 1, 2, 3, 5, 6, 4])  # r, g, t, s, b, pair
     bits = x.to(gl.float16).to(gl.int16, bitcast=True).to(gl.int32) & 0xFFFF
     lo, hi = gl.split(bits)
     w = gl.permute(lo | (hi << 16), [0, 4, 1, 3, 5, 2])  # s, r, t, b, g
