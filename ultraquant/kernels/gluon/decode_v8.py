@@ -92,6 +92,30 @@ _QK_CONSTRAINTS = gl.constexpr(",".join(["=f"] * 4 + ["r"] * 28))
 """Scores of one 16-token run (:func:`_qk_runs`): 4 scores out, 7 x 4 words in."""
 
 
+def _pv_tile_ptx(byte: int) -> str:
+    """PTX of :func:`_pv_tile` for tiles that read byte ``byte`` of their V words: PRMT pairs tokens
+    (a, b) and (c, d) ($8..$11: their words) byte by byte in the 16-bit lanes, the low / high nibbles
+    become the fp16 A fragments of the tile's two dims (``_nibble_pair``), times the tokens' relative
+    scales ($12: a, b; $13: c, d), one ``m16n8k16`` MMA with the probability fragments $16, $17 onto
+    the accumulator $4..$7."""
+    sel = hex(byte | byte << 4 | (4 + byte) << 8 | (4 + byte) << 12)
+    return " ".join([
+        "{ .reg .b32 a, c, x, y, a0, a1, a2, a3;",
+        f"prmt.b32 x, $8, $9, {sel}; prmt.b32 y, $10, $11, {sel};",
+        _nibble_pair("a0", "x", 9, 12), _nibble_pair("a1", "x", 5, 8),
+        _nibble_pair("a2", "y", 9, 12), _nibble_pair("a3", "y", 5, 8),
+        "mul.rn.f16x2 a0, a0, $12; mul.rn.f16x2 a1, a1, $12; mul.rn.f16x2 a2, a2, $13; mul.rn.f16x2 a3, a3, $13;",
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {$0, $1, $2, $3}, {a0, a1, a2, a3}, {$16, $17}, "
+        "{$4, $5, $6, $7};",
+        "}",
+    ])
+
+
+_PV_ASM = gl.constexpr([_pv_tile_ptx(k) for k in range(4)])
+_PV_CONSTRAINTS = gl.constexpr(",".join(["=f"] * 4 + ["f"] * 4 + ["r"] * 12))
+"""One 16-dim output tile of one run (:func:`_pv_tile`), by V byte: 4 accumulators out, 4 in, 3 x 4 words."""
+
+
 @gluon.constexpr_function
 def _v_layout(nw, tw, words=False):
     """V bytes as read from shared memory: [NW, TW tokens, 8 (lane group g), 8 (byte r)], byte 8g + r
@@ -236,6 +260,69 @@ def _query_frags(q, NW: gl.constexpr, L: gl.constexpr):
     g1, g3 = gl.split(e1)
     return (gl.convert_layout(g0, L), gl.convert_layout(g1, L), gl.convert_layout(g2, L),
             gl.convert_layout(g3, L))
+
+
+@gluon.jit
+def _pv_tile(acc, vw, rel, pfr, BYTE: gl.constexpr):
+    """``acc += V^T P^T`` for one output tile of one run (MMA accumulator layout ``[NW, 16, 8]``): tile
+    row r of lane group g is dim ``16 g + 2 * tile + r // 8``; ``vw`` holds the V word with the tile's
+    byte ``BYTE`` of tokens (a, b, c, d) = (2t, 2t + 1, 2t + 8, 2t + 9), ``rel`` their relative scales
+    as fp16 pairs, ``pfr`` the probability fragments (:func:`_pv_operands`)."""
+    return gl.inline_asm_elementwise(
+        asm=_PV_ASM[BYTE],
+        constraints=_PV_CONSTRAINTS,
+        args=[acc, vw, rel, pfr],
+        dtype=gl.float32,
+        is_pure=True,
+        pack=4,
+    )
+
+
+@gluon.constexpr_function
+def _pair_layout(nw):
+    """The MMA accumulator layout of ``[NW, 16, 8]`` with a trailing size-2 axis in registers (the two
+    16-bit halves of a word, so :func:`_fp16_pairs` splits them in place)."""
+    return gl.DistributedLinearLayout(
+        reg_bases=[[0, 0, 0, 1], [0, 0, 1, 0], [0, 8, 0, 0]],
+        lane_bases=[[0, 0, 2, 0], [0, 0, 4, 0], [0, 1, 0, 0], [0, 2, 0, 0], [0, 4, 0, 0]],
+        warp_bases=[[1 << i, 0, 0, 0] for i in range(nw.bit_length() - 1)], block_bases=[],
+        shape=[nw, 16, 8, 2])
+
+
+@gluon.jit
+def _fp16_pairs(x, NW: gl.constexpr, L: gl.constexpr):
+    """int32 ``[NW, 16, 8]`` in ``L`` (the MMA accumulator layout) from ``x`` ``[NW, 16 tokens, 8 rows]``
+    (16-bit values): element (i, j) of lane group g = i % 8 holds tokens (2 (j // 2) + 8 (j % 2)) and
+    the next one of row g as two 16-bit halves (the B fragments of a token k-step)."""
+    t = gl.reshape(gl.permute(x, [0, 2, 1]), [NW, 8, 2, 4, 2])  # row, hh, t, e: token 8 hh + 2 t + e
+    t = gl.reshape(gl.permute(t, [0, 1, 3, 2, 4]), [NW, 8, 8, 2])  # row, j = 2 t + hh, e
+    t = gl.reshape(gl.permute(gl.join(t, t), [0, 4, 1, 2, 3]), [NW, 16, 8, 2])  # rows again for i >= 8
+    lo, hi = gl.split(gl.convert_layout(t, _pair_layout(NW)))
+    return gl.convert_layout(lo | (hi << 16), L)
+
+
+@gluon.jit
+def _pv_operands(p, vsw, vtop, nr_t, NW: gl.constexpr, L: gl.constexpr):
+    """fp16 probability fragments and relative V scales of one run for :func:`_pv_tile`, both from the
+    score layout ``[NW, 16 tokens, 8 rows]``: ``p * 2**(top - 127 - nr)`` (the token's largest V scale
+    against the running reference exponent ``nr_t``) and ``2**(scale of group g // 2 - top + 14)``
+    (``_rel_scale``; g: the consumer's lane group, which is the row index here)."""
+    pf = (p * _pow2(gl.minimum(vtop - 127 - nr_t, 127))).to(gl.float16).to(gl.int16, bitcast=True).to(gl.int32)
+    grp = gl.expand_dims(gl.expand_dims(gl.arange(0, 8, gl.SliceLayout(0, gl.SliceLayout(1, L))), 0), 1) // 2
+    rel = _rel_scale(vsw, vtop, grp).to(gl.int16, bitcast=True).to(gl.int32)
+    return _fp16_pairs(pf & 0xFFFF, NW, L), _fp16_pairs(rel & 0xFFFF, NW, L)
+
+
+@gluon.constexpr_function
+def _vword_layout(nw):
+    """Padded view ``[NW, 16, 8, 2, 2]`` of V code words for :func:`_pv_tile`: element (i, j, w, 0) is
+    V word ``2 (i % 8) + w`` of run token ``j + 8 (i // 8)`` (tokens permuted by ``TOKEN_BASES``), slots
+    of 32 + 2 words."""
+    bases = [[0, 0, 0, 1, 0], [0, 1, 0, 0, 0], [0, 2, 0, 0, 0], [0, 4, 0, 0, 0], [0, 0, 0, 0, 1]]
+    for t in TOKEN_BASES.value:
+        bases.append([0, 8, 0, 0, 0] if t == 8 else [0, 0, t, 0, 0])
+    bases += [[1 << i, 0, 0, 0, 0] for i in range(nw.bit_length() - 1)]
+    return gl.PaddedSharedLayout([[32, 2]], bases, [], [nw, 16, 8, 2, 2])
 
 
 @gluon.jit
@@ -473,6 +560,10 @@ def uq_decode_v8(q_ptr, cache_ptr, bt_ptr, seqlen_ptr, sinks_ptr, out_ptr, part_
     kc8 = ring._reinterpret(gl.uint8, [E, NW, TW, 2, H], PB)
     kwa = words._reinterpret(gl.int32, [E, NW, TW, 4, 8], PKW)  # groups 0, 1 (words 0..7)
     kwb = words.slice(8, 8)._reinterpret(gl.int32, [E, NW, TW, 4, 8], PKW)  # groups 2, 3
+    # V code words for _pv_tile: [NW, 16, 8, 2, 2] views based at V word 0 and 1 (:func:`_vword_layout`)
+    PVW: gl.constexpr = _vword_layout(NW)
+    vwa = words.slice((H + G) // 4, 1)._reinterpret(gl.int32, [E, NW, 16, 8, 2, 2], PVW)
+    vwb = words.slice((H + G) // 4 + 1, 2)._reinterpret(gl.int32, [E, NW, 16, 8, 2, 2], PVW)
     vc8 = bytes8.slice(H + G, 4)._reinterpret(gl.uint8, [E, NW, TW, 2, H // 8, 8], PV)
     ks = words.slice(H // 4, H // 4)._reinterpret(gl.int32, [E, NW, TW, 2, 16], PWD)
     vs = words.slice(SLOT // 4 - 1, 1)._reinterpret(gl.int32, [E, NW, TW, 2, 16], PWD)
@@ -564,9 +655,12 @@ def uq_decode_v8(q_ptr, cache_ptr, bt_ptr, seqlen_ptr, sinks_ptr, out_ptr, part_
     rv = gl.expand_dims(gl.expand_dims(gl.expand_dims(gl.arange(0, 8, R3), 0), 1), 2)
     vgroup = gl.expand_dims(gv // 2, 3) + rv * 0
 
-    ACC: gl.constexpr = _pick(ROWS_IN_N, [NW, H, ROWS], [NW, ROWS, H])
-    acc_e = gl.zeros(ACC, gl.float32, MMA)
-    acc_o = gl.zeros(ACC, gl.float32, MMA)
+    # accumulators: rows in N, 8 tiles [NW, 16 dims, 8 rows] (_pv_tile); m16, even / odd dims [NW, 16, 64]
+    NT: gl.constexpr = 8 if ROWS_IN_N else 2
+    ACC: gl.constexpr = _pick(ROWS_IN_N, [NW, 16, ROWS], [NW, ROWS, H])
+    accs = ()
+    for _t in gl.static_range(NT):
+        accs = accs + (gl.zeros(ACC, gl.float32, MMA),)
     m_i = gl.full([NW, ROWS], float("-inf"), gl.float32, QR)
     l_i = gl.zeros([NW, ROWS], gl.float32, QR)
     run = gl.full([NW], -254, gl.int32, QW)
@@ -618,11 +712,16 @@ def uq_decode_v8(q_ptr, cache_ptr, bt_ptr, seqlen_ptr, sinks_ptr, out_ptr, part_
                 vtops = ()
                 vexps = ()
                 for i in gl.static_range(PAIR):
-                    vw = gl.expand_dims(_piece(vs.index(cur + j + i), [NW, TW], VW, VW), 2)
-                    vtop = _token_top(vw)
+                    if ROWS_IN_N:  # the score layout's tokens
+                        vw = _piece(vs.index(cur + j + i), [NW, TW], TK, TK)
+                        vtop = _token_top(vw)
+                        vexps = vexps + (vtop - 127,)
+                    else:
+                        vw = gl.expand_dims(_piece(vs.index(cur + j + i), [NW, TW], VW, VW), 2)
+                        vtop = _token_top(vw)
+                        vexps = vexps + (gl.convert_layout(gl.max(vtop, axis=2), TK) - 127,)
                     vws = vws + (vw,)
                     vtops = vtops + (vtop,)
-                    vexps = vexps + (gl.convert_layout(gl.max(vtop, axis=2), TK) - 127,)
                 cmax = ps[0] * gl.expand_dims(_pow2(gl.minimum(vexps[0], 127)), RAX)
                 for i in gl.static_range(1, PAIR):
                     cmax = gl.maximum(cmax, ps[i] * gl.expand_dims(_pow2(gl.minimum(vexps[i], 127)), RAX))
@@ -631,11 +730,27 @@ def uq_decode_v8(q_ptr, cache_ptr, bt_ptr, seqlen_ptr, sinks_ptr, out_ptr, part_
                 new_run = gl.maximum(run + shrink, ctop)
                 c = gl.expand_dims(alpha * gl.expand_dims(_pow2(gl.minimum(run - new_run, 127)), 1), TAX)
                 nr = gl.expand_dims(gl.convert_layout(new_run, gl.SliceLayout(1, TK)), 1)
-                acc_e = acc_e * c
-                acc_o = acc_o * c
+                scaled = ()
+                for t in gl.static_range(NT):
+                    scaled = scaled + (accs[t] * c,)
+                accs = scaled
                 for i in gl.static_range(PAIR):
-                    acc_e, acc_o = _run_pv(acc_e, acc_o, vc8.index(cur + j + i), vws[i], vtops[i], vexps[i], ps[i],
-                                           nr, vgroup, NW, TW, H, ROWS_IN_N, VL, VLW, VA, VB, PTB, PA, RAX)
+                    if ROWS_IN_N:
+                        pfr, rel = _pv_operands(ps[i], gl.expand_dims(vws[i], 2), gl.expand_dims(vtops[i], 2),
+                                                gl.expand_dims(nr, 2), NW, MMA)
+                        vw0 = _piece(vwa.index(cur + j + i), [NW, 16, ROWS], MMA, MMA)
+                        vw1 = _piece(vwb.index(cur + j + i), [NW, 16, ROWS], MMA, MMA)
+                        tiles = ()
+                        for t in gl.static_range(NT):
+                            if t < 4:
+                                tiles = tiles + (_pv_tile(accs[t], vw0, rel, pfr, t % 4),)
+                            else:
+                                tiles = tiles + (_pv_tile(accs[t], vw1, rel, pfr, t % 4),)
+                        accs = tiles
+                    else:
+                        acc_e, acc_o = _run_pv(accs[0], accs[1], vc8.index(cur + j + i), vws[i], vtops[i], vexps[i],
+                                               ps[i], nr, vgroup, NW, TW, H, ROWS_IN_N, VL, VLW, VA, VB, PTB, PA, RAX)
+                        accs = (acc_e, acc_o)
                 run = new_run
             else:
                 sink_acc = sink_acc ^ kw
@@ -645,17 +760,23 @@ def uq_decode_v8(q_ptr, cache_ptr, bt_ptr, seqlen_ptr, sinks_ptr, out_ptr, part_
     if MATH:
         # ---- every warp's partial (acc * 2**run, m, l) to the workspace: slot ((b*HK + h)*S + sp)*WT + s
         f = gl.expand_dims(gl.expand_dims(_pow2(gl.minimum(run, 127)), 1), TAX)
-        acc_e = acc_e * f
-        acc_o = acc_o * f
         pw = _iota3(NW, 0, MMA)
         slot3 = (((pair0 + pw // WT) * num_splits + sp) * WT + pw % WT).to(gl.int64)
-        prow = _iota3(ROWS, RAX, MMA)
-        nn = _iota3(H, TAX, MMA)
-        d_e = 2 * (8 * (nn % 8) + nn // 8)
-        pptr = part_ptr + slot3 * (ROWS * D) + prow * D + d_e
-        pmask = (prow < GQA) & (nn >= 0)
-        gl.store(pptr, acc_e, mask=pmask)
-        gl.store(pptr + 1, acc_o, mask=pmask)
+        if ROWS_IN_N:
+            ti = _iota3(16, 1, MMA)
+            prow = _iota3(ROWS, 2, MMA)
+            pmask = (prow < GQA) & (ti >= 0)
+            for t in gl.static_range(NT):  # tile t, row i of lane group g: dim 16 g + 2 t + i // 8
+                pptr = part_ptr + slot3 * (ROWS * D) + prow * D + 16 * (ti % 8) + 2 * t + ti // 8
+                gl.store(pptr, accs[t] * f, mask=pmask)
+        else:
+            prow = _iota3(ROWS, RAX, MMA)
+            nn = _iota3(H, TAX, MMA)
+            d_e = 2 * (8 * (nn % 8) + nn // 8)
+            pptr = part_ptr + slot3 * (ROWS * D) + prow * D + d_e
+            pmask = (prow < GQA) & (nn >= 0)
+            gl.store(pptr, accs[0] * f, mask=pmask)
+            gl.store(pptr + 1, accs[1] * f, mask=pmask)
         pw1 = gl.arange(0, NW, gl.SliceLayout(1, QR))
         mlw = (((pair0 + pw1 // WT) * num_splits + sp) * WT + pw1 % WT).to(gl.int64)
         mlp = ml_ptr + gl.expand_dims(mlw, 1) * (2 * ROWS) + gl.expand_dims(rows, 0)
