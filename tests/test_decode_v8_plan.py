@@ -21,7 +21,9 @@ from ultraquant.kernels.decode_v8_plan import (
     (128, 4, 8, 64, True, "cuda", True),
     (128, 16, 1, 16, True, "cuda", True),
     (128, 1, 4, 128, True, "cuda", True),
-    (256, 8, 2, 64, True, "cuda", False),   # D != 128 -> v7
+    (256, 8, 2, 64, True, "cuda", True),    # D=256 with the rows in N
+    (256, 16, 1, 64, True, "cuda", False),  # D=256, GQA > 8 -> v7
+    (512, 4, 8, 64, True, "cuda", False),
     (64, 4, 8, 64, True, "cuda", False),
     (128, 32, 1, 64, True, "cuda", False),   # GQA > 16
     (128, 4, 16, 64, True, "cuda", False),   # Hk = 16

@@ -51,6 +51,9 @@ def test_cuda_target_takes_v8_where_covered(cuda_target):
         assert set(p.spec.divisible) == {"stride_qb", "stride_qh", "stride_ob", "stride_oh"}
         assert len(p.args) == len(p.spec.signature)  # the kernel's parameters (DECODE_PARAMS), in order
         assert p.args[list(p.spec.signature).index("stride_btb")] == p.args[2].stride(0)
+    wide = _plan(_call(16, 2, 64, d=256))  # shape C: D=256, GQA 8
+    assert wide.spec.kernel == "uq_decode_v8" and wide.spec.constexprs["D"] == 256
+    assert wide.spec.constexprs["NSUB"] == 2 and wide.spec.constexprs["ROWS_IN_N"]
     window = _plan(_call(), window=100)
     assert window.spec.kernel == "uq_decode_v8" and window.spec.constexprs["HAS_WINDOW"]
 
@@ -58,7 +61,7 @@ def test_cuda_target_takes_v8_where_covered(cuda_target):
 @pytest.mark.parametrize("what,call", [
     ("token-major pages", dict(head_major=False)),
     ("D=64", dict(d=64)),
-    ("D=256", dict(d=256)),
+    ("D=256, GQA 16", dict(d=256, hq=32, hk=2)),
     ("GQA 32", dict(hq=32, hk=1)),
     ("16 kv heads", dict(hq=32, hk=16)),
     ("3 kv heads", dict(hq=12, hk=3)),

@@ -3,11 +3,11 @@ in one run, timed like ``ultraquant bench`` (CUDA-graph replay, no flush, head-m
 
     python tools/v8_bench.py --json out.json [--shapes A,B,C,D] [--rings 8:2x4,8:2x4:m16,16:1x4]
 
-``--rings`` lists ``warps:NSUBxSTAGES[:m16][:r128]`` variants (``m16``: query rows as 16 MMA M rows instead
-of 8 N rows; 16 warps, and ``r128``, run under a 128-register cap: two 8-warp programs per SM when the
-ring fits twice; v8 covers
-D=128 only, so D=256 shapes get no v8 rows); the no-math stream of a variant (gate 1) is timed for the
-first variant only unless ``--stream-all``. Prints a table last.
+``--rings`` lists ``warps:NSUBxSTAGES[:m16][:r128]`` variants (NSUB 0: the default for the head
+size; ``m16``: query rows as 16 MMA M rows instead of 8 N rows; 16 warps, and ``r128``, run under a
+128-register cap: two 8-warp programs per SM when the ring fits twice; v8 covers D=128, and D=256 with
+GQA <= 8); the no-math stream of a variant (gate 1) is timed for the first variant only unless
+``--stream-all``. Prints a table last.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from ultraquant import config  # noqa: E402
 from ultraquant.bench.decode import (  # noqa: E402
     SHAPES,
     bench_decode,
@@ -87,8 +88,12 @@ def main() -> None:
         p = make_decode_problem(s["B"], s["L"], s["Hq"], s["Hk"], s["D"], s["block"], head_major=True)
         sdpa = bench_sdpa(s["B"], s["L"], s["Hq"], s["Hk"], s["D"])
         add(shape, "sdpa-bf16", sdpa, 2 * s["B"] * s["L"] * s["Hk"] * s["D"] * 2, None)
-        if not a.no_v7:
+        if not a.no_v7:  # v7 through the plan with v8 switched off (the routed decode is the v8 rows')
+            os.environ["ULTRAQUANT_DECODE_V8"] = "0"
+            config.reload()
             add(shape, "v7 (JIT)", bench_decode(p, s["D"]), p.stored_bytes, sdpa)
+            del os.environ["ULTRAQUANT_DECODE_V8"]
+            config.reload()
         scale = s["D"] ** -0.5
         base_splits = v8_splits(s["B"], p.block_table.shape[1] * s["block"], p.query.device)
         ok = v8_supports(head_size=s["D"], gqa=s["Hq"] // s["Hk"], num_kv_heads=s["Hk"], block_size=s["block"],

@@ -37,7 +37,7 @@ def compile_v8_kernel(config: dict) -> tuple[object, object]:
     from ultraquant.kernels.gluon.decode_v8 import uq_decode_v8
 
     tuning = V8Tuning(**{k: config.pop(k) for k in TUNING_KEYS if k in config})
-    spec = decode_v8_spec(head_size=128, tuning=tuning, **config)
+    spec = decode_v8_spec(**{"head_size": 128, **config}, tuning=tuning)
     names = list(uq_decode_v8.arg_names)
     attrs = {(names.index(n),): [["tt.divisibility", 16]] for n, ty in spec.signature.items() if ty.startswith("*")}
     src = GluonASTSource(uq_decode_v8, dict(spec.signature), dict(spec.constexprs), attrs)

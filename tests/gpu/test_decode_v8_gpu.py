@@ -1,7 +1,7 @@
 """Decode v8 (Gluon, NVIDIA sm_90+) on a GPU against the float64 reference over the same cache bytes.
 
-Covers what v8 serves (D=128, GQA 1..16, Hk 1..8, blocks 16..128, head-major caches: whole 16-token
-runs) through the routed public API (``ultraquant.decode_attention``: the plan must pick v8; AOT blob
+Covers what v8 serves (D=128 with GQA 1..16, D=256 with GQA 1..8, Hk 1..8, blocks 16..128, head-major
+caches: whole 16-token runs) through the routed public API (``ultraquant.decode_attention``: the plan must pick v8; AOT blob
 or Gluon JIT by ``ULTRAQUANT_BACKEND``), tuned ring shapes through ``decode_v8``: ragged lengths at
 block/split boundaries (including an empty request), sinks, sliding window, soft cap, V outliers
 2^20 apart, NaN-poisoned outputs, several ring shapes, warp counts and split counts, CUDA graph
@@ -38,6 +38,12 @@ CASES = {
     "gqa3-hk4-b64-softcap-sinks": ([3000, 2047, 64, 0], 12, 4, 64, True, None, 50.0),
     "gqa16-hk8-b32": ([1500, 700], 128, 8, 32, False, None, None),
 }
+CASES_256 = {
+    # D=256 (rows in N only): shape C's config, and the edges of the others
+    "d256-gqa8-hk2-b64-long": ([32768, 1, 8191, 8192, 8193, 64, 65], 16, 2, 64, False, None, None),
+    "d256-gqa4-hk1-b16-sinks-window-softcap": ([3000, 17, 1, 0], 4, 1, 16, True, 700, 30.0),
+    "d256-gqa1-hk8-b32-sinks": ([2000, 33, 31], 8, 8, 32, True, None, None),
+}
 RINGS = [(2, 4), (1, 4), (4, 2), (2, 2)]
 """(NSUB, STAGES) ring shapes checked on one case."""
 
@@ -45,9 +51,10 @@ RINGS = [(2, 4), (1, 4), (4, 2), (2, 2)]
 def _run(name: str, tuning: V8Tuning | None = None) -> None:
     """One case through v8: the routed public API (``ultraquant.decode_attention``: AOT blob or JIT by
     the backend policy) without ``tuning``, else ``decode_v8`` with it (Gluon's JIT)."""
-    lens, hq, hk, bs, sinks, window, softcap = CASES[name]
-    prob, query, sk = _problem(lens, hq, hk, 128, bs, True, seed=len(name), sinks=sinks)
-    scale = 128 ** -0.5
+    d = 256 if name in CASES_256 else 128
+    lens, hq, hk, bs, sinks, window, softcap = {**CASES, **CASES_256}[name]
+    prob, query, sk = _problem(lens, hq, hk, d, bs, True, seed=len(name), sinks=sinks)
+    scale = d ** -0.5
     ref = R.decode_attention(query.float(), prob.kv_cache, prob.block_table, prob.seq_lens, scale, sinks=sk,
                              sliding_window=window, softcap=softcap)
     out = torch.full_like(query, float("nan"))
@@ -66,6 +73,11 @@ def _run(name: str, tuning: V8Tuning | None = None) -> None:
 
 @pytest.mark.parametrize("name", list(CASES))
 def test_decode_v8(name):
+    _run(name)
+
+
+@pytest.mark.parametrize("name", list(CASES_256))
+def test_decode_v8_d256(name):
     _run(name)
 
 
@@ -93,12 +105,13 @@ def test_decode_v8_jit_default_tuning():
     _run("gqa4-hk8-b64-sinks", V8Tuning())
 
 
-def test_decode_v8_wide_dynamic_range():
+@pytest.mark.parametrize("d", [128, 256])
+def test_decode_v8_wide_dynamic_range(d):
     """V outliers 2**20 above the rest with almost no attention (the v7 CPU/GPU case)."""
     from tests.test_kernels_attention import wide_range_problem
 
-    query = torch.randn(3, 1, 128, generator=torch.Generator().manual_seed(3)).to(torch.bfloat16)
-    prob = wide_range_problem([3000, 64, 700], 128, 32, query, device="cuda")
+    query = torch.randn(3, 1, d, generator=torch.Generator().manual_seed(3)).to(torch.bfloat16)
+    prob = wide_range_problem([3000, 64, 700], d, 32, query, device="cuda")
     query = query.cuda()
     ref = R.decode_attention(query.float(), prob.kv_cache, prob.block_table, prob.seq_lens, 0.125)
     out = torch.full_like(query, float("nan"))

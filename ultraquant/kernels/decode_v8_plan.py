@@ -48,13 +48,14 @@ splits won in every prototype)."""
 @dataclass(frozen=True)
 class V8Tuning:
     """Launch shape of v8: ``warps`` (Hk kv heads x warps/Hk token groups), a ring of ``stages`` x
-    ``nsub`` sub-tiles of ``tw`` tokens per warp (16: one run), an optional register cap, an optional
-    split count; ``rows_in_n``: query rows in the MMA N dimension (8 rows, used where GQA <= 8).
-    Defaults: the fastest timed on the H200 (runs 1-5)."""
+    ``nsub`` sub-tiles of ``tw`` tokens per warp (16: one run; ``None``: 4 at D=128, 2 at D=256, so the
+    ring stays ~140 KB), an optional register cap, an optional split count; ``rows_in_n``: query rows in
+    the MMA N dimension (8 rows, used where GQA <= 8). Defaults: the fastest timed on the H200
+    (benchmarks/NOTES.md, "Decode v8 round 4")."""
 
     warps: int = 8
     rows_in_n: bool = True
-    nsub: int = 4
+    nsub: int | None = None
     stages: int = 2
     tw: int = 16
     maxnreg: int | None = None
@@ -72,9 +73,9 @@ def whole_runs(head_size: int, strides: tuple[int, ...], num_kv_heads: int) -> b
 def v8_supports(*, head_size: int, gqa: int, num_kv_heads: int, block_size: int, runs: bool,
                 target: str) -> bool:
     """The coverage rule: True where v8 can serve the decode, False where v7 must (``runs``:
-    :func:`whole_runs` of the cache)."""
-    return (target == "cuda" and head_size == 128 and 1 <= gqa <= 16 and num_kv_heads in (1, 2, 4, 8)
-            and block_size % 16 == 0 and runs)
+    :func:`whole_runs` of the cache). D=256 only with the query rows in the MMA N dimension (GQA <= 8)."""
+    return (target == "cuda" and (head_size == 128 and 1 <= gqa <= 16 or head_size == 256 and 1 <= gqa <= 8)
+            and num_kv_heads in (1, 2, 4, 8) and block_size % 16 == 0 and runs)
 
 
 def v8_call(head_size: int, gqa: int, num_kv_heads: int, block_size: int, cache_strides: tuple[int, ...],
@@ -95,7 +96,8 @@ def decode_v8_spec(*, head_size: int, gqa: int, num_kv_heads: int, block_size: i
     d = check_head_size(head_size)
     hk = int(num_kv_heads)
     wt = max(1, tuning.warps // hk)
-    pow2 = [tuning.warps, tuning.nsub, tuning.stages]
+    nsub = tuning.nsub or (4 if d == 128 else 2)
+    pow2 = [tuning.warps, nsub, tuning.stages]
     if tuning.tw != 16 or tuning.stages < 2 or any(x & (x - 1) for x in pow2):
         raise UltraQuantError(f"decode v8 tuning {tuning}: needs 16-token runs per warp (tw=16) and power-of-two "
                               "warps, nsub and stages >= 2 (the ring's padded shared views)")
@@ -104,7 +106,7 @@ def decode_v8_spec(*, head_size: int, gqa: int, num_kv_heads: int, block_size: i
         kernel="uq_decode_v8",
         signature=_signature(DECODE_PARAMS, query=_tname(query_dtype), out=_tname(out_dtype or query_dtype)),
         constexprs={"D": d, "LOG2D": d.bit_length() - 1, "GQA": int(gqa), "ROWS": 8 if rows_in_n else 16,
-                    "GQA_PAD": pow2_at_least(int(gqa)), "HK": hk, "WT": wt, "NSUB": tuning.nsub,
+                    "GQA_PAD": pow2_at_least(int(gqa)), "HK": hk, "WT": wt, "NSUB": nsub,
                     "STAGES": tuning.stages, "TW": tuning.tw, "BLOCK_SIZE": int(block_size),
                     "HAS_SINKS": bool(has_sinks), "HAS_WINDOW": bool(has_window),
                     "HAS_SOFTCAP": bool(has_softcap), "MATH": bool(math), "ROWS_IN_N": rows_in_n},

@@ -302,27 +302,31 @@ def _fp16_pairs(x, NW: gl.constexpr, L: gl.constexpr):
 
 
 @gluon.jit
-def _pv_operands(p, vsw, vtop, nr_t, NW: gl.constexpr, L: gl.constexpr):
+def _pv_operands(p, vsw, vsw1, vtop, nr_t, D: gl.constexpr, NW: gl.constexpr, L: gl.constexpr):
     """fp16 probability fragments and relative V scales of one run for :func:`_pv_tile`, both from the
     score layout ``[NW, 16 tokens, 8 rows]``: ``p * 2**(top - 127 - nr)`` (the token's largest V scale
-    against the running reference exponent ``nr_t``) and ``2**(scale of group g // 2 - top + 14)``
-    (``_rel_scale``; g: the consumer's lane group, which is the row index here)."""
+    against the running reference exponent ``nr_t``) and ``2**(scale of group g D / 256 - top + 14)``
+    (``_rel_scale``; g: the consumer's lane group, which is the row index here; scale words ``vsw``,
+    ``vsw1``: groups 0..3, 4..7)."""
     pf = (p * _pow2(gl.minimum(vtop - 127 - nr_t, 127))).to(gl.float16).to(gl.int16, bitcast=True).to(gl.int32)
-    grp = gl.expand_dims(gl.expand_dims(gl.arange(0, 8, gl.SliceLayout(0, gl.SliceLayout(1, L))), 0), 1) // 2
-    rel = _rel_scale(vsw, vtop, grp).to(gl.int16, bitcast=True).to(gl.int32)
+    grp = gl.expand_dims(gl.expand_dims(gl.arange(0, 8, gl.SliceLayout(0, gl.SliceLayout(1, L))), 0), 1) * D // 256
+    if D == 256:
+        vsw = gl.where(grp < 4, vsw, vsw1)
+    rel = _rel_scale(vsw, vtop, grp % 4).to(gl.int16, bitcast=True).to(gl.int32)
     return _fp16_pairs(pf & 0xFFFF, NW, L), _fp16_pairs(rel & 0xFFFF, NW, L)
 
 
 @gluon.constexpr_function
-def _vword_layout(nw):
-    """Padded view ``[NW, 16, 8, 2, 2]`` of V code words for :func:`_pv_tile`: element (i, j, w, 0) is
-    V word ``2 (i % 8) + w`` of run token ``j + 8 (i // 8)`` (tokens permuted by ``TOKEN_BASES``), slots
-    of 32 + 2 words."""
-    bases = [[0, 0, 0, 1, 0], [0, 1, 0, 0, 0], [0, 2, 0, 0, 0], [0, 4, 0, 0, 0], [0, 0, 0, 0, 1]]
+def _vword_layout(nw, wpt, slot_words):
+    """Padded view ``[NW, 16, 8, wpt, 2]`` of V code words for :func:`_pv_tile`: element (i, j, w, 0) is
+    V word ``wpt (i % 8) + w`` of run token ``j + 8 (i // 8)`` (tokens permuted by ``TOKEN_BASES``), slots
+    of ``16 wpt`` + padding words (``slot_words`` in all)."""
+    bases = [[0, 0, 0, 1 << b, 0] for b in range(wpt.bit_length() - 1)]
+    bases += [[0, 1, 0, 0, 0], [0, 2, 0, 0, 0], [0, 4, 0, 0, 0], [0, 0, 0, 0, 1]]
     for t in TOKEN_BASES.value:
         bases.append([0, 8, 0, 0, 0] if t == 8 else [0, 0, t, 0, 0])
     bases += [[1 << i, 0, 0, 0, 0] for i in range(nw.bit_length() - 1)]
-    return gl.PaddedSharedLayout([[32, 2]], bases, [], [nw, 16, 8, 2, 2])
+    return gl.PaddedSharedLayout([[16 * wpt, slot_words - 16 * wpt]], bases, [], [nw, 16, 8, wpt, 2])
 
 
 @gluon.jit
@@ -364,33 +368,35 @@ def _issue_stage(ring, stage, cache_ptr, bt_row, t0, t_hi, stride_cb, stride_ch,
     """Start the async copies of tokens ``[t0, t0 + NSUB*WT*16)`` of every kv head into ring stage
     ``stage``: ``NR = NSUB*NW`` runs (run ``q = j*NW + w``: kv head ``w // WT``, the 16 tokens
     ``t0 + j*WT*16 + (w % WT)*16``), each ``16*SLOT`` contiguous bytes of a head-major page, copied
-    whole as ``SLOT/8`` rows of 128 B: ``16*NR`` rows with 16-byte ``cp.async``, the last ``NR`` rows with
-    ``min(NSUB, 4)*4``-byte ones. Runs starting at or past ``t_hi`` are zero-filled (no read); unless
-    ``inside`` (:func:`_blocks_inside` of the program's range), so are runs of block ids outside
-    ``[0, num_blocks)``."""
+    whole as ``SLOT/8`` rows of 128 B: ``RB*NR`` rows with 16-byte ``cp.async`` (``RB`` = 16 at
+    D=128, 32 at D=256), the last ``RS*NR`` rows with up to 16-byte ones. Runs starting at or past
+    ``t_hi`` are zero-filled (no read); unless ``inside`` (:func:`_blocks_inside` of the program's
+    range), so are runs of block ids outside ``[0, num_blocks)``."""
     NR: gl.constexpr = NSUB * NW
-    RUN: gl.constexpr = SLOT // 8                     # 128-byte rows per run (17 at SLOT = 136)
-    V: gl.constexpr = 4 if NSUB >= 4 else NSUB          # words per copy of the last rows
+    RUN: gl.constexpr = SLOT // 8                     # 128-byte rows per run (17 / 34 at SLOT = 136 / 272)
+    RB: gl.constexpr = 16 * (SLOT // 136)             # rows per run in the first copy (a power of two)
+    RS: gl.constexpr = RUN - RB                       # the rest
+    V: gl.constexpr = 4 if NSUB * RS >= 4 else NSUB * RS  # words per copy of the last rows
     ROWS: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [1, 0])
     CL: gl.constexpr = gl.BlockedLayout([1, 4], [4, 8], [NW, 1], [1, 0])
     RL: gl.constexpr = gl.BlockedLayout([1, V], [V, 32 // V], [NW, 1], [1, 0])
-    rows = ring.index(stage)._reinterpret(gl.int32, [NR * 32, 32], ROWS)
+    rows = ring.index(stage)._reinterpret(gl.int32, [NR * 2 * RB, 32], ROWS)
     one_block: gl.constexpr = BLOCK_SIZE % (NSUB * WT * 16) == 0
     blk = 0
     if one_block:
         blk = gl.load(bt_row + t0 // BLOCK_SIZE, mask=t0 < t_hi, other=0).to(gl.int64)
-    r = gl.expand_dims(gl.arange(0, NR * (RUN - 1), gl.SliceLayout(1, CL)), 1)
+    r = gl.expand_dims(gl.arange(0, NR * RB, gl.SliceLayout(1, CL)), 1)
     base, ok = _run_rows(r, RUN, bt_row, t0, t_hi, stride_cb, stride_ch, blk, one_block, inside, num_blocks,
                          NW, WT, SLOT, BLOCK_SIZE)
     w = gl.expand_dims(gl.arange(0, 32, gl.SliceLayout(0, CL)), 0)
     p = gl.multiple_of((cache_ptr + base).to(gl.pointer_type(gl.int32)), [16, 16])
-    async_copy.async_copy_global_to_shared(rows.slice(0, NR * (RUN - 1)), p + w, mask=ok & (w >= 0))
-    r2 = gl.expand_dims(gl.arange(0, NR, gl.SliceLayout(1, RL)), 1) + NR * (RUN - 1)
+    async_copy.async_copy_global_to_shared(rows.slice(0, NR * RB), p + w, mask=ok & (w >= 0))
+    r2 = gl.expand_dims(gl.arange(0, NR * RS, gl.SliceLayout(1, RL)), 1) + NR * RB
     base2, ok2 = _run_rows(r2, RUN, bt_row, t0, t_hi, stride_cb, stride_ch, blk, one_block, inside, num_blocks,
                            NW, WT, SLOT, BLOCK_SIZE)
     w2 = gl.expand_dims(gl.arange(0, 32, gl.SliceLayout(0, RL)), 0)
     p2 = gl.multiple_of((cache_ptr + base2).to(gl.pointer_type(gl.int32)), [16, 16])
-    async_copy.async_copy_global_to_shared(rows.slice(NR * (RUN - 1), NR), p2 + w2, mask=ok2 & (w2 >= 0))
+    async_copy.async_copy_global_to_shared(rows.slice(NR * RB, NR * RS), p2 + w2, mask=ok2 & (w2 >= 0))
 
 
 @gluon.jit
@@ -432,20 +438,26 @@ def _blocks_inside(bt_row, t_lo, t_hi, num_blocks, err_ptr, BLOCK_SIZE: gl.const
 
 
 @gluon.jit
-def _run_scores(kwa, kwb, kc8, kw, q0, q1, q2, q3, q_e, q_o, kgroup, rowfac, rowbias, ts, t_hi, lo, inside, bt_row,
-                num_blocks, softcap, NW: gl.constexpr, TW: gl.constexpr, ROWS: gl.constexpr, H: gl.constexpr,
+def _run_scores(kwa, kwb, kwc, kwd, kc8, kw, kw1, q0, q1, q2, q3, q4, q5, q6, q7, q_e, q_o, kgroup, rowfac, rowbias,
+                ts, t_hi, lo, inside, bt_row, num_blocks, softcap, D: gl.constexpr, NW: gl.constexpr,
+                TW: gl.constexpr, ROWS: gl.constexpr, H: gl.constexpr,
                 ROWS_IN_N: gl.constexpr, HAS_SOFTCAP: gl.constexpr, HAS_WINDOW: gl.constexpr,
                 BLOCK_SIZE: gl.constexpr, MMA: gl.constexpr, KB: gl.constexpr, TK: gl.constexpr,
                 RAX: gl.constexpr, TAX: gl.constexpr):
-    """log2-domain scores of one 16-token run (ring entry views ``kwa``/``kwb``/``kc8``, scale words
-    ``kw``), tokens ``ts`` outside the request, the window or the cache set to -inf. Rows in N: K words
-    straight into :func:`_qk_runs`; m16: fp16 halves times relative scales (``_fp4_decode``), the token's
-    largest scale on the score column."""
+    """log2-domain scores of one 16-token run (ring entry views ``kwa..kwd``/``kc8``, scale words ``kw``,
+    ``kw1``), tokens ``ts`` outside the request, the window or the cache set to -inf. Rows in N: K words
+    straight into :func:`_qk_runs` (twice at D=256: groups 0..3, 4..7); m16: fp16 halves times relative
+    scales (``_fp4_decode``), the token's largest scale on the score column."""
     if ROWS_IN_N:
         ka = _piece(kwa.permute([0, 1, 3, 2]), [NW, TW, ROWS], MMA, MMA)
         kb = _piece(kwb.permute([0, 1, 3, 2]), [NW, TW, ROWS], MMA, MMA)
         kw3 = gl.expand_dims(kw, 2) + gl.zeros([NW, TW, ROWS], gl.int32, MMA)
         s = _qk_runs(ka, kb, kw3, q0, q1, q2, q3)
+        if D == 256:
+            kc = _piece(kwc.permute([0, 1, 3, 2]), [NW, TW, ROWS], MMA, MMA)
+            kd = _piece(kwd.permute([0, 1, 3, 2]), [NW, TW, ROWS], MMA, MMA)
+            kw3 = gl.expand_dims(kw1, 2) + gl.zeros([NW, TW, ROWS], gl.int32, MMA)
+            s = s + _qk_runs(kc, kd, kw3, q4, q5, q6, q7)
     else:
         ktop = _token_top(kw)
         kb = _piece(kc8.permute([0, 3, 1, 2]), [NW, H, TW], KB, KB)
@@ -511,7 +523,7 @@ def uq_decode_v8(q_ptr, cache_ptr, bt_ptr, seqlen_ptr, sinks_ptr, out_ptr, part_
     """Whole-page split-KV paged decode, grid ``(B, 1, num_splits)``; see the module docstring.
     ``ROWS_IN_N``: the query rows are the MMA N dimension (S^T = K Q^T, O^T = V^T P^T, 8 rows: GQA <= 8)
     instead of 16 padded M rows."""
-    gl.static_assert(D == 128, "decode v8: D=128 only (the ring's padded views are built for 136-byte slots)")
+    gl.static_assert(D == 128 or (D == 256 and ROWS_IN_N), "decode v8: D=128, or D=256 with rows in N")
     gl.static_assert((ROWS == 16 and not ROWS_IN_N) or (ROWS == 8 and ROWS_IN_N),
                      "decode v8: 16 M rows (GQA <= 16) or 8 N rows (GQA <= 8)")
     gl.static_assert(TW == 16, "decode v8: 16-token runs per warp")
@@ -539,34 +551,45 @@ def uq_decode_v8(q_ptr, cache_ptr, bt_ptr, seqlen_ptr, sinks_ptr, out_ptr, part_
     # the leading dimension (the layouts describe one entry; padding counts over the whole buffer).
     NR: gl.constexpr = NSUB * NW
     SLOT: gl.constexpr = 2 * (H + G)
-    RING: gl.constexpr = gl.PaddedSharedLayout.with_identity_for([[512, 32]], [NR, 512], [1, 0])
+    RINT: gl.constexpr = 8 * H                         # words of a run's first 2H bytes per token
+    RING: gl.constexpr = gl.PaddedSharedLayout.with_identity_for([[RINT, 4 * SLOT - RINT]], [NR, RINT], [1, 0])
     # allocated flat: a padded allocation stops at the last run's 512th word, but its copy fills the
     # whole 136-byte slot stride (17 rows of 128 B), so the last run's 17th row would land past the end
     FLAT: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])
     ring = gl.allocate_shared_memory(gl.int32, [STAGES * NR * (SLOT * 4)], FLAT)._reinterpret(
-        gl.int32, [STAGES, NR, 512], RING)
+        gl.int32, [STAGES, NR, RINT], RING)
     # math views of sub-tile entries (NW runs): K codes at slot byte 0, V codes at byte H + G, the scale
     # words at words H/4 and SLOT/4 - 1. Each view is [NW, TW, 2, n] over 2n-element slot pieces padded
     # to the slot (128 + 8 bytes, 32 + 2 words) and based at its piece's offset; slicing index 0 of the
     # size-2 axis skips the rest of the slot (shared layouts cannot broadcast)
     PB: gl.constexpr = _slot_layout(2 * H, SLOT - 2 * H, [NW, TW, 2, H])
     PV: gl.constexpr = _slot_layout(2 * H, SLOT - 2 * H, [NW, TW, 2, H // 8, 8])
-    PWD: gl.constexpr = _slot_layout(32, SLOT // 4 - 32, [NW, TW, 2, 16])
-    # K code words for _qk_runs: [NW, TW, 4, 8 (score column 2i + c: word 4c + i)], index 0 of axis 2
-    PKW: gl.constexpr = _slot_layout(32, SLOT // 4 - 32, [NW, TW, 4, 8], [2, 4, 1])
+    SW2: gl.constexpr = 32 * (D // 128)               # a slot's words without its 2 (or 4) padding words
+    PWD: gl.constexpr = _slot_layout(SW2, SLOT // 4 - SW2, [NW, TW, 2, SW2 // 2])
+    # K code words for _qk_runs: [NW, TW, *, 8 (score column 2i + c: word 4c + i)], index 0 of axis 2
+    PKW: gl.constexpr = _slot_layout(SW2, SLOT // 4 - SW2, [NW, TW, SW2 // 8, 8], [2, 4, 1])
     E: gl.constexpr = STAGES * NSUB
-    bytes8 = ring._reinterpret(gl.uint8, [STAGES * NR * 4096], FLAT)
-    words = ring._reinterpret(gl.int32, [STAGES * NR * 1024], FLAT)
+    RUNB: gl.constexpr = 4096 * (D // 128)            # a power of two >= a run's bytes
+    bytes8 = ring._reinterpret(gl.uint8, [STAGES * NR * RUNB], FLAT)
+    words = ring._reinterpret(gl.int32, [STAGES * NR * RUNB // 4], FLAT)
     kc8 = ring._reinterpret(gl.uint8, [E, NW, TW, 2, H], PB)
-    kwa = words._reinterpret(gl.int32, [E, NW, TW, 4, 8], PKW)  # groups 0, 1 (words 0..7)
-    kwb = words.slice(8, 8)._reinterpret(gl.int32, [E, NW, TW, 4, 8], PKW)  # groups 2, 3
-    # V code words for _pv_tile: [NW, 16, 8, 2, 2] views based at V word 0 and 1 (:func:`_vword_layout`)
-    PVW: gl.constexpr = _vword_layout(NW)
-    vwa = words.slice((H + G) // 4, 1)._reinterpret(gl.int32, [E, NW, 16, 8, 2, 2], PVW)
-    vwb = words.slice((H + G) // 4 + 1, 2)._reinterpret(gl.int32, [E, NW, 16, 8, 2, 2], PVW)
+    kwa = words._reinterpret(gl.int32, [E, NW, TW, SW2 // 8, 8], PKW)  # groups 0, 1 (words 0..7)
+    kwb = words.slice(8, 8)._reinterpret(gl.int32, [E, NW, TW, SW2 // 8, 8], PKW)  # groups 2, 3
+    kwc = words.slice(16, 16)._reinterpret(gl.int32, [E, NW, TW, SW2 // 8, 8], PKW)  # D=256: groups 4, 5
+    kwd = words.slice(24, 8)._reinterpret(gl.int32, [E, NW, TW, SW2 // 8, 8], PKW)  # D=256: groups 6, 7
+    # V code words for _pv_tile: [NW, 16, 8, WPT, 2] views based at V words 0..WPT-1 (:func:`_vword_layout`)
+    WPT: gl.constexpr = D // 64
+    PVW: gl.constexpr = _vword_layout(NW, WPT, SLOT // 4)
+    V0: gl.constexpr = (H + G) // 4
+    vwa = words.slice(V0, 1)._reinterpret(gl.int32, [E, NW, 16, 8, WPT, 2], PVW)
+    vwb = words.slice(V0 + 1, 1)._reinterpret(gl.int32, [E, NW, 16, 8, WPT, 2], PVW)
+    vwc = words.slice(V0 + 2, 1)._reinterpret(gl.int32, [E, NW, 16, 8, WPT, 2], PVW)
+    vwd = words.slice(V0 + 3, 1)._reinterpret(gl.int32, [E, NW, 16, 8, WPT, 2], PVW)
     vc8 = bytes8.slice(H + G, 4)._reinterpret(gl.uint8, [E, NW, TW, 2, H // 8, 8], PV)
-    ks = words.slice(H // 4, H // 4)._reinterpret(gl.int32, [E, NW, TW, 2, 16], PWD)
-    vs = words.slice(SLOT // 4 - 1, 1)._reinterpret(gl.int32, [E, NW, TW, 2, 16], PWD)
+    ks = words.slice(H // 4, H // 4)._reinterpret(gl.int32, [E, NW, TW, 2, SW2 // 2], PWD)
+    ks1 = words.slice(H // 4 + 1, 1)._reinterpret(gl.int32, [E, NW, TW, 2, SW2 // 2], PWD)  # D=256: groups 4..7
+    vs = words.slice((SLOT - G) // 4, 1)._reinterpret(gl.int32, [E, NW, TW, 2, SW2 // 2], PWD)
+    vs1 = words.slice((SLOT - G) // 4 + 1, 1)._reinterpret(gl.int32, [E, NW, TW, 2, SW2 // 2], PWD)  # D=256
     KW: gl.constexpr = gl.SliceLayout(1, KB)            # [NW, TW] K scale words
     # rows in N: S^T [NW, TW, ROWS] = K [NW, TW, H] q^T [NW, H, ROWS]; O^T [NW, H, ROWS] = V^T P^T
     PTB: gl.constexpr = gl.DotOperandLayout(1, MMA, 2)   # P^T [NW, TW, ROWS]
@@ -618,7 +641,16 @@ def uq_decode_v8(q_ptr, cache_ptr, bt_ptr, seqlen_ptr, sinks_ptr, out_ptr, part_
     if ROWS_IN_N:
         # fp16 with the row's largest element in [2**14, 2**15); K's fp16 codes are fp4 * 2**-14
         q = q * gl.expand_dims(_pow2(14 - e), 2)
-        q0, q1, q2, q3 = _query_frags(q, NW, MMA)
+        if D == 256:  # groups 0..3 and 4..7 (two _qk_runs per run)
+            qa, qb = gl.split(gl.permute(gl.reshape(q, [NW, ROWS, 2, 128]), [0, 1, 3, 2]))
+            q0, q1, q2, q3 = _query_frags(qa, NW, MMA)
+            q4, q5, q6, q7 = _query_frags(qb, NW, MMA)
+        else:
+            q0, q1, q2, q3 = _query_frags(q, NW, MMA)
+            q4 = 0
+            q5 = 0
+            q6 = 0
+            q7 = 0
         q_e = 0
         q_o = 0
         rowscale = _pow2(e)
@@ -631,6 +663,10 @@ def uq_decode_v8(q_ptr, cache_ptr, bt_ptr, seqlen_ptr, sinks_ptr, out_ptr, part_
         q1 = 0
         q2 = 0
         q3 = 0
+        q4 = 0
+        q5 = 0
+        q6 = 0
+        q7 = 0
         rowscale = _pow2(e - 14)
     # score axes: rows (query rows) and tokens; QR/QW/TK: per-row, per-warp, per-token state layouts
     RAX: gl.constexpr = _pick(ROWS_IN_N, 2, 1)
@@ -656,7 +692,7 @@ def uq_decode_v8(q_ptr, cache_ptr, bt_ptr, seqlen_ptr, sinks_ptr, out_ptr, part_
     vgroup = gl.expand_dims(gv // 2, 3) + rv * 0
 
     # accumulators: rows in N, 8 tiles [NW, 16 dims, 8 rows] (_pv_tile); m16, even / odd dims [NW, 16, 64]
-    NT: gl.constexpr = 8 if ROWS_IN_N else 2
+    NT: gl.constexpr = D // 16 if ROWS_IN_N else 2
     ACC: gl.constexpr = _pick(ROWS_IN_N, [NW, 16, ROWS], [NW, ROWS, H])
     accs = ()
     for _t in gl.static_range(NT):
@@ -687,11 +723,15 @@ def uq_decode_v8(q_ptr, cache_ptr, bt_ptr, seqlen_ptr, sinks_ptr, out_ptr, part_
                     kwi = kw
                     if i > 0:
                         kwi = _piece(ks.index(cur + j + i), [NW, TW], KWL, KWL)
-                    ss = ss + (_run_scores(kwa.index(cur + j + i), kwb.index(cur + j + i), kc8.index(cur + j + i),
-                                           kwi, q0, q1, q2, q3, q_e, q_o, kgroup, rowfac, rowbias,
-                                           t0 + (j + i) * (WT * TW) + ws + ns, t_hi, lo, inside, bt_row, num_blocks,
-                                           softcap, NW, TW, ROWS, H, ROWS_IN_N, HAS_SOFTCAP, HAS_WINDOW, BLOCK_SIZE,
-                                           MMA, KB, TK, RAX, TAX),)
+                    kwi1 = kwi
+                    if D == 256:
+                        kwi1 = _piece(ks1.index(cur + j + i), [NW, TW], KWL, KWL)
+                    e_i = cur + j + i
+                    ss = ss + (_run_scores(kwa.index(e_i), kwb.index(e_i), kwc.index(e_i), kwd.index(e_i),
+                                           kc8.index(e_i), kwi, kwi1, q0, q1, q2, q3, q4, q5, q6, q7, q_e, q_o,
+                                           kgroup, rowfac, rowbias, t0 + (j + i) * (WT * TW) + ws + ns, t_hi, lo,
+                                           inside, bt_row, num_blocks, softcap, D, NW, TW, ROWS, H, ROWS_IN_N,
+                                           HAS_SOFTCAP, HAS_WINDOW, BLOCK_SIZE, MMA, KB, TK, RAX, TAX),)
                 smax = ss[0]
                 for i in gl.static_range(1, PAIR):
                     smax = gl.maximum(smax, ss[i])
@@ -709,12 +749,18 @@ def uq_decode_v8(q_ptr, cache_ptr, bt_ptr, seqlen_ptr, sinks_ptr, out_ptr, part_
 
                 # V: scale word per token, reference exponent from the largest contribution of the runs
                 vws = ()
+                vws1 = ()
                 vtops = ()
                 vexps = ()
                 for i in gl.static_range(PAIR):
                     if ROWS_IN_N:  # the score layout's tokens
                         vw = _piece(vs.index(cur + j + i), [NW, TW], TK, TK)
                         vtop = _token_top(vw)
+                        vw1 = vw
+                        if D == 256:
+                            vw1 = _piece(vs1.index(cur + j + i), [NW, TW], TK, TK)
+                            vtop = gl.maximum(vtop, _token_top(vw1))
+                        vws1 = vws1 + (vw1,)
                         vexps = vexps + (vtop - 127,)
                     else:
                         vw = gl.expand_dims(_piece(vs.index(cur + j + i), [NW, TW], VW, VW), 2)
@@ -736,16 +782,16 @@ def uq_decode_v8(q_ptr, cache_ptr, bt_ptr, seqlen_ptr, sinks_ptr, out_ptr, part_
                 accs = scaled
                 for i in gl.static_range(PAIR):
                     if ROWS_IN_N:
-                        pfr, rel = _pv_operands(ps[i], gl.expand_dims(vws[i], 2), gl.expand_dims(vtops[i], 2),
-                                                gl.expand_dims(nr, 2), NW, MMA)
-                        vw0 = _piece(vwa.index(cur + j + i), [NW, 16, ROWS], MMA, MMA)
-                        vw1 = _piece(vwb.index(cur + j + i), [NW, 16, ROWS], MMA, MMA)
+                        pfr, rel = _pv_operands(ps[i], gl.expand_dims(vws[i], 2), gl.expand_dims(vws1[i], 2),
+                                                gl.expand_dims(vtops[i], 2), gl.expand_dims(nr, 2), D, NW, MMA)
+                        vwt = (_piece(vwa.index(cur + j + i), [NW, 16, ROWS], MMA, MMA),
+                               _piece(vwb.index(cur + j + i), [NW, 16, ROWS], MMA, MMA))
+                        if D == 256:
+                            vwt = vwt + (_piece(vwc.index(cur + j + i), [NW, 16, ROWS], MMA, MMA),
+                                         _piece(vwd.index(cur + j + i), [NW, 16, ROWS], MMA, MMA))
                         tiles = ()
-                        for t in gl.static_range(NT):
-                            if t < 4:
-                                tiles = tiles + (_pv_tile(accs[t], vw0, rel, pfr, t % 4),)
-                            else:
-                                tiles = tiles + (_pv_tile(accs[t], vw1, rel, pfr, t % 4),)
+                        for t in gl.static_range(NT):  # tile t: byte t % 4 of the thread's V word t // 4
+                            tiles = tiles + (_pv_tile(accs[t], vwt[t // 4], rel, pfr, t % 4),)
                         accs = tiles
                     else:
                         acc_e, acc_o = _run_pv(accs[0], accs[1], vc8.index(cur + j + i), vws[i], vtops[i], vexps[i],
@@ -766,8 +812,8 @@ def uq_decode_v8(q_ptr, cache_ptr, bt_ptr, seqlen_ptr, sinks_ptr, out_ptr, part_
             ti = _iota3(16, 1, MMA)
             prow = _iota3(ROWS, 2, MMA)
             pmask = (prow < GQA) & (ti >= 0)
-            for t in gl.static_range(NT):  # tile t, row i of lane group g: dim 16 g + 2 t + i // 8
-                pptr = part_ptr + slot3 * (ROWS * D) + prow * D + 16 * (ti % 8) + 2 * t + ti // 8
+            for t in gl.static_range(NT):  # tile t, row i of lane group g: dim (D / 8) g + 2 t + i // 8
+                pptr = part_ptr + slot3 * (ROWS * D) + prow * D + (D // 8) * (ti % 8) + 2 * t + ti // 8
                 gl.store(pptr, accs[t] * f, mask=pmask)
         else:
             prow = _iota3(ROWS, RAX, MMA)
