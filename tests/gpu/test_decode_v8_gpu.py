@@ -1,12 +1,12 @@
 """Decode v8 (Gluon, NVIDIA sm_90+) on a GPU against the float64 reference over the same cache bytes.
 
-Covers what v8 serves (D=128 with GQA 1..16, D=256 with GQA 1..8, Hk 1..8, blocks 16..128, head-major
-caches: whole 16-token runs) through the routed public API (``ultraquant.decode_attention``: the plan must pick v8; AOT blob
-or Gluon JIT by ``ULTRAQUANT_BACKEND``), tuned ring shapes through ``decode_v8``: ragged lengths at
-block/split boundaries (including an empty request), sinks, sliding window, soft cap, V outliers
-2^20 apart, NaN-poisoned outputs, several ring shapes, warp counts and split counts, CUDA graph
-capture + replay with new lengths on a side stream. Token-major caches (Hk > 1) and everything else
-are v7's by ``v8_supports`` (tests/test_decode_v8_plan.py, tests/test_decode_v8_route.py, CPU).
+Covers what v8 serves (D=128 with GQA 1..16, D=256 with GQA 1..8, Hk 1..8, blocks 16..128,
+head-major caches: whole 16-token runs) through the routed public API (``ultraquant.decode_attention``:
+the plan must pick v8; AOT blob or Gluon JIT by ``ULTRAQUANT_BACKEND``), tuned ring shapes through
+``decode_v8``: ragged lengths at block/split boundaries (including an empty request), sinks, sliding
+window, soft cap, V outliers 2^20 apart, NaN-poisoned outputs, several ring shapes, warp counts and
+split counts, CUDA graph capture + replay with new lengths on a side stream. Token-major caches (Hk > 1)
+and everything else are v7's by ``v8_supports`` (tests/test_decode_v8_plan.py, tests/test_decode_v8_route.py, CPU).
 """
 
 from __future__ import annotations
