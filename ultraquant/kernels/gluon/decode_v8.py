@@ -533,6 +533,7 @@ def uq_decode_v8(q_ptr, cache_ptr, bt_ptr, seqlen_ptr, sinks_ptr, out_ptr, part_
     G: gl.constexpr = D // 32
     TT: gl.constexpr = NSUB * WT * TW
     PAIR: gl.constexpr = NSUB  # runs per online-softmax update: the whole stage
+    MERGE: gl.constexpr = 4    # partials per step of the last program's merge
 
     # ---- layouts: warp = MMA batch
     MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[NW, 1, 1],
@@ -846,21 +847,31 @@ def uq_decode_v8(q_ptr, cache_ptr, bt_ptr, seqlen_ptr, sinks_ptr, out_ptr, part_
             nparts = num_splits * WT
             rmask3 = (mr < GQA) & (mc >= 0) & (mh >= 0)
             rmask2 = (mr2 < GQA) & (mh2 >= 0)
-            for s in range(0, nparts):
-                src3 = ((pair0 + mh) * nparts + s).to(gl.int64)
-                src2 = ((pair0 + mh2) * nparts + s).to(gl.int64)
-                acc2 = gl.load(part_ptr + src3 * (ROWS * D) + mr * D + mc, mask=rmask3, other=0.0,
-                               cache_modifier=".cg")
-                m2 = gl.load(ml_ptr + src2 * (2 * ROWS) + mr2, mask=rmask2, other=float("-inf"),
-                             cache_modifier=".cg")
-                l2 = gl.load(ml_ptr + src2 * (2 * ROWS) + ROWS + mr2, mask=rmask2, other=0.0,
-                             cache_modifier=".cg")
-                m_n = gl.maximum(m_a, m2)
+            for s0 in range(0, nparts, MERGE):  # MERGE partials per step: their loads overlap
+                accs2 = ()
+                ms2 = ()
+                ls2 = ()
+                for k in gl.static_range(MERGE):
+                    s = s0 + k
+                    src3 = ((pair0 + mh) * nparts + s).to(gl.int64)
+                    src2 = ((pair0 + mh2) * nparts + s).to(gl.int64)
+                    accs2 = accs2 + (gl.load(part_ptr + src3 * (ROWS * D) + mr * D + mc, mask=rmask3 & (s < nparts),
+                                             other=0.0, cache_modifier=".cg"),)
+                    ms2 = ms2 + (gl.load(ml_ptr + src2 * (2 * ROWS) + mr2, mask=rmask2 & (s < nparts),
+                                         other=float("-inf"), cache_modifier=".cg"),)
+                    ls2 = ls2 + (gl.load(ml_ptr + src2 * (2 * ROWS) + ROWS + mr2, mask=rmask2 & (s < nparts),
+                                         other=0.0, cache_modifier=".cg"),)
+                m_n = m_a
+                for k in gl.static_range(MERGE):
+                    m_n = gl.maximum(m_n, ms2[k])
                 m_s = gl.where(m_n == float("-inf"), 0.0, m_n)
                 a1 = gl.exp2(m_a - m_s)
-                a2 = gl.exp2(m2 - m_s)
-                acc = acc * gl.expand_dims(a1, 2) + acc2 * gl.expand_dims(a2, 2)
-                l_a = l_a * a1 + l2 * a2
+                acc = acc * gl.expand_dims(a1, 2)
+                l_a = l_a * a1
+                for k in gl.static_range(MERGE):
+                    a2 = gl.exp2(ms2[k] - m_s)
+                    acc = acc + accs2[k] * gl.expand_dims(a2, 2)
+                    l_a = l_a + ls2[k] * a2
                 m_a = m_n
             heads2 = mh2 * GQA + mr2
             if HAS_SINKS:
