@@ -362,6 +362,29 @@ def _fwht_rows(x, NW: gl.constexpr, R: gl.constexpr, D: gl.constexpr, LOG2D: gl.
 
 
 @gluon.jit
+def _fwht_split(x, NW: gl.constexpr, R: gl.constexpr, D: gl.constexpr, LOG2D: gl.constexpr, L2: gl.constexpr):
+    """``x @ H`` over the last axis of float32 ``[NW, R, D]`` held as 4 lane chunks of ``D / 4`` per row
+    (``QL2``): H_D = H_4 (x) H_{D/4}, the chunk-local transform in registers, then one layout change puts
+    the 4 chunks of each element in one thread's registers (``L2``) for the last two levels."""
+    x = _fwht_rows(gl.reshape(x, [NW, R * 4, D // 4]), NW, R * 4, D // 4, LOG2D - 2)
+    x = gl.convert_layout(gl.permute(gl.reshape(x, [NW, R, 4, D // 4]), [0, 1, 3, 2]), L2)
+    x = _fwht_rows(gl.reshape(x, [NW, R * (D // 4), 4]), NW, R * (D // 4), 4, 2)
+    return gl.reshape(gl.permute(gl.reshape(x, [NW, R, D // 4, 4]), [0, 1, 3, 2]), [NW, R, D])
+
+
+@gluon.constexpr_function
+def _halves_layout(nw, rows):
+    """``[NW, rows, 256]`` with element bits 0..2 and 5..7 in registers (the two 128-element halves split
+    in place, and :func:`_query_frags` finds its k pairs and groups in registers), bits 3, 4 (the MMA
+    lane of a fragment) and the rows on lanes."""
+    return gl.DistributedLinearLayout(
+        reg_bases=[[0, 0, 1 << b] for b in (0, 1, 2, 5, 6, 7)],
+        lane_bases=[[0, 0, 8], [0, 0, 16]] + [[0, 1 << b, 0] for b in range(rows.bit_length() - 1)],
+        warp_bases=[[1 << i, 0, 0] for i in range(nw.bit_length() - 1)], block_bases=[],
+        shape=[nw, rows, 256])
+
+
+@gluon.jit
 def _issue_stage(ring, stage, cache_ptr, bt_row, t0, t_hi, stride_cb, stride_ch, inside, num_blocks,
                  NSUB: gl.constexpr, NW: gl.constexpr, WT: gl.constexpr, SLOT: gl.constexpr,
                  BLOCK_SIZE: gl.constexpr):
@@ -547,7 +570,10 @@ def uq_decode_v8(q_ptr, cache_ptr, bt_ptr, seqlen_ptr, sinks_ptr, out_ptr, part_
     TOK: gl.constexpr = gl.SliceLayout(1, MMA)          # [NW, TW] score columns
     VL: gl.constexpr = _v_layout(NW, TW)
     VLW: gl.constexpr = _v_layout(NW, TW, True)
-    QL: gl.constexpr = gl.BlockedLayout([1, 1, D], [1, 32, 1], [NW, 1, 1], [2, 1, 0])
+    # the query: whole rows per thread at D=128; at D=256 rows in 4 lane chunks (256 floats per thread spill)
+    QL: gl.constexpr = _pick(D == 128, gl.BlockedLayout([1, 1, D], [1, 32, 1], [NW, 1, 1], [2, 1, 0]),
+                             gl.BlockedLayout([1, 1, D // 4], [1, 8, 4], [NW, 1, 1], [2, 1, 0]))
+    QL2: gl.constexpr = gl.BlockedLayout([1, 1, D // 16, 4], [1, 8, 4, 1], [NW, 1, 1, 1], [3, 2, 1, 0])
     # ---- the ring: STAGES x NR runs of 16 whole slots (16 x 136 B), run q at 2176*q bytes. Entries are
     # the leading dimension (the layouts describe one entry; padding counts over the whole buffer).
     NR: gl.constexpr = NSUB * NW
@@ -632,7 +658,10 @@ def uq_decode_v8(q_ptr, cache_ptr, bt_ptr, seqlen_ptr, sinks_ptr, out_ptr, part_
     qh3 = gl.expand_dims(gl.expand_dims(qw // WT, 1), 2)
     qoff = (qh3 * GQA + qr3) * stride_qh + qc3
     q = gl.load(q_ptr + b.to(gl.int64) * stride_qb + qoff, mask=(qr3 < GQA) & (qc3 < D), other=0.0).to(gl.float32)
-    q = _fwht_rows(q, NW, ROWS, D, LOG2D)
+    if D == 128:
+        q = _fwht_rows(q, NW, ROWS, D, LOG2D)
+    else:
+        q = _fwht_split(q, NW, ROWS, D, LOG2D, QL2)
     if HAS_SOFTCAP:
         q = q * scale
     else:
@@ -643,6 +672,7 @@ def uq_decode_v8(q_ptr, cache_ptr, bt_ptr, seqlen_ptr, sinks_ptr, out_ptr, part_
         # fp16 with the row's largest element in [2**14, 2**15); K's fp16 codes are fp4 * 2**-14
         q = q * gl.expand_dims(_pow2(14 - e), 2)
         if D == 256:  # groups 0..3 and 4..7 (two _qk_runs per run)
+            q = gl.convert_layout(q, _halves_layout(NW, ROWS))
             qa, qb = gl.split(gl.permute(gl.reshape(q, [NW, ROWS, 2, 128]), [0, 1, 3, 2]))
             q0, q1, q2, q3 = _query_frags(qa, NW, MMA)
             q4, q5, q6, q7 = _query_frags(qb, NW, MMA)
