@@ -291,14 +291,16 @@ def _pair_layout(nw):
 
 @gluon.jit
 def _fp16_pairs(x, NW: gl.constexpr, L: gl.constexpr):
-    """int32 ``[NW, 16, 8]`` in ``L`` (the MMA accumulator layout) from ``x`` ``[NW, 16 tokens, 8 rows]``
-    (16-bit values): element (i, j) of lane group g = i % 8 holds tokens (2 (j // 2) + 8 (j % 2)) and
-    the next one of row g as two 16-bit halves (the B fragments of a token k-step)."""
+    """Two int32 ``[NW, 16, 8]`` in ``L`` (the MMA accumulator layout) from int32 ``x`` ``[NW, 16 tokens,
+    8 rows]`` (two 16-bit values each): element (i, j) of lane group g = i % 8 pairs tokens
+    (2 (j // 2) + 8 (j % 2)) and the next one of row g (the B fragments of a token k-step), the first
+    result from the low halves of ``x``, the second from the high halves. One transposition for both."""
     t = gl.reshape(gl.permute(x, [0, 2, 1]), [NW, 8, 2, 4, 2])  # row, hh, t, e: token 8 hh + 2 t + e
     t = gl.reshape(gl.permute(t, [0, 1, 3, 2, 4]), [NW, 8, 8, 2])  # row, j = 2 t + hh, e
     t = gl.reshape(gl.permute(gl.join(t, t), [0, 4, 1, 2, 3]), [NW, 16, 8, 2])  # rows again for i >= 8
-    lo, hi = gl.split(gl.convert_layout(t, _pair_layout(NW)))
-    return gl.convert_layout(lo | (hi << 16), L)
+    a, b = gl.split(gl.convert_layout(t, _pair_layout(NW)))
+    return (gl.convert_layout((a & 0xFFFF) | (b << 16), L),
+            gl.convert_layout(((a >> 16) & 0xFFFF) | (b & -65536), L))
 
 
 @gluon.jit
@@ -313,7 +315,7 @@ def _pv_operands(p, vsw, vsw1, vtop, nr_t, D: gl.constexpr, NW: gl.constexpr, L:
     if D == 256:
         vsw = gl.where(grp < 4, vsw, vsw1)
     rel = _rel_scale(vsw, vtop, grp % 4).to(gl.int16, bitcast=True).to(gl.int32)
-    return _fp16_pairs(pf & 0xFFFF, NW, L), _fp16_pairs(rel & 0xFFFF, NW, L)
+    return _fp16_pairs((pf & 0xFFFF) | (rel << 16), NW, L)
 
 
 @gluon.constexpr_function
@@ -556,7 +558,7 @@ def uq_decode_v8(q_ptr, cache_ptr, bt_ptr, seqlen_ptr, sinks_ptr, out_ptr, part_
     G: gl.constexpr = D // 32
     TT: gl.constexpr = NSUB * WT * TW
     PAIR: gl.constexpr = NSUB  # runs per online-softmax update: the whole stage
-    MERGE: gl.constexpr = 4    # partials per step of the last program's merge
+    MERGE: gl.constexpr = 8 if D == 128 else 4  # partials per step of the last program's merge
 
     # ---- layouts: warp = MMA batch
     MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[NW, 1, 1],
