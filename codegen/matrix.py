@@ -182,7 +182,8 @@ def v8_unsupported(config: Config) -> str:
     if not v8_supports(head_size=config.get("head_size", 0), gqa=config.get("gqa", 0),
                        num_kv_heads=config.get("num_kv_heads", 0), block_size=config.get("block_size", 0),
                        runs=True, target="cuda"):
-        return ("decode v8 serves D=128, GQA 1-16, 1/2/4/8 kv heads, blocks of a multiple of 16 tokens "
+        return ("decode v8 serves D=128 with GQA 1-16 and D=256 with GQA 1-8, 1/2/4/8 kv heads, blocks of a "
+                "multiple of 16 tokens "
                 "(v8_supports); v7 serves the rest")
     return ""
 
