@@ -197,9 +197,12 @@ def _signature(params: tuple[tuple[str, str], ...], **types: str) -> dict[str, s
 
 def store_spec(*, head_size: int, key_dtype: torch.dtype | str = "bf16",
                value_dtype: torch.dtype | str | None = None, slot_dtype: torch.dtype | str = "i64",
-               encoder: str = "rne", few_rows: bool = False, **_: Any) -> Specialization:
+               encoder: str = "rne", few_rows: bool = False, align: int | None = None,
+               **_: Any) -> Specialization:
     """The store kernel for one head size, input dtypes, slot_mapping dtype and encoder; ``few_rows``
-    for calls with too few (token, kv head) rows to fill the GPU at one row per thread."""
+    for calls with too few (token, kv head) rows to fill the GPU at one row per thread; ``align``
+    (constexpr ``ALIGN``) the bytes every slot address is a multiple of (default: the dense layout's,
+    :func:`slot_alignment`; the plan passes the call's, cache base included)."""
     d = check_head_size(head_size)
     # One row per thread keeps the butterfly, absmax and packing in registers; fewer rows where a whole
     # row per thread would spill; few_rows (a decode step's store) spreads a row over 8 threads so small
@@ -214,7 +217,8 @@ def store_spec(*, head_size: int, key_dtype: torch.dtype | str = "bf16",
         kernel="uq_store_kv",
         signature=_signature(STORE_PARAMS, key=_tname(key_dtype), value=_tname(value_dtype or key_dtype),
                              slot=_tname(slot_dtype)),
-        constexprs={"D": d, "LOG2D": d.bit_length() - 1, "ENCODER": ENCODER_IDS[encoder], "BLOCK_R": block_r},
+        constexprs={"D": d, "LOG2D": d.bit_length() - 1, "ENCODER": ENCODER_IDS[encoder], "BLOCK_R": block_r,
+                    "ALIGN": int(align or slot_alignment(d))},
         num_warps=4, num_stages=1, divisible=ALIGNABLE["uq_store_kv"])
 
 

@@ -137,9 +137,10 @@ def e2m1_encode(x, inv, eb, ENCODER: tl.constexpr):
 
 
 @triton.jit
-def _clear_negative_zero(b):
-    """int32 bytes of two nibbles each: nibbles equal to 8 (negative zero) become 0 (SWAR)."""
-    return b & ((((b & 0x77) + 0x77) & 0x88) | 0x77)
+def _clear_negative_zero(w):
+    """int32 words of eight nibbles: nibbles equal to 8 (negative zero) become 0 (SWAR: a nibble keeps
+    its sign bit only when a magnitude bit is set; no carry crosses nibbles)."""
+    return w & ((((w & 0x77777777) + 0x77777777) & -0x77777778) | 0x77777777)
 
 
 @triton.jit
@@ -195,15 +196,22 @@ def _group_sq_err(ag, e):
 
 
 @triton.jit
-def quantize_store(x, codes_ptr, scales_ptr, row_mask, R: tl.constexpr, D: tl.constexpr,
-                   ENCODER: tl.constexpr):
-    """Quantize a float32 tile ``x [R, D]`` (one vector per row) and store codes and scale bytes.
+def _pack_pairs(x, R: tl.constexpr, N: tl.constexpr, BITS: tl.constexpr):
+    """int32 ``[R, N]`` -> ``[R, N/2]``: element 2i in the low ``BITS`` bits, 2i+1 above them
+    (little-endian packing; in registers when a thread holds whole rows)."""
+    lo, hi = tl.split(tl.reshape(x, [R, N // 2, 2]))
+    return lo | (hi << BITS)
 
-    ``codes_ptr``/``scales_ptr`` are ``[R]`` byte pointers to each row's D/2 code bytes and D/32
-    scale bytes; rows where ``row_mask`` is false are not written. Groups whose absmax is 0 or not
-    finite get byte 0 and zero codes, exactly as ultraquant.reference.quantize. Written for a layout
-    where each thread holds whole rows (see uq_store_kv): groups, nibble pairs and the absmax stay
-    in registers.
+
+@triton.jit
+def quantize_words(x, R: tl.constexpr, D: tl.constexpr, ENCODER: tl.constexpr):
+    """Quantize a float32 tile ``x [R, D]`` (one vector per row) into its slot words.
+
+    Returns ``(codes, scales)``: int32 ``[R, D/8]`` little-endian words of the nibble-packed codes
+    (word j holds codes 8j..8j+7, code 8j+i in bits 4i..4i+3: the bytes the cache holds) and int32
+    ``[R, D/32]`` scale bytes. Groups whose absmax is 0 or not finite get byte 0 and zero codes,
+    exactly as ultraquant.reference.quantize. Written for a layout where each thread holds whole rows
+    (see uq_store_kv): groups, nibble packing and the absmax stay in registers.
     """
     G: tl.constexpr = D // 32
     xg = tl.reshape(x, [R, G, 32])
@@ -223,13 +231,65 @@ def quantize_store(x, codes_ptr, scales_ptr, row_mask, R: tl.constexpr, D: tl.co
         err = _group_sq_err(ag, e_hi)
         best = tl.where(err < best_err, e_hi, best)
         exp = best
-    code = e2m1_encode(xg, pow2_f32(-exp)[:, :, None], (exp << 23)[:, :, None], ENCODER)
-    lo, hi = tl.split(tl.reshape(code, [R, G, 16, 2]))
-    packed = tl.where(zero[:, :, None], 0, _clear_negative_zero(lo | (hi << 4))).to(tl.uint8)
-    tl.store(codes_ptr[:, None] + tl.arange(0, D // 2)[None, :], tl.reshape(packed, [R, D // 2]),
-             mask=row_mask[:, None])
-    byte = tl.where(zero, 0, exp + 127).to(tl.uint8)
-    tl.store(scales_ptr[:, None] + tl.arange(0, G)[None, :], byte, mask=row_mask[:, None])
+    code = tl.reshape(e2m1_encode(xg, pow2_f32(-exp)[:, :, None], (exp << 23)[:, :, None], ENCODER), [R, D])
+    words = _pack_pairs(_pack_pairs(_pack_pairs(code, R, D, 4), R, D // 2, 8), R, D // 4, 16)
+    words = tl.where(zero[:, :, None], 0, tl.reshape(_clear_negative_zero(words), [R, G, 4]))
+    return tl.reshape(words, [R, D // 8]), tl.where(zero, 0, exp + 127)
+
+
+@triton.jit
+def store_words(ptr, words, row_mask, R: tl.constexpr, W: tl.constexpr, A: tl.constexpr):
+    """Write int32 ``words [R, W]`` to the bytes at ``ptr [R]`` (u8 pointers) of the rows in ``row_mask``.
+
+    ``A``: bytes every row's address is a multiple of (a power of two). From 4 on, each thread
+    stores its rows' words as ``min(A, 16)``-byte vectors straight from registers (the ``[R, W/V, V]``
+    shape keeps rows on lanes, so no layout change through shared memory); below 4 byte stores.
+    """
+    if A >= 8:
+        # Vectors of V words: contiguous along the last dim only, so the compiler orders lanes over
+        # rows (as for the loads) and keeps each row in its thread.
+        V: tl.constexpr = W if A // 4 > W else A // 4
+        cols = tl.arange(0, W // V)[None, :, None] * V + tl.arange(0, V)[None, None, :]
+        tl.store(ptr.to(tl.pointer_type(tl.int32))[:, None, None] + cols, tl.reshape(words, [R, W // V, V]),
+                 mask=row_mask[:, None, None])
+    elif A == 4:
+        # One word per store: byte offsets 4 apart (no contiguity at all), cast to word pointers, keep
+        # the lanes over rows too.
+        wptr = (ptr[:, None] + tl.arange(0, W)[None, :] * 4).to(tl.pointer_type(tl.int32))
+        tl.store(wptr, words, mask=row_mask[:, None])
+    else:
+        b = tl.join(tl.join(words & 0xFF, (words >> 16) & 0xFF), tl.join((words >> 8) & 0xFF, words >> 24 & 0xFF))
+        tl.store(ptr[:, None] + tl.arange(0, 4 * W)[None, :], tl.reshape(b, [R, 4 * W]).to(tl.uint8),
+                 mask=row_mask[:, None])
+
+
+@triton.jit
+def store_scales(ptr, scales, row_mask, R: tl.constexpr, G: tl.constexpr, A: tl.constexpr):
+    """Write the int32 scale bytes ``scales [R, G]`` at ``ptr [R]`` (as words where G allows)."""
+    if G >= 4:
+        store_words(ptr, _pack_pairs(_pack_pairs(scales, R, G, 8), R, G // 2, 16), row_mask, R, G // 4, A)
+    else:
+        tl.store(ptr[:, None] + tl.arange(0, G)[None, :], scales.to(tl.uint8), mask=row_mask[:, None])
+
+
+@triton.jit
+def quantize_store(x, codes_ptr, row_mask, R: tl.constexpr, D: tl.constexpr, ENCODER: tl.constexpr,
+                   A: tl.constexpr):
+    """Quantize ``x [R, D]`` (:func:`quantize_words`) and write each row's D/2 code bytes and D/32
+    scale bytes at ``codes_ptr [R]`` (u8 pointers, multiples of ``A`` bytes), rows in ``row_mask``.
+    With a whole row per thread (``R`` >= 128) the halves of D >= 128 are quantized and stored one
+    after the other: fewer live registers (no spills at D=128)."""
+    if D >= 128 and R >= 128:
+        a, b = tl.split(tl.permute(tl.reshape(x, [R, 2, D // 2]), [0, 2, 1]))
+        ca, sa = quantize_words(a, R, D // 2, ENCODER)
+        store_words(codes_ptr, ca, row_mask, R, D // 16, A)
+        cb, sb = quantize_words(b, R, D // 2, ENCODER)
+        store_words(codes_ptr + D // 4, cb, row_mask, R, D // 16, A)
+        scales = tl.reshape(tl.permute(tl.join(sa, sb), [0, 2, 1]), [R, D // 32])
+    else:
+        codes, scales = quantize_words(x, R, D, ENCODER)
+        store_words(codes_ptr, codes, row_mask, R, D // 8, A)
+    store_scales(codes_ptr + D // 2, scales, row_mask, R, D // 32, A)
 
 
 @triton.jit
