@@ -14,7 +14,7 @@ import ultraquant as uq
 from tests.helpers import make_paged
 from ultraquant import reference as R
 from ultraquant.format import SlotLayout
-from ultraquant.kernels import plans
+from ultraquant.kernels import plans, specs
 from ultraquant.kernels.interpret import interpreted_registry
 
 
@@ -165,3 +165,37 @@ def test_store_many_programs_and_unaligned_strides(triton_backend, encoder):
     uq.store_kv(key, value, got, slots, encoder=encoder)
     R.store_kv(key, value, ref, slots, encoder=encoder)
     assert_store_matches(got, ref, d)
+
+
+def carved_cache(nblocks: int, bs: int, hk: int, slot_bytes: int, offset: int, seed: int) -> torch.Tensor:
+    """A random (nblocks, bs, hk, slot_bytes) cache starting ``offset`` bytes into a 16-aligned buffer."""
+    buf = torch.randint(0, 256, (offset + nblocks * bs * hk * slot_bytes + 16,), dtype=torch.uint8,
+                        generator=torch.Generator().manual_seed(seed))
+    shift = (-buf.data_ptr()) % 16 + offset
+    return buf[shift: shift + nblocks * bs * hk * slot_bytes].view(nblocks, bs, hk, slot_bytes)
+
+
+@pytest.mark.parametrize("few_rows", [False, True])
+@pytest.mark.parametrize(("head_size", "offset", "extra", "align"), [
+    (128, 0, 0, 8), (128, 4, 0, 4), (128, 2, 0, 2), (128, 1, 0, 1), (128, 0, 2, 2), (128, 0, 4, 4),
+    (128, 8, 8, 8), (128, 0, 8, 16), (64, 0, 0, 4), (64, 2, 0, 2), (256, 0, 0, 16), (256, 4, 0, 4),
+])
+def test_store_alignment_fallback(registry, head_size, offset, extra, align, few_rows):
+    """The plan bakes the slot alignment of the call's cache (base address and strides) into ALIGN;
+    a cache aligned less than the dense layout plans another specialization, whose narrower stores
+    write the same bytes (and nothing past each slot's own bytes)."""
+    n, hk, bs, nblocks = 37, 4, 16, 12
+    key, value = _random_kv(n, hk, head_size, torch.bfloat16, seed=head_size + offset)
+    got = carved_cache(nblocks, bs, hk, uq.slot_size(head_size) + extra, offset, seed=offset + extra)
+    assert got.data_ptr() % 16 == offset % 16
+    ref = got.clone()
+    slots = torch.randperm(nblocks * bs, generator=torch.Generator().manual_seed(6))[:n].long()
+    slots[5] = -1
+    plan = plans.plan_store(key, value, got, slots, few_rows=few_rows)
+    assert plan.spec.constexprs["ALIGN"] == align
+    dense = specs.store_spec(head_size=head_size, few_rows=few_rows)
+    assert (plan.spec.key() == dense.key()) == (align == dense.constexprs["ALIGN"])
+    registry.jit_launch(plan)
+    R.store_kv(key, value, ref, slots)
+    assert torch.equal(got[..., uq.slot_size(head_size):], ref[..., uq.slot_size(head_size):])
+    assert_store_matches(got, ref, head_size)
