@@ -204,13 +204,15 @@ def store_spec(*, head_size: int, key_dtype: torch.dtype | str = "bf16",
     (constexpr ``ALIGN``) the bytes every slot address is a multiple of (default: the dense layout's,
     :func:`slot_alignment`; the plan passes the call's, cache base included)."""
     d = check_head_size(head_size)
-    # One row per thread keeps the butterfly, absmax and packing in registers; fewer rows where a whole
-    # row per thread would spill; few_rows (a decode step's store) spreads a row over 8 threads so small
-    # stores fill the GPU. Measurements: benchmarks/NOTES.md, "Store v2".
+    # One row per thread (WHOLE_ROWS: one warp of 32 rows per program, independent warps) keeps the
+    # butterfly, absmax and packing in registers; fewer rows where a whole row per thread would spill;
+    # few_rows (a decode step's store) spreads a row over 8 threads so small stores fill the GPU.
+    # Measurements: benchmarks/NOTES.md, "Store v2" and "Store v3".
+    whole = not few_rows and (d <= 64 or (d == 128 and encoder != "mse"))
     if few_rows:
         block_r = 16 if d <= 128 else 4
-    elif d <= 64 or (d == 128 and encoder != "mse"):
-        block_r = 128
+    elif whole:
+        block_r = 32
     else:
         block_r = 32 if d == 128 else 8
     return Specialization(
@@ -218,8 +220,8 @@ def store_spec(*, head_size: int, key_dtype: torch.dtype | str = "bf16",
         signature=_signature(STORE_PARAMS, key=_tname(key_dtype), value=_tname(value_dtype or key_dtype),
                              slot=_tname(slot_dtype)),
         constexprs={"D": d, "LOG2D": d.bit_length() - 1, "ENCODER": ENCODER_IDS[encoder], "BLOCK_R": block_r,
-                    "ALIGN": int(align or slot_alignment(d))},
-        num_warps=4, num_stages=1, divisible=ALIGNABLE["uq_store_kv"])
+                    "ALIGN": int(align or slot_alignment(d)), "WHOLE_ROWS": whole},
+        num_warps=1 if whole else 4, num_stages=1, divisible=ALIGNABLE["uq_store_kv"])
 
 
 def dequant_spec(*, head_size: int, block_size: int, out_dtype: torch.dtype | str = "bf16",

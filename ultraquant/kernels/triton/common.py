@@ -238,6 +238,32 @@ def quantize_words(x, R: tl.constexpr, D: tl.constexpr, ENCODER: tl.constexpr):
 
 
 @triton.jit
+def concat(a, b, R: tl.constexpr, N: tl.constexpr):
+    """``[R, N]`` and ``[R, N]`` -> ``[R, 2N]``, a's elements first (register renaming in-thread)."""
+    return tl.reshape(tl.permute(tl.join(a, b), [0, 2, 1]), [R, 2 * N])
+
+
+@triton.jit
+def pack_scales(scales, R: tl.constexpr, G: tl.constexpr):
+    """int32 scale bytes ``[R, G]`` (G >= 4) -> ``[R, G/4]`` little-endian words."""
+    return _pack_pairs(_pack_pairs(scales, R, G, 8), R, G // 2, 16)
+
+
+@triton.jit
+def shift_in(a, s, R: tl.constexpr, N: tl.constexpr, K: tl.constexpr):
+    """Shift ``a [R, N, K]`` up by one along axis 1, ``s [R, 1, K]`` entering at index 0; returns the
+    shifted tensor and the element shifted out ``[R, 1, K]``. Only splits and joins (recursively on
+    the odd half), so in-thread data is renamed, never moved: how 4-byte-phased slot parts become
+    aligned vectors."""
+    if N == 1:
+        return s, a
+    else:
+        e, o = tl.split(tl.permute(tl.reshape(a, [R, N // 2, 2, K]), [0, 1, 3, 2]))
+        t, out = shift_in(o, s, R, N // 2, K)
+        return tl.reshape(tl.permute(tl.join(t, e), [0, 1, 3, 2]), [R, N, K]), out
+
+
+@triton.jit
 def store_words(ptr, words, row_mask, R: tl.constexpr, W: tl.constexpr, A: tl.constexpr):
     """Write int32 ``words [R, W]`` to the bytes at ``ptr [R]`` (u8 pointers) of the rows in ``row_mask``.
 
@@ -267,28 +293,46 @@ def store_words(ptr, words, row_mask, R: tl.constexpr, W: tl.constexpr, A: tl.co
 def store_scales(ptr, scales, row_mask, R: tl.constexpr, G: tl.constexpr, A: tl.constexpr):
     """Write the int32 scale bytes ``scales [R, G]`` at ``ptr [R]`` (as words where G allows)."""
     if G >= 4:
-        store_words(ptr, _pack_pairs(_pack_pairs(scales, R, G, 8), R, G // 2, 16), row_mask, R, G // 4, A)
+        store_words(ptr, pack_scales(scales, R, G), row_mask, R, G // 4, A)
     else:
         tl.store(ptr[:, None] + tl.arange(0, G)[None, :], scales.to(tl.uint8), mask=row_mask[:, None])
 
 
 @triton.jit
-def quantize_store(x, codes_ptr, row_mask, R: tl.constexpr, D: tl.constexpr, ENCODER: tl.constexpr,
-                   A: tl.constexpr):
-    """Quantize ``x [R, D]`` (:func:`quantize_words`) and write each row's D/2 code bytes and D/32
-    scale bytes at ``codes_ptr [R]`` (u8 pointers, multiples of ``A`` bytes), rows in ``row_mask``.
-    With a whole row per thread (``R`` >= 128) the halves of D >= 128 are quantized and stored one
-    after the other: fewer live registers (no spills at D=128)."""
-    if D >= 128 and R >= 128:
-        a, b = tl.split(tl.permute(tl.reshape(x, [R, 2, D // 2]), [0, 2, 1]))
+def quantize_store_codes(x, codes_ptr, row_mask, R: tl.constexpr, D: tl.constexpr, ENCODER: tl.constexpr,
+                         A: tl.constexpr, HALVES: tl.constexpr):
+    """Quantize ``x [R, D]`` (:func:`quantize_words`), write each row's D/2 code bytes at ``codes_ptr
+    [R]`` (u8 pointers, multiples of ``A`` bytes; rows in ``row_mask``) and return the int32 scale
+    bytes ``[R, D/32]``.
+
+    ``HALVES``: quantize and store the two halves of D one after the other (see uq_store_kv's
+    ``_quantize_rows``: fewer live registers where a thread holds whole rows).
+    """
+    if HALVES:
+        a, b = split_halves(x, R, D)
         ca, sa = quantize_words(a, R, D // 2, ENCODER)
         store_words(codes_ptr, ca, row_mask, R, D // 16, A)
         cb, sb = quantize_words(b, R, D // 2, ENCODER)
         store_words(codes_ptr + D // 4, cb, row_mask, R, D // 16, A)
-        scales = tl.reshape(tl.permute(tl.join(sa, sb), [0, 2, 1]), [R, D // 32])
+        return concat(sa, sb, R, D // 64)
     else:
         codes, scales = quantize_words(x, R, D, ENCODER)
         store_words(codes_ptr, codes, row_mask, R, D // 8, A)
+        return scales
+
+
+@triton.jit
+def split_halves(x, R: tl.constexpr, D: tl.constexpr):
+    """``[R, D]`` -> its first and second halves ``[R, D/2]`` (register renaming in-thread)."""
+    return tl.split(tl.permute(tl.reshape(x, [R, 2, D // 2]), [0, 2, 1]))
+
+
+@triton.jit
+def quantize_store(x, codes_ptr, row_mask, R: tl.constexpr, D: tl.constexpr, ENCODER: tl.constexpr,
+                   A: tl.constexpr, HALVES: tl.constexpr):
+    """Quantize ``x [R, D]`` and write each row's D/2 code bytes and D/32 scale bytes at ``codes_ptr
+    [R]`` (:func:`quantize_store_codes`)."""
+    scales = quantize_store_codes(x, codes_ptr, row_mask, R, D, ENCODER, A, HALVES)
     store_scales(codes_ptr + D // 2, scales, row_mask, R, D // 32, A)
 
 
