@@ -11,8 +11,9 @@ import pytest
 import torch
 
 import ultraquant as uq
-from tests.helpers import make_paged
+from tests.helpers import carved_cache, make_paged
 from ultraquant import reference as R
+from ultraquant.bench.decode import STORE_VARIANTS, store_variant_launch
 from ultraquant.format import SlotLayout
 from ultraquant.kernels import plans, specs
 from ultraquant.kernels.interpret import interpreted_registry
@@ -27,6 +28,14 @@ def registry():
 def triton_backend(monkeypatch, registry):
     monkeypatch.setenv("ULTRAQUANT_BACKEND", "triton")
     return registry
+
+
+ALIGNMENT_CASES = [
+    (128, 0, 0, 8), (128, 4, 0, 4), (128, 2, 0, 2), (128, 1, 0, 1), (128, 0, 2, 2), (128, 0, 4, 4),
+    (128, 8, 8, 8), (128, 0, 8, 16), (64, 0, 0, 4), (64, 2, 0, 2), (256, 0, 0, 16), (256, 4, 0, 4),
+]
+"""(head size, cache base offset from a 16-byte boundary, extra bytes per slot, the slot alignment the
+plan must find): the store's ALIGN cases, dense and not (tests/gpu/test_kernels_gpu.py runs them too)."""
 
 
 def assert_store_matches(got: torch.Tensor, ref: torch.Tensor, head_size: int, max_near_ties: int = 2) -> None:
@@ -167,19 +176,8 @@ def test_store_many_programs_and_unaligned_strides(triton_backend, encoder):
     assert_store_matches(got, ref, d)
 
 
-def carved_cache(nblocks: int, bs: int, hk: int, slot_bytes: int, offset: int, seed: int) -> torch.Tensor:
-    """A random (nblocks, bs, hk, slot_bytes) cache starting ``offset`` bytes into a 16-aligned buffer."""
-    buf = torch.randint(0, 256, (offset + nblocks * bs * hk * slot_bytes + 16,), dtype=torch.uint8,
-                        generator=torch.Generator().manual_seed(seed))
-    shift = (-buf.data_ptr()) % 16 + offset
-    return buf[shift: shift + nblocks * bs * hk * slot_bytes].view(nblocks, bs, hk, slot_bytes)
-
-
 @pytest.mark.parametrize("few_rows", [False, True])
-@pytest.mark.parametrize(("head_size", "offset", "extra", "align"), [
-    (128, 0, 0, 8), (128, 4, 0, 4), (128, 2, 0, 2), (128, 1, 0, 1), (128, 0, 2, 2), (128, 0, 4, 4),
-    (128, 8, 8, 8), (128, 0, 8, 16), (64, 0, 0, 4), (64, 2, 0, 2), (256, 0, 0, 16), (256, 4, 0, 4),
-])
+@pytest.mark.parametrize(("head_size", "offset", "extra", "align"), ALIGNMENT_CASES)
 def test_store_alignment_fallback(registry, head_size, offset, extra, align, few_rows):
     """The plan bakes the slot alignment of the call's cache (base address and strides) into ALIGN;
     a cache aligned less than the dense layout plans another specialization, whose narrower stores
@@ -199,3 +197,18 @@ def test_store_alignment_fallback(registry, head_size, offset, extra, align, few
     R.store_kv(key, value, ref, slots)
     assert torch.equal(got[..., uq.slot_size(head_size):], ref[..., uq.slot_size(head_size):])
     assert_store_matches(got, ref, head_size)
+
+
+@pytest.mark.parametrize("variant", STORE_VARIANTS)
+def test_store_bench_variants_write_the_reference_bytes(registry, variant):
+    """Every launch shape ``ultraquant bench --store-variants`` times is a correct store."""
+    n, hk, d, bs, nblocks = 45, 8, 128, 16, 30
+    key, value = _random_kv(n, hk, d, torch.bfloat16, seed=21)
+    got = torch.randint(0, 256, (nblocks, bs, hk, uq.slot_size(d)), dtype=torch.uint8,
+                        generator=torch.Generator().manual_seed(8))
+    ref = got.clone()
+    slots = torch.randperm(nblocks * bs, generator=torch.Generator().manual_seed(9))[:n].long()
+    slots[2] = -1
+    registry.jit_launch(store_variant_launch(key, value, got, slots, variant))
+    R.store_kv(key, value, ref, slots)
+    assert_store_matches(got, ref, d)
