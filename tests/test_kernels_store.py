@@ -212,3 +212,29 @@ def test_store_bench_variants_write_the_reference_bytes(registry, variant):
     registry.jit_launch(store_variant_launch(key, value, got, slots, variant))
     R.store_kv(key, value, ref, slots)
     assert_store_matches(got, ref, d)
+
+
+@pytest.mark.parametrize("few_rows", [False, True])
+@pytest.mark.parametrize("encoder", ["rne", "upstream", "mse"])
+def test_store_decision_points_exact(registry, encoder, few_rows):
+    """V groups whose absmax is 6 x 2**e (scale exactly 2**e) filled with every E2M1 decision point
+    times 2**e, the float32 neighbours of each, zeros of both signs and subnormals, e from -126 to 120:
+    the encoder's grid arithmetic must give the reference's V bytes exactly."""
+    gen = torch.Generator().manual_seed(17)
+    n, hk, d = 40, 4, 128
+    points = torch.tensor([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0, 6.0, 0.5, 1.0, 4.0, 3.0])
+    vals = torch.cat([points, torch.nextafter(points, torch.full_like(points, 9.0)),
+                      torch.nextafter(points, torch.zeros_like(points)), torch.tensor([0.0, -0.0, 0.1, 5.9])])
+    exps = torch.tensor([-126, -125, -120, -60, -1, 0, 1, 30, 100, 120])
+    groups = vals[torch.randint(0, len(vals), (n * hk * d // 32, 32), generator=gen)]
+    groups[:, 0] = 6.0
+    signs = torch.where(torch.rand(groups.shape, generator=gen) < 0.5, -1.0, 1.0)
+    scale = torch.ldexp(torch.ones(len(groups)), exps[torch.randint(0, len(exps), (len(groups),), generator=gen)])
+    value = (groups * signs * scale[:, None]).reshape(n, hk, d)
+    key = torch.randn(n, hk, d, generator=gen)
+    got = torch.zeros(4, 16, hk, uq.slot_size(d), dtype=torch.uint8)
+    ref = got.clone()
+    slots = torch.randperm(64, generator=gen)[:n]
+    registry.jit_launch(plans.plan_store(key, value, got, slots, encoder, few_rows=few_rows))
+    R.store_kv(key, value, ref, slots, encoder=encoder)
+    assert_store_matches(got, ref, d)

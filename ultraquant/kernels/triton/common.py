@@ -121,18 +121,19 @@ def e2m1_encode(x, inv, eb, ENCODER: tl.constexpr):
     Upstream's rule differs only on exact ties, where the rounding residual is a quarter of f.
     """
     xb = x.to(tl.int32, bitcast=True)
-    f, m = _grid_magic(x, eb)
+    m = _grid_magic(x, eb)
     mf = m.to(tl.float32, bitcast=True)
+    # bits(m) = bits(f) + (22 << 23), so 2 log2 f = (bits(f) >> 22) - 254 = (bits(m) >> 22) - 298.
     if ENCODER == 1:
         a = tl.abs(x) * inv
         s = a + mf
         d = (s - mf) - a
-        half = (f - (2 << 23)).to(tl.float32, bitcast=True)
+        half = (m - (24 << 23)).to(tl.float32, bitcast=True)
         tie = tl.where(x < 0, (d == -half).to(tl.int32), -(d == half).to(tl.int32))
-        code = s.to(tl.int32, bitcast=True) - m + ((f >> 22) - 254) + tie
+        code = s.to(tl.int32, bitcast=True) - m - 298 + (m >> 22) + tie
     else:
         s = tl.fma(tl.abs(x), inv, mf)
-        code = s.to(tl.int32, bitcast=True) - m + ((f >> 22) - 254)
+        code = s.to(tl.int32, bitcast=True) - m - 298 + (m >> 22)
     return tl.minimum(code, 7) | ((xb >> 28) & 8)
 
 
@@ -145,17 +146,16 @@ def _clear_negative_zero(w):
 
 @triton.jit
 def _grid_magic(x, eb):
-    """int32 bits ``(f, m)`` for ``y = x * 2**-e`` (``eb = e << 23``): ``f`` = 2**floor(log2 |y|), at
-    least 1.0; ``m`` = f * 2**22, the float whose ulp is the E2M1 grid step at |y| (see
-    :func:`e2m1_encode`)."""
-    f = tl.maximum((x.to(tl.int32, bitcast=True) & 0x7F800000) - eb, 0x3F800000)
-    return f, f + (22 << 23)
+    """int32 bits of ``m = 2**22 * f`` for ``y = x * 2**-e`` (``eb = e << 23``), ``f`` = 2**floor(log2
+    |y|) at least 1.0: the float whose ulp is the E2M1 grid step at |y| (see :func:`e2m1_encode`).
+    One add-and-max on the exponent field (no overflow: |x| <= 2**(e+5) in its group)."""
+    return tl.maximum((x.to(tl.int32, bitcast=True) & 0x7F800000) + ((22 << 23) - eb), (127 + 22) << 23)
 
 
 @triton.jit
 def _e2m1_rne_value(a, inv, eb):
     """float32 ``|a| * inv`` rounded half to even to the E2M1 magnitudes (saturated at 6.0)."""
-    _, m = _grid_magic(a, eb)
+    m = _grid_magic(a, eb)
     mf = m.to(tl.float32, bitcast=True)
     return tl.minimum(tl.fma(tl.abs(a), inv, mf) - mf, 6.0)
 
@@ -198,9 +198,10 @@ def _group_sq_err(ag, e):
 @triton.jit
 def _pack_pairs(x, R: tl.constexpr, N: tl.constexpr, BITS: tl.constexpr):
     """int32 ``[R, N]`` -> ``[R, N/2]``: element 2i in the low ``BITS`` bits, 2i+1 above them
-    (little-endian packing; in registers when a thread holds whole rows)."""
+    (little-endian packing; in registers when a thread holds whole rows). Elements must be in
+    [0, 2**BITS)."""
     lo, hi = tl.split(tl.reshape(x, [R, N // 2, 2]))
-    return lo | (hi << BITS)
+    return lo + (hi << BITS)  # disjoint bits: + lets the compiler fuse shift and add (LEA/IMAD)
 
 
 @triton.jit
