@@ -376,7 +376,9 @@ def model_specializations(model: dict[str, Any], device: Any = None) -> list[Spe
             d = int(model["head_size"])
             if op == "store_kv":
                 out += [specs.store_spec(head_size=d, key_dtype=k, slot_dtype=model.get("slot_dtype", "i64"),
-                                         encoder=model.get("encoder", "rne"), few_rows=few) for few in (True, False)]
+                                         encoder=model.get("encoder", "rne"), few_rows=few,
+                                         align=None if strides is None else specs.slot_alignment(d, strides),
+                                         target=specs.target_of(dev)) for few in (True, False)]
                 continue
             bs = int(model["block_size"])
             if op == "dequant_kv":

@@ -176,12 +176,18 @@ def test_store_many_programs_and_unaligned_strides(triton_backend, encoder):
     assert_store_matches(got, ref, d)
 
 
-@pytest.mark.parametrize("few_rows", [False, True])
+LAUNCHES = [("portable", False), ("cuda", False), ("portable", True)]
+"""(plans.target_of's answer, few_rows): the store's launch shapes (128 rows of 4 warps, one warp of 32
+whole rows, the few-rows layout: the last is the same on every target)."""
+
+
+@pytest.mark.parametrize(("target", "few_rows"), LAUNCHES)
 @pytest.mark.parametrize(("head_size", "offset", "extra", "align"), ALIGNMENT_CASES)
-def test_store_alignment_fallback(registry, head_size, offset, extra, align, few_rows):
+def test_store_alignment_fallback(registry, monkeypatch, head_size, offset, extra, align, target, few_rows):
     """The plan bakes the slot alignment of the call's cache (base address and strides) into ALIGN;
     a cache aligned less than the dense layout plans another specialization, whose narrower stores
     write the same bytes (and nothing past each slot's own bytes)."""
+    monkeypatch.setattr(plans, "target_of", lambda device: target)
     n, hk, bs, nblocks = 37, 4, 16, 12
     key, value = _random_kv(n, hk, head_size, torch.bfloat16, seed=head_size + offset)
     got = carved_cache(nblocks, bs, hk, uq.slot_size(head_size) + extra, offset, seed=offset + extra)
@@ -191,7 +197,7 @@ def test_store_alignment_fallback(registry, head_size, offset, extra, align, few
     slots[5] = -1
     plan = plans.plan_store(key, value, got, slots, few_rows=few_rows)
     assert plan.spec.constexprs["ALIGN"] == align
-    dense = specs.store_spec(head_size=head_size, few_rows=few_rows)
+    dense = specs.store_spec(head_size=head_size, few_rows=few_rows, target=target)
     assert (plan.spec.key() == dense.key()) == (align == dense.constexprs["ALIGN"])
     registry.jit_launch(plan)
     R.store_kv(key, value, ref, slots)
@@ -214,12 +220,13 @@ def test_store_bench_variants_write_the_reference_bytes(registry, variant):
     assert_store_matches(got, ref, d)
 
 
-@pytest.mark.parametrize("few_rows", [False, True])
+@pytest.mark.parametrize(("target", "few_rows"), LAUNCHES)
 @pytest.mark.parametrize("encoder", ["rne", "upstream", "mse"])
-def test_store_decision_points_exact(registry, encoder, few_rows):
+def test_store_decision_points_exact(registry, monkeypatch, encoder, target, few_rows):
     """V groups whose absmax is 6 x 2**e (scale exactly 2**e) filled with every E2M1 decision point
     times 2**e, the float32 neighbours of each, zeros of both signs and subnormals, e from -126 to 120:
     the encoder's grid arithmetic must give the reference's V bytes exactly."""
+    monkeypatch.setattr(plans, "target_of", lambda device: target)
     gen = torch.Generator().manual_seed(17)
     n, hk, d = 40, 4, 128
     points = torch.tensor([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0, 6.0, 0.5, 1.0, 4.0, 3.0])

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import inspect
 import os
 import re
 import subprocess
@@ -49,13 +50,16 @@ def compile_cubin(op: str, config: dict) -> tuple[bytes, object, object]:
     from ultraquant.kernels.specs import SPECIALIZERS
 
     divisible = config.pop("divisible", None)
+    if "target" in inspect.signature(SPECIALIZERS[op]).parameters:
+        config.setdefault("target", "cuda")  # what codegen passes for sm_* (MatrixRow.targeted)
     spec = SPECIALIZERS[op](**config)
     if divisible is not None:
         spec = dataclasses.replace(spec, divisible=tuple(n for n in str(divisible).split(",") if n))
     fn = KERNELS[spec.kernel]
     src = ASTSource(fn, dict(spec.signature), dict(spec.constexprs), compile_attrs(spec, list(fn.arg_names)))
     k = triton.compile(src, target=GPUTarget("cuda", 90, 32),
-                       options={"num_warps": spec.num_warps, "num_stages": spec.num_stages})
+                       options={"num_warps": spec.num_warps, "num_stages": spec.num_stages,
+                                **({} if spec.maxnreg is None else {"maxnreg": spec.maxnreg})})
     return k.asm["cubin"], k.metadata, spec
 
 
