@@ -350,8 +350,9 @@ def model_specializations(model: dict[str, Any], device: Any = None) -> list[Spe
     ``dtype`` (or ``query_dtype``/``key_dtype``/``out_dtype``), optional ``slot_dtype`` (default int64,
     vLLM's), ``has_sinks``/``has_window``/``has_softcap``, ``encoder``, ``cache_strides`` (the cache's
     first three strides when it is not the dense layout) and ``ops`` (default: all four). Stores get
-    both layouts (a decode step's few rows, a prefill's many); dequant the query dtype (the dense
-    prefill route's); decode/prefill the device's target and ``ULTRAQUANT_DECODE_*`` tuning; decode v8
+    both layouts (a decode step's few rows, a prefill's many), the device's target and the strides'
+    slot alignment; dequant the query dtype (the dense prefill route's); decode/prefill the device's
+    target and ``ULTRAQUANT_DECODE_*`` tuning; decode v8
     where the plan's rule takes it (``num_kv_heads`` and head-major ``cache_strides`` given)."""
     from ultraquant.kernels import plans, specs
 
@@ -376,7 +377,9 @@ def model_specializations(model: dict[str, Any], device: Any = None) -> list[Spe
             d = int(model["head_size"])
             if op == "store_kv":
                 out += [specs.store_spec(head_size=d, key_dtype=k, slot_dtype=model.get("slot_dtype", "i64"),
-                                         encoder=model.get("encoder", "rne"), few_rows=few) for few in (True, False)]
+                                         encoder=model.get("encoder", "rne"), few_rows=few,
+                                         align=None if strides is None else specs.slot_alignment(d, strides),
+                                         target=specs.target_of(dev)) for few in (True, False)]
                 continue
             bs = int(model["block_size"])
             if op == "dequant_kv":

@@ -109,3 +109,13 @@ def fill_cache(kv_cache: torch.Tensor, head_size: int, seed: int) -> None:
         cpu = kv_cache.cpu()
         R.store_kv(key, value, cpu, slots)
         kv_cache.copy_(cpu)
+
+
+def carved_cache(nblocks: int, bs: int, hk: int, slot_bytes: int, offset: int, seed: int,
+                 device: str = "cpu") -> torch.Tensor:
+    """A random (nblocks, bs, hk, slot_bytes) uint8 cache whose first byte lies ``offset`` bytes past a
+    16-byte boundary (a view into a larger buffer): the unaligned caches a store must also serve."""
+    buf = torch.randint(0, 256, (offset + nblocks * bs * hk * slot_bytes + 16,), dtype=torch.uint8,
+                        generator=torch.Generator().manual_seed(seed)).to(device)
+    shift = (-buf.data_ptr()) % 16 + offset
+    return buf[shift: shift + nblocks * bs * hk * slot_bytes].view(nblocks, bs, hk, slot_bytes)

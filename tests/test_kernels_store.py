@@ -11,10 +11,11 @@ import pytest
 import torch
 
 import ultraquant as uq
-from tests.helpers import make_paged
+from tests.helpers import carved_cache, make_paged
 from ultraquant import reference as R
+from ultraquant.bench.decode import STORE_VARIANTS, store_variant_launch
 from ultraquant.format import SlotLayout
-from ultraquant.kernels import plans
+from ultraquant.kernels import plans, specs
 from ultraquant.kernels.interpret import interpreted_registry
 
 
@@ -27,6 +28,14 @@ def registry():
 def triton_backend(monkeypatch, registry):
     monkeypatch.setenv("ULTRAQUANT_BACKEND", "triton")
     return registry
+
+
+ALIGNMENT_CASES = [
+    (128, 0, 0, 8), (128, 4, 0, 4), (128, 2, 0, 2), (128, 1, 0, 1), (128, 0, 2, 2), (128, 0, 4, 4),
+    (128, 8, 8, 8), (128, 0, 8, 16), (64, 0, 0, 4), (64, 2, 0, 2), (256, 0, 0, 16), (256, 4, 0, 4),
+]
+"""(head size, cache base offset from a 16-byte boundary, extra bytes per slot, the slot alignment the
+plan must find): the store's ALIGN cases, dense and not (tests/gpu/test_kernels_gpu.py runs them too)."""
 
 
 def assert_store_matches(got: torch.Tensor, ref: torch.Tensor, head_size: int, max_near_ties: int = 2) -> None:
@@ -163,5 +172,76 @@ def test_store_many_programs_and_unaligned_strides(triton_backend, encoder):
     ref = got.clone()
     slots = torch.randperm(nblocks * bs, generator=torch.Generator().manual_seed(4))[:n].long()
     uq.store_kv(key, value, got, slots, encoder=encoder)
+    R.store_kv(key, value, ref, slots, encoder=encoder)
+    assert_store_matches(got, ref, d)
+
+
+LAUNCHES = [("portable", False), ("cuda", False), ("portable", True)]
+"""(plans.target_of's answer, few_rows): the store's launch shapes (128 rows of 4 warps, one warp of 32
+whole rows, the few-rows layout: the last is the same on every target)."""
+
+
+@pytest.mark.parametrize(("target", "few_rows"), LAUNCHES)
+@pytest.mark.parametrize(("head_size", "offset", "extra", "align"), ALIGNMENT_CASES)
+def test_store_alignment_fallback(registry, monkeypatch, head_size, offset, extra, align, target, few_rows):
+    """The plan bakes the slot alignment of the call's cache (base address and strides) into ALIGN;
+    a cache aligned less than the dense layout plans another specialization, whose narrower stores
+    write the same bytes (and nothing past each slot's own bytes)."""
+    monkeypatch.setattr(plans, "target_of", lambda device: target)
+    n, hk, bs, nblocks = 37, 4, 16, 12
+    key, value = _random_kv(n, hk, head_size, torch.bfloat16, seed=head_size + offset)
+    got = carved_cache(nblocks, bs, hk, uq.slot_size(head_size) + extra, offset, seed=offset + extra)
+    assert got.data_ptr() % 16 == offset % 16
+    ref = got.clone()
+    slots = torch.randperm(nblocks * bs, generator=torch.Generator().manual_seed(6))[:n].long()
+    slots[5] = -1
+    plan = plans.plan_store(key, value, got, slots, few_rows=few_rows)
+    assert plan.spec.constexprs["ALIGN"] == align
+    dense = specs.store_spec(head_size=head_size, few_rows=few_rows, target=target)
+    assert (plan.spec.key() == dense.key()) == (align == dense.constexprs["ALIGN"])
+    registry.jit_launch(plan)
+    R.store_kv(key, value, ref, slots)
+    assert torch.equal(got[..., uq.slot_size(head_size):], ref[..., uq.slot_size(head_size):])
+    assert_store_matches(got, ref, head_size)
+
+
+@pytest.mark.parametrize("variant", STORE_VARIANTS)
+def test_store_bench_variants_write_the_reference_bytes(registry, variant):
+    """Every launch shape ``ultraquant bench --store-variants`` times is a correct store."""
+    n, hk, d, bs, nblocks = 45, 8, 128, 16, 30
+    key, value = _random_kv(n, hk, d, torch.bfloat16, seed=21)
+    got = torch.randint(0, 256, (nblocks, bs, hk, uq.slot_size(d)), dtype=torch.uint8,
+                        generator=torch.Generator().manual_seed(8))
+    ref = got.clone()
+    slots = torch.randperm(nblocks * bs, generator=torch.Generator().manual_seed(9))[:n].long()
+    slots[2] = -1
+    registry.jit_launch(store_variant_launch(key, value, got, slots, variant))
+    R.store_kv(key, value, ref, slots)
+    assert_store_matches(got, ref, d)
+
+
+@pytest.mark.parametrize(("target", "few_rows"), LAUNCHES)
+@pytest.mark.parametrize("encoder", ["rne", "upstream", "mse"])
+def test_store_decision_points_exact(registry, monkeypatch, encoder, target, few_rows):
+    """V groups whose absmax is 6 x 2**e (scale exactly 2**e) filled with every E2M1 decision point
+    times 2**e, the float32 neighbours of each, zeros of both signs and subnormals, e from -126 to 120:
+    the encoder's grid arithmetic must give the reference's V bytes exactly."""
+    monkeypatch.setattr(plans, "target_of", lambda device: target)
+    gen = torch.Generator().manual_seed(17)
+    n, hk, d = 40, 4, 128
+    points = torch.tensor([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0, 6.0, 0.5, 1.0, 4.0, 3.0])
+    vals = torch.cat([points, torch.nextafter(points, torch.full_like(points, 9.0)),
+                      torch.nextafter(points, torch.zeros_like(points)), torch.tensor([0.0, -0.0, 0.1, 5.9])])
+    exps = torch.tensor([-126, -125, -120, -60, -1, 0, 1, 30, 100, 120])
+    groups = vals[torch.randint(0, len(vals), (n * hk * d // 32, 32), generator=gen)]
+    groups[:, 0] = 6.0
+    signs = torch.where(torch.rand(groups.shape, generator=gen) < 0.5, -1.0, 1.0)
+    scale = torch.ldexp(torch.ones(len(groups)), exps[torch.randint(0, len(exps), (len(groups),), generator=gen)])
+    value = (groups * signs * scale[:, None]).reshape(n, hk, d)
+    key = torch.randn(n, hk, d, generator=gen)
+    got = torch.zeros(4, 16, hk, uq.slot_size(d), dtype=torch.uint8)
+    ref = got.clone()
+    slots = torch.randperm(64, generator=gen)[:n]
+    registry.jit_launch(plans.plan_store(key, value, got, slots, encoder, few_rows=few_rows))
     R.store_kv(key, value, ref, slots, encoder=encoder)
     assert_store_matches(got, ref, d)

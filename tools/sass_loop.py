@@ -10,12 +10,16 @@ so the hot loop's count per token-head predicted measured decode time within ~5%
 
     .build/venv/bin/python tools/sass_loop.py decode_attention head_size=128 gqa=4 block_size=64
     .build/venv/bin/python tools/sass_loop.py store_kv head_size=128
+
+A kernel without loops (the store) gets a census of its first path instead: instruction count, opcode
+mix and every memory operation with its width (STG.E.64 = 8-byte stores...).
 """
 
 from __future__ import annotations
 
 import collections
 import dataclasses
+import inspect
 import os
 import re
 import subprocess
@@ -46,13 +50,16 @@ def compile_cubin(op: str, config: dict) -> tuple[bytes, object, object]:
     from ultraquant.kernels.specs import SPECIALIZERS
 
     divisible = config.pop("divisible", None)
+    if "target" in inspect.signature(SPECIALIZERS[op]).parameters:
+        config.setdefault("target", "cuda")  # what codegen passes for sm_* (MatrixRow.targeted)
     spec = SPECIALIZERS[op](**config)
     if divisible is not None:
         spec = dataclasses.replace(spec, divisible=tuple(n for n in str(divisible).split(",") if n))
     fn = KERNELS[spec.kernel]
     src = ASTSource(fn, dict(spec.signature), dict(spec.constexprs), compile_attrs(spec, list(fn.arg_names)))
     k = triton.compile(src, target=GPUTarget("cuda", 90, 32),
-                       options={"num_warps": spec.num_warps, "num_stages": spec.num_stages})
+                       options={"num_warps": spec.num_warps, "num_stages": spec.num_stages,
+                                **({} if spec.maxnreg is None else {"maxnreg": spec.maxnreg})})
     return k.asm["cubin"], k.metadata, spec
 
 
@@ -99,13 +106,30 @@ def main(argv: list[str]) -> None:
     cubin, md, spec = compile_cubin(op, config)
     ins = sass_lines(cubin)
     print(f"{spec.kernel} {spec.constexprs} warps={spec.num_warps} divisible={spec.divisible}")
-    usage = re.search(r"REG:(\d+).*?SHARED:(\d+).*?LOCAL:(\d+)", cuobjdump(cubin, "-res-usage"))
-    regs, shared, local = usage.groups() if usage else ("?", "?", "?")
-    print(f"registers={regs} local={local} shared={shared} (triton: {md.shared}) instructions={len(ins)}")
+    usage = re.search(r"REG:(\d+) STACK:(\d+) SHARED:(\d+).*?LOCAL:(\d+)", cuobjdump(cubin, "-res-usage"))
+    regs, stack, shared, local = usage.groups() if usage else ("?", "?", "?", "?")
+    print(f"registers={regs} stack={stack} local={local} shared={shared} (triton: {md.shared}) "
+          f"instructions={len(ins)}")
     for start, end in loops(ins)[:3]:
         body = [t for a, t in ins if start <= a <= end]
         mix = collections.Counter(opcode(t) for t in body).most_common(14)
         print(f"loop 0x{start:x}-0x{end:x}: {len(body)} instructions; " + ", ".join(f"{o} {n}" for o, n in mix))
+    if not loops(ins):
+        census(ins)
+
+
+MEMORY_OPS = re.compile(r"(LDG|STG|LDS|STS|LDSM|STSM|LDL|STL|BAR|SHFL)")
+"""Opcodes the straight-line census lists in full (global/shared/local memory, barriers, shuffles)."""
+
+
+def census(ins: list[tuple[int, str]]) -> None:
+    """For a kernel without loops (the store): the instructions up to the first EXIT (the code laid out
+    first: for the store the aligned-stride path) and their memory operations with widths."""
+    first = next((i for i, (_, t) in enumerate(ins) if "EXIT" in t), len(ins))
+    mix = collections.Counter(opcode(t) for _, t in ins[:first])
+    print(f"first path (to the first EXIT): {first} instructions; "
+          + ", ".join(f"{o} {n}" for o, n in mix.most_common(12)))
+    print("  memory: " + ", ".join(f"{o} {n}" for o, n in sorted(mix.items()) if MEMORY_OPS.match(o)))
 
 
 if __name__ == "__main__":

@@ -15,7 +15,8 @@ import pytest
 import torch
 
 import ultraquant as uq
-from tests.helpers import make_paged
+from tests.helpers import carved_cache, make_paged
+from tests.test_kernels_store import ALIGNMENT_CASES
 from ultraquant import reference as R
 from ultraquant.format import SlotLayout
 from ultraquant.kernels import plans
@@ -108,6 +109,31 @@ def test_store_head_major_int32_slots():
     uq.store_kv(key, value, got, slots)
     R.store_kv(key, value, ref, slots)
     assert k_code_mismatches(got.cpu(), ref.cpu(), d) <= 2
+
+
+@pytest.mark.parametrize("few_rows", [False, True])
+@pytest.mark.parametrize(("head_size", "offset", "extra", "align"), ALIGNMENT_CASES)
+def test_store_alignment_fallback(head_size, offset, extra, align, few_rows):
+    """Caches whose base or slot stride breaks the dense layout's alignment: the plan must bake the
+    smaller ALIGN (a misaligned vector store would fault here) and the bytes stay the reference's."""
+    from ultraquant.kernels.registry import jit_launch
+
+    n, hk, bs, nblocks = 700, 8, 16, 60
+    gen = torch.Generator().manual_seed(head_size + offset + extra)
+    key = torch.randn(n, hk, head_size, generator=gen).to(torch.bfloat16).cuda()
+    value = torch.randn(n, hk, head_size, generator=gen).to(torch.bfloat16).cuda()
+    got = carved_cache(nblocks, bs, hk, uq.slot_size(head_size) + extra, offset, seed=offset, device="cuda")
+    assert got.data_ptr() % 16 == offset % 16
+    ref = got.clone()
+    slots = torch.randperm(nblocks * bs, generator=gen)[:n].cuda()
+    slots[3] = -1
+    plan = plans.plan_store(key, value, got, slots, few_rows=few_rows)
+    assert plan.spec.constexprs["ALIGN"] == align
+    jit_launch(plan)
+    R.store_kv(key, value, ref, slots)
+    torch.cuda.synchronize()
+    assert torch.equal(got[..., uq.slot_size(head_size):].cpu(), ref[..., uq.slot_size(head_size):].cpu())
+    assert k_code_mismatches(got.cpu(), ref.cpu(), head_size) <= 2
 
 
 def _problem(lens, hq, hk, d, bs, head_major, seed, sinks):

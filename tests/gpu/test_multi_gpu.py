@@ -27,7 +27,7 @@ pytestmark = [
 
 HQ, HK, D, BS = 32, 8, 128, 16
 DECODE = specs.decode_spec(head_size=D, gqa=HQ // HK, block_size=BS, target="cuda")
-STORE = specs.store_spec(head_size=D, key_dtype="bf16", slot_dtype="i64", few_rows=False)
+STORE = specs.store_spec(head_size=D, key_dtype="bf16", slot_dtype="i64", few_rows=False, target="cuda")
 """What the concurrency test's calls plan on an H200 (its store: 3946 tokens x 8 heads = 31568 rows,
 above ``STORE_FEW_ROWS_PER_SM`` x 132 SMs)."""
 

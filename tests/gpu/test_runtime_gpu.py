@@ -69,7 +69,8 @@ def decode_spec() -> specs.Specialization:
 def store_key(encoder: str, rows: int) -> str:
     """Key of the store variant a call with ``rows`` (token, kv head) rows plans."""
     few = rows < heuristics.STORE_FEW_ROWS_PER_SM * heuristics.num_sms(torch.device("cuda"))
-    return specs.store_spec(head_size=D, key_dtype="bf16", slot_dtype="i64", encoder=encoder, few_rows=few).key()
+    return specs.store_spec(head_size=D, key_dtype="bf16", slot_dtype="i64", encoder=encoder, few_rows=few,
+                            target=specs.target_of(torch.device("cuda"))).key()
 
 
 @pytest.fixture(scope="module")

@@ -23,9 +23,13 @@ from __future__ import annotations
 import statistics
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
+from typing import TYPE_CHECKING
 
 import torch
+
+if TYPE_CHECKING:
+    from ultraquant.kernels.plans import LaunchPlan
 
 SHAPES: dict[str, dict[str, int]] = {
     "A": dict(B=8, L=32768, Hq=32, Hk=8, D=128, block=64),
@@ -237,7 +241,18 @@ def bench_sdpa(B: int, L: int, Hq: int, Hk: int, D: int) -> float:
     return us
 
 
-def bench_store(n: int, hk: int, d: int) -> tuple[float, int]:
+STORE_VARIANTS: tuple[tuple[int, int, bool, int | None], ...] = (
+    (32, 1, True, 144), (32, 1, True, 128), (32, 1, True, 168), (32, 1, True, None), (128, 4, True, None),
+    (16, 4, False, None))
+"""(BLOCK_R, num_warps, WHOLE_ROWS, maxnreg) launch shapes of the store kernel that ``--store-variants``
+times on both stores (whole rows: 32 rows per warp; else the few-rows layout; maxnreg None: ptxas
+decides). The plain store rows are the plan's own choice."""
+
+
+def bench_store(n: int, hk: int, d: int, variant: tuple[int, int, bool, int | None] | None = None) -> tuple[float, int]:
+    """(us, bytes read + written) of a store of ``n`` tokens x ``hk`` heads into a shuffled cache:
+    ``ultraquant.store_kv``, or with ``variant`` the plan's launch reshaped to that (BLOCK_R,
+    num_warps, WHOLE_ROWS, maxnreg) through the Triton JIT."""
     import ultraquant as uq
 
     k = torch.randn(n, hk, d, device="cuda", dtype=torch.bfloat16)
@@ -246,8 +261,44 @@ def bench_store(n: int, hk: int, d: int) -> tuple[float, int]:
     nblk = -(-n // block) + 1
     cache = torch.zeros(nblk, block, hk, uq.slot_size(d), dtype=torch.uint8, device="cuda")
     slots = torch.randperm(nblk * block, device="cuda")[:n]
-    us = time_graph(lambda: uq.store_kv(k, v, cache, slots))
+    if variant is None:
+        us = time_graph(lambda: uq.store_kv(k, v, cache, slots))
+    else:
+        from ultraquant.kernels import registry
+
+        launch = store_variant_launch(k, v, cache, slots, variant)
+        us = time_graph(lambda: registry.jit_launch(launch))
     return us, n * hk * (4 * d + uq.slot_size(d))
+
+
+def store_variant_launch(key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor, slot_mapping: torch.Tensor,
+                         variant: tuple[int, int, bool, int | None]) -> LaunchPlan:
+    """The plan's store launch reshaped to ``variant`` = (BLOCK_R, num_warps, WHOLE_ROWS, maxnreg) (see
+    :data:`STORE_VARIANTS`; WHOLE_ROWS is meant for BLOCK_R = 32 x num_warps, correct for any)."""
+    from ultraquant.kernels.plans import LaunchPlan, plan_store
+
+    block_r, warps, whole, maxnreg = variant
+    plan = plan_store(key, value, kv_cache, slot_mapping, few_rows=not whole)
+    spec = replace(plan.spec, constexprs={**plan.spec.constexprs, "BLOCK_R": block_r, "WHOLE_ROWS": whole},
+                   num_warps=warps, maxnreg=maxnreg)
+    return LaunchPlan(spec, plan.args, (-(-key.shape[0] * key.shape[1] // block_r), 1, 1))
+
+
+def store_rows(ceiling: float, variants: bool) -> list[Row]:
+    """The store rows: N=16384 tokens x 8 heads x D=128 and a decode step's 64 tokens, each through
+    ``ultraquant.store_kv`` and, with ``variants``, every :data:`STORE_VARIANTS` launch shape."""
+    rows = []
+    for n, label in ((16384, ""), (64, " (decode step)")):
+        us, nbytes = bench_store(n, 8, 128)
+        rows.append(_row(f"store N={n} Hk=8 D=128{label}", us, nbytes, ceiling))
+        for variant in STORE_VARIANTS if variants else ():
+            us, nbytes = bench_store(n, 8, 128, variant)
+            block_r, warps, whole, maxnreg = variant
+            rows.append(_row(f"store N={n} rows/prog {block_r} warps {warps}{' whole rows' if whole else ''}"
+                             f"{f' maxnreg {maxnreg}' if maxnreg else ''}", us, nbytes, ceiling))
+        for r in rows[-1 - (len(STORE_VARIANTS) if variants else 0):]:
+            print(f"  {r.name}: {r.us:.1f} us", flush=True)
+    return rows
 
 
 def _row(name: str, us: float, nbytes: int, ceiling: float, sdpa_us: float | None = None) -> Row:
@@ -288,7 +339,7 @@ def sweep(rows: list[Row], ceiling: float, names: list[str]) -> None:
 
 
 def run_bench(shapes: list[str], plot: str | None, layouts: list[str], with_stream: bool,
-              sweep_shapes: list[str] | None = None, aot_vs_jit: bool = True) -> dict:
+              sweep_shapes: list[str] | None = None, aot_vs_jit: bool = True, store_variants: bool = False) -> dict:
     """Run everything; return a JSON-able dict and print the table."""
     torch.manual_seed(0)
     import ultraquant as uq
@@ -329,10 +380,7 @@ def run_bench(shapes: list[str], plot: str | None, layouts: list[str], with_stre
             torch.cuda.empty_cache()
     if sweep_shapes:
         sweep(rows, ceiling, sweep_shapes)
-    us, nbytes = bench_store(16384, 8, 128)
-    rows.append(_row("store N=16384 Hk=8 D=128", us, nbytes, ceiling))
-    us, nbytes = bench_store(64, 8, 128)
-    rows.append(_row("store N=64 Hk=8 D=128 (decode step)", us, nbytes, ceiling))
+    rows += store_rows(ceiling, store_variants)
     curve = []
     if plot:
         s = SHAPES["A"]

@@ -19,12 +19,15 @@ from ultraquant.bench.decode import SHAPES, run_bench, run_prefill_bench
 @click.option("--json", "json_path", default=None, help="Write all numbers to this JSON file.")
 @click.option("--no-stream", is_flag=True, help="Skip the no-math page stream rows.")
 @click.option("--sweep", "sweep_shapes", default="", help="Shapes (e.g. A,D) to time decode variants on.")
+@click.option("--store-variants", is_flag=True,
+              help="Also time the store kernel's launch shapes (rows per program, warps); with --shapes '' "
+                   "only the ceiling and the store rows run.")
 @click.option("--prefill", is_flag=True,
               help="Only time the prefill continuation routes (kernel vs dequant + SDPA) and suggest the threshold.")
 @click.option("--host", is_flag=True,
               help="Only time the host cost per eager decode/store call, AOT blobs vs Triton JIT (needs blobs).")
 def command(shapes: str, layouts: str, plot: str | None, json_path: str | None, no_stream: bool,
-            sweep_shapes: str, prefill: bool, host: bool) -> None:
+            sweep_shapes: str, store_variants: bool, prefill: bool, host: bool) -> None:
     """Time decode and store on this GPU against the read ceiling and bf16 SDPA (needs CUDA)."""
     if not torch.cuda.is_available():
         raise click.ClickException("ultraquant bench needs a CUDA GPU")
@@ -51,7 +54,7 @@ def command(shapes: str, layouts: str, plot: str | None, json_path: str | None, 
     if bad:
         raise click.BadParameter(f"unknown shapes {bad}; known: {sorted(SHAPES)}", param_hint="--shapes")
     result = run_bench(names, plot, [x.strip() for x in layouts.split(",")], not no_stream,
-                       [x.strip() for x in sweep_shapes.split(",") if x.strip()])
+                       [x.strip() for x in sweep_shapes.split(",") if x.strip()], store_variants=store_variants)
     if json_path:
         with open(json_path, "w") as f:
             json.dump(result, f, indent=1)

@@ -55,8 +55,11 @@ def plan_store(key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor, s
     rows = n * hk
     if few_rows is None:
         few_rows = store_few_rows(rows, key.device)
+    # The slot alignment the kernel's vector stores assume, from this cache's base and strides: a cache
+    # that is not aligned like the dense layout plans another specialization (smaller ALIGN).
+    align = slot_alignment(d, (kv_cache.data_ptr(), *kv_cache.stride()[:3]))
     spec = store_spec(head_size=d, key_dtype=key.dtype, value_dtype=value.dtype, slot_dtype=slot_mapping.dtype,
-                      encoder=encoder, few_rows=few_rows)
+                      encoder=encoder, few_rows=few_rows, align=align, target=target_of(key.device))
     args = (key, value, kv_cache, slot_mapping, error_words(key.device), rows, hk, kv_cache.shape[1],
             kv_cache.shape[0] * kv_cache.shape[1],
             key.stride(0), key.stride(1), value.stride(0), value.stride(1),

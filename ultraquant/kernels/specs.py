@@ -197,25 +197,36 @@ def _signature(params: tuple[tuple[str, str], ...], **types: str) -> dict[str, s
 
 def store_spec(*, head_size: int, key_dtype: torch.dtype | str = "bf16",
                value_dtype: torch.dtype | str | None = None, slot_dtype: torch.dtype | str = "i64",
-               encoder: str = "rne", few_rows: bool = False, **_: Any) -> Specialization:
+               encoder: str = "rne", few_rows: bool = False, align: int | None = None,
+               target: str = "portable", **_: Any) -> Specialization:
     """The store kernel for one head size, input dtypes, slot_mapping dtype and encoder; ``few_rows``
-    for calls with too few (token, kv head) rows to fill the GPU at one row per thread."""
+    for calls with too few (token, kv head) rows to fill the GPU at one row per thread; ``align``
+    (constexpr ``ALIGN``) the bytes every slot address is a multiple of (default: the dense layout's,
+    :func:`slot_alignment`; the plan passes the call's, cache base included); ``target`` (see
+    :func:`target_of`) the launch shape: on NVIDIA one warp of 32 whole rows per program."""
     d = check_head_size(head_size)
-    # One row per thread keeps the butterfly, absmax and packing in registers; fewer rows where a whole
-    # row per thread would spill; few_rows (a decode step's store) spreads a row over 8 threads so small
-    # stores fill the GPU. Measurements: benchmarks/NOTES.md, "Store v2".
+    # One row per thread keeps the butterfly, absmax and packing in registers: on NVIDIA one warp of
+    # 32 rows per program (WHOLE_ROWS: independent warps, the slot words shifted in registers, 144
+    # registers for rne at D=128: no spill on the aligned path, 14 warps per SM instead of 8); 128
+    # rows of 4 warps elsewhere (a 64-lane AMD wave splits rows over 2 lanes). Fewer rows where a
+    # whole row per thread would spill; few_rows (a decode step's store) spreads a row over 8 threads
+    # so small stores fill the GPU. Measurements: benchmarks/NOTES.md, "Store v2" and "Store v3".
+    row_per_thread = d <= 64 or (d == 128 and encoder != "mse")
+    whole = target == "cuda" and row_per_thread and not few_rows
     if few_rows:
         block_r = 16 if d <= 128 else 4
-    elif d <= 64 or (d == 128 and encoder != "mse"):
-        block_r = 128
+    elif row_per_thread:
+        block_r = 32 if whole else 128
     else:
         block_r = 32 if d == 128 else 8
     return Specialization(
         kernel="uq_store_kv",
         signature=_signature(STORE_PARAMS, key=_tname(key_dtype), value=_tname(value_dtype or key_dtype),
                              slot=_tname(slot_dtype)),
-        constexprs={"D": d, "LOG2D": d.bit_length() - 1, "ENCODER": ENCODER_IDS[encoder], "BLOCK_R": block_r},
-        num_warps=4, num_stages=1, divisible=ALIGNABLE["uq_store_kv"])
+        constexprs={"D": d, "LOG2D": d.bit_length() - 1, "ENCODER": ENCODER_IDS[encoder], "BLOCK_R": block_r,
+                    "ALIGN": int(align or slot_alignment(d)), "WHOLE_ROWS": whole},
+        num_warps=1 if whole else 4, num_stages=1, maxnreg=144 if whole and d == 128 and encoder == "rne" else None,
+        divisible=ALIGNABLE["uq_store_kv"])
 
 
 def dequant_spec(*, head_size: int, block_size: int, out_dtype: torch.dtype | str = "bf16",

@@ -121,40 +121,41 @@ def e2m1_encode(x, inv, eb, ENCODER: tl.constexpr):
     Upstream's rule differs only on exact ties, where the rounding residual is a quarter of f.
     """
     xb = x.to(tl.int32, bitcast=True)
-    f, m = _grid_magic(x, eb)
+    m = _grid_magic(x, eb)
     mf = m.to(tl.float32, bitcast=True)
+    # bits(m) = bits(f) + (22 << 23), so 2 log2 f = (bits(f) >> 22) - 254 = (bits(m) >> 22) - 298.
     if ENCODER == 1:
         a = tl.abs(x) * inv
         s = a + mf
         d = (s - mf) - a
-        half = (f - (2 << 23)).to(tl.float32, bitcast=True)
+        half = (m - (24 << 23)).to(tl.float32, bitcast=True)
         tie = tl.where(x < 0, (d == -half).to(tl.int32), -(d == half).to(tl.int32))
-        code = s.to(tl.int32, bitcast=True) - m + ((f >> 22) - 254) + tie
+        code = s.to(tl.int32, bitcast=True) - m - 298 + (m >> 22) + tie
     else:
         s = tl.fma(tl.abs(x), inv, mf)
-        code = s.to(tl.int32, bitcast=True) - m + ((f >> 22) - 254)
+        code = s.to(tl.int32, bitcast=True) - m - 298 + (m >> 22)
     return tl.minimum(code, 7) | ((xb >> 28) & 8)
 
 
 @triton.jit
-def _clear_negative_zero(b):
-    """int32 bytes of two nibbles each: nibbles equal to 8 (negative zero) become 0 (SWAR)."""
-    return b & ((((b & 0x77) + 0x77) & 0x88) | 0x77)
+def _clear_negative_zero(w):
+    """int32 words of eight nibbles: nibbles equal to 8 (negative zero) become 0 (SWAR: a nibble keeps
+    its sign bit only when a magnitude bit is set; no carry crosses nibbles)."""
+    return w & ((((w & 0x77777777) + 0x77777777) & -0x77777778) | 0x77777777)
 
 
 @triton.jit
 def _grid_magic(x, eb):
-    """int32 bits ``(f, m)`` for ``y = x * 2**-e`` (``eb = e << 23``): ``f`` = 2**floor(log2 |y|), at
-    least 1.0; ``m`` = f * 2**22, the float whose ulp is the E2M1 grid step at |y| (see
-    :func:`e2m1_encode`)."""
-    f = tl.maximum((x.to(tl.int32, bitcast=True) & 0x7F800000) - eb, 0x3F800000)
-    return f, f + (22 << 23)
+    """int32 bits of ``m = 2**22 * f`` for ``y = x * 2**-e`` (``eb = e << 23``), ``f`` = 2**floor(log2
+    |y|) at least 1.0: the float whose ulp is the E2M1 grid step at |y| (see :func:`e2m1_encode`).
+    One add-and-max on the exponent field (no overflow: |x| <= 2**(e+5) in its group)."""
+    return tl.maximum((x.to(tl.int32, bitcast=True) & 0x7F800000) + ((22 << 23) - eb), (127 + 22) << 23)
 
 
 @triton.jit
 def _e2m1_rne_value(a, inv, eb):
     """float32 ``|a| * inv`` rounded half to even to the E2M1 magnitudes (saturated at 6.0)."""
-    _, m = _grid_magic(a, eb)
+    m = _grid_magic(a, eb)
     mf = m.to(tl.float32, bitcast=True)
     return tl.minimum(tl.fma(tl.abs(a), inv, mf) - mf, 6.0)
 
@@ -195,15 +196,23 @@ def _group_sq_err(ag, e):
 
 
 @triton.jit
-def quantize_store(x, codes_ptr, scales_ptr, row_mask, R: tl.constexpr, D: tl.constexpr,
-                   ENCODER: tl.constexpr):
-    """Quantize a float32 tile ``x [R, D]`` (one vector per row) and store codes and scale bytes.
+def _pack_pairs(x, R: tl.constexpr, N: tl.constexpr, BITS: tl.constexpr):
+    """int32 ``[R, N]`` -> ``[R, N/2]``: element 2i in the low ``BITS`` bits, 2i+1 above them
+    (little-endian packing; in registers when a thread holds whole rows). Elements must be in
+    [0, 2**BITS)."""
+    lo, hi = tl.split(tl.reshape(x, [R, N // 2, 2]))
+    return lo + (hi << BITS)  # disjoint bits: + lets the compiler fuse shift and add (LEA/IMAD)
 
-    ``codes_ptr``/``scales_ptr`` are ``[R]`` byte pointers to each row's D/2 code bytes and D/32
-    scale bytes; rows where ``row_mask`` is false are not written. Groups whose absmax is 0 or not
-    finite get byte 0 and zero codes, exactly as ultraquant.reference.quantize. Written for a layout
-    where each thread holds whole rows (see uq_store_kv): groups, nibble pairs and the absmax stay
-    in registers.
+
+@triton.jit
+def quantize_words(x, R: tl.constexpr, D: tl.constexpr, ENCODER: tl.constexpr):
+    """Quantize a float32 tile ``x [R, D]`` (one vector per row) into its slot words.
+
+    Returns ``(codes, scales)``: int32 ``[R, D/8]`` little-endian words of the nibble-packed codes
+    (word j holds codes 8j..8j+7, code 8j+i in bits 4i..4i+3: the bytes the cache holds) and int32
+    ``[R, D/32]`` scale bytes. Groups whose absmax is 0 or not finite get byte 0 and zero codes,
+    exactly as ultraquant.reference.quantize. Written for a layout where each thread holds whole rows
+    (see uq_store_kv): groups, nibble packing and the absmax stay in registers.
     """
     G: tl.constexpr = D // 32
     xg = tl.reshape(x, [R, G, 32])
@@ -223,13 +232,109 @@ def quantize_store(x, codes_ptr, scales_ptr, row_mask, R: tl.constexpr, D: tl.co
         err = _group_sq_err(ag, e_hi)
         best = tl.where(err < best_err, e_hi, best)
         exp = best
-    code = e2m1_encode(xg, pow2_f32(-exp)[:, :, None], (exp << 23)[:, :, None], ENCODER)
-    lo, hi = tl.split(tl.reshape(code, [R, G, 16, 2]))
-    packed = tl.where(zero[:, :, None], 0, _clear_negative_zero(lo | (hi << 4))).to(tl.uint8)
-    tl.store(codes_ptr[:, None] + tl.arange(0, D // 2)[None, :], tl.reshape(packed, [R, D // 2]),
-             mask=row_mask[:, None])
-    byte = tl.where(zero, 0, exp + 127).to(tl.uint8)
-    tl.store(scales_ptr[:, None] + tl.arange(0, G)[None, :], byte, mask=row_mask[:, None])
+    code = tl.reshape(e2m1_encode(xg, pow2_f32(-exp)[:, :, None], (exp << 23)[:, :, None], ENCODER), [R, D])
+    words = _pack_pairs(_pack_pairs(_pack_pairs(code, R, D, 4), R, D // 2, 8), R, D // 4, 16)
+    words = tl.where(zero[:, :, None], 0, tl.reshape(_clear_negative_zero(words), [R, G, 4]))
+    return tl.reshape(words, [R, D // 8]), tl.where(zero, 0, exp + 127)
+
+
+@triton.jit
+def concat(a, b, R: tl.constexpr, N: tl.constexpr):
+    """``[R, N]`` and ``[R, N]`` -> ``[R, 2N]``, a's elements first (register renaming in-thread)."""
+    return tl.reshape(tl.permute(tl.join(a, b), [0, 2, 1]), [R, 2 * N])
+
+
+@triton.jit
+def pack_scales(scales, R: tl.constexpr, G: tl.constexpr):
+    """int32 scale bytes ``[R, G]`` (G >= 4) -> ``[R, G/4]`` little-endian words."""
+    return _pack_pairs(_pack_pairs(scales, R, G, 8), R, G // 2, 16)
+
+
+@triton.jit
+def shift_in(a, s, R: tl.constexpr, N: tl.constexpr, K: tl.constexpr):
+    """Shift ``a [R, N, K]`` up by one along axis 1, ``s [R, 1, K]`` entering at index 0; returns the
+    shifted tensor and the element shifted out ``[R, 1, K]``. Only splits and joins (recursively on
+    the odd half), so in-thread data is renamed, never moved: how 4-byte-phased slot parts become
+    aligned vectors."""
+    if N == 1:
+        return s, a
+    else:
+        e, o = tl.split(tl.permute(tl.reshape(a, [R, N // 2, 2, K]), [0, 1, 3, 2]))
+        t, out = shift_in(o, s, R, N // 2, K)
+        return tl.reshape(tl.permute(tl.join(t, e), [0, 1, 3, 2]), [R, N, K]), out
+
+
+@triton.jit
+def store_words(ptr, words, row_mask, R: tl.constexpr, W: tl.constexpr, A: tl.constexpr):
+    """Write int32 ``words [R, W]`` to the bytes at ``ptr [R]`` (u8 pointers) of the rows in ``row_mask``.
+
+    ``A``: bytes every row's address is a multiple of (a power of two). From 4 on, each thread
+    stores its rows' words as ``min(A, 16)``-byte vectors straight from registers (the ``[R, W/V, V]``
+    shape keeps rows on lanes, so no layout change through shared memory); below 4 byte stores.
+    """
+    if A >= 8:
+        # Vectors of V words: contiguous along the last dim only, so the compiler orders lanes over
+        # rows (as for the loads) and keeps each row in its thread.
+        V: tl.constexpr = W if A // 4 > W else A // 4
+        cols = tl.arange(0, W // V)[None, :, None] * V + tl.arange(0, V)[None, None, :]
+        tl.store(ptr.to(tl.pointer_type(tl.int32))[:, None, None] + cols, tl.reshape(words, [R, W // V, V]),
+                 mask=row_mask[:, None, None])
+    elif A == 4:
+        # One word per store: byte offsets 4 apart (no contiguity at all), cast to word pointers, keep
+        # the lanes over rows too.
+        wptr = (ptr[:, None] + tl.arange(0, W)[None, :] * 4).to(tl.pointer_type(tl.int32))
+        tl.store(wptr, words, mask=row_mask[:, None])
+    else:
+        b = tl.join(tl.join(words & 0xFF, (words >> 16) & 0xFF), tl.join((words >> 8) & 0xFF, words >> 24 & 0xFF))
+        tl.store(ptr[:, None] + tl.arange(0, 4 * W)[None, :], tl.reshape(b, [R, 4 * W]).to(tl.uint8),
+                 mask=row_mask[:, None])
+
+
+@triton.jit
+def store_scales(ptr, scales, row_mask, R: tl.constexpr, G: tl.constexpr, A: tl.constexpr):
+    """Write the int32 scale bytes ``scales [R, G]`` at ``ptr [R]`` (as words where G allows)."""
+    if G >= 4:
+        store_words(ptr, pack_scales(scales, R, G), row_mask, R, G // 4, A)
+    else:
+        tl.store(ptr[:, None] + tl.arange(0, G)[None, :], scales.to(tl.uint8), mask=row_mask[:, None])
+
+
+@triton.jit
+def quantize_store_codes(x, codes_ptr, row_mask, R: tl.constexpr, D: tl.constexpr, ENCODER: tl.constexpr,
+                         A: tl.constexpr, HALVES: tl.constexpr):
+    """Quantize ``x [R, D]`` (:func:`quantize_words`), write each row's D/2 code bytes at ``codes_ptr
+    [R]`` (u8 pointers, multiples of ``A`` bytes; rows in ``row_mask``) and return the int32 scale
+    bytes ``[R, D/32]``.
+
+    ``HALVES``: quantize and store the two halves of D one after the other (see uq_store_kv's
+    ``_quantize_rows``: fewer live registers where a thread holds whole rows).
+    """
+    if HALVES:
+        a, b = split_halves(x, R, D)
+        ca, sa = quantize_words(a, R, D // 2, ENCODER)
+        store_words(codes_ptr, ca, row_mask, R, D // 16, A)
+        cb, sb = quantize_words(b, R, D // 2, ENCODER)
+        store_words(codes_ptr + D // 4, cb, row_mask, R, D // 16, A)
+        return concat(sa, sb, R, D // 64)
+    else:
+        codes, scales = quantize_words(x, R, D, ENCODER)
+        store_words(codes_ptr, codes, row_mask, R, D // 8, A)
+        return scales
+
+
+@triton.jit
+def split_halves(x, R: tl.constexpr, D: tl.constexpr):
+    """``[R, D]`` -> its first and second halves ``[R, D/2]`` (register renaming in-thread)."""
+    return tl.split(tl.permute(tl.reshape(x, [R, 2, D // 2]), [0, 2, 1]))
+
+
+@triton.jit
+def quantize_store(x, codes_ptr, row_mask, R: tl.constexpr, D: tl.constexpr, ENCODER: tl.constexpr,
+                   A: tl.constexpr, HALVES: tl.constexpr):
+    """Quantize ``x [R, D]`` and write each row's D/2 code bytes and D/32 scale bytes at ``codes_ptr
+    [R]`` (:func:`quantize_store_codes`)."""
+    scales = quantize_store_codes(x, codes_ptr, row_mask, R, D, ENCODER, A, HALVES)
+    store_scales(codes_ptr + D // 2, scales, row_mask, R, D // 32, A)
 
 
 @triton.jit

@@ -5,7 +5,19 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .common import ERR_SLOT, fwht, quantize_store
+from .common import (
+    ERR_SLOT,
+    concat,
+    fwht,
+    pack_scales,
+    quantize_store,
+    quantize_store_codes,
+    quantize_words,
+    shift_in,
+    split_halves,
+    store_scales,
+    store_words,
+)
 
 
 @triton.jit
@@ -13,13 +25,17 @@ def uq_store_kv(key_ptr, value_ptr, cache_ptr, slot_ptr, err_ptr,
                 n_rows, num_kv_heads, block_size, num_slots,
                 stride_kn, stride_kh, stride_vn, stride_vh,
                 stride_cb, stride_ct, stride_ch,
-                D: tl.constexpr, LOG2D: tl.constexpr, ENCODER: tl.constexpr, BLOCK_R: tl.constexpr):
+                D: tl.constexpr, LOG2D: tl.constexpr, ENCODER: tl.constexpr, BLOCK_R: tl.constexpr,
+                ALIGN: tl.constexpr, WHOLE_ROWS: tl.constexpr):
     """One program quantizes BLOCK_R (token, kv head) rows of K and V.
 
     Row r is token ``r // Hk``, kv head ``r % Hk``; its slot is ``slot_mapping[token]`` (negative:
     skipped, nothing written; ``>= num_slots`` (blocks x block size): skipped too, and error word
     ERR_SLOT set). K is rotated in registers by a Walsh-Hadamard butterfly (float32), then both are quantized
-    per group of 32 (UE8M0 scale + FP4 E2M1 codes, nibble-packed).
+    per group of 32 (UE8M0 scale + FP4 E2M1 codes, nibble-packed). ``ALIGN``: bytes every slot
+    address is a multiple of (the plan's gcd of 16, the cache's base and strides): the slot words are
+    stored as vectors that wide. ``WHOLE_ROWS``: the launch gives each thread whole rows (BLOCK_R =
+    32 x num_warps), so reshuffling a row's words costs nothing.
     """
     pid = tl.program_id(0)
     rows = pid * BLOCK_R + tl.arange(0, BLOCK_R)
@@ -33,33 +49,70 @@ def uq_store_kv(key_ptr, value_ptr, cache_ptr, slot_ptr, err_ptr,
     slot = tl.where(valid, slot, 0)
     blk = slot // block_size
     off = slot % block_size
-    dst = cache_ptr + blk * stride_cb + off * stride_ct + head.to(tl.int64) * stride_ch
+    dst = cache_ptr + tl.multiple_of(blk * stride_cb + off * stride_ct + head.to(tl.int64) * stride_ch, ALIGN)
     tok64 = tok.to(tl.int64)
-    vdst = dst + (D // 2 + D // 32)
     if ((stride_kn | stride_kh | stride_vn | stride_vh) & 7) == 0:
         # Row offsets written as multiples of 8 elements, so the compiler can prove 16-byte aligned
         # rows and load 8 elements per instruction (AOT builds know nothing about the strides; the
         # JIT sees them only when divisible by 16). Any other strides take the element-wise branch.
         koff = (tok64 * (stride_kn >> 3) + head * (stride_kh >> 3)) * 8
         voff = (tok64 * (stride_vn >> 3) + head * (stride_vh >> 3)) * 8
-        _quantize_rows(key_ptr, value_ptr, koff, voff, dst, vdst, valid, D, LOG2D, ENCODER, BLOCK_R)
+        _quantize_rows(key_ptr, value_ptr, koff, voff, dst, valid, D, LOG2D, ENCODER, BLOCK_R, ALIGN, WHOLE_ROWS)
     else:
         koff = tok64 * stride_kn + head * stride_kh
         voff = tok64 * stride_vn + head * stride_vh
-        _quantize_rows(key_ptr, value_ptr, koff, voff, dst, vdst, valid, D, LOG2D, ENCODER, BLOCK_R)
+        _quantize_rows(key_ptr, value_ptr, koff, voff, dst, valid, D, LOG2D, ENCODER, BLOCK_R, ALIGN, WHOLE_ROWS)
 
 @triton.jit
-def _quantize_rows(key_ptr, value_ptr, koff, voff, dst, vdst, valid, D: tl.constexpr, LOG2D: tl.constexpr,
-                   ENCODER: tl.constexpr, R: tl.constexpr):
-    """Load, rotate (K) and quantize ``R`` rows at element offsets ``koff``/``voff`` into their slots.
+def _quantize_rows(key_ptr, value_ptr, koff, voff, dst, valid, D: tl.constexpr, LOG2D: tl.constexpr,
+                   ENCODER: tl.constexpr, R: tl.constexpr, ALIGN: tl.constexpr, WHOLE_ROWS: tl.constexpr):
+    """Load, rotate (K) and quantize ``R`` rows at element offsets ``koff``/``voff`` into their slots
+    ``dst`` (multiples of ``ALIGN`` bytes).
 
     The ``[R, D/8, 8]`` loads give each thread whole rows (rows over lanes and warps, 8-element vectors
-    in registers) up to D=128: the butterfly, the group absmax and the nibble pairing never leave the
-    thread (no shuffles); the compiler moves the packed bytes to a coalesced layout for the stores.
+    in registers) up to D=128: the butterfly, the group absmax and the nibble packing never leave the
+    thread (no shuffles), and each thread writes its rows' slot words itself. A slot is K codes | K
+    scales | V codes | V scales; where the V codes start off the vector width (D=128: byte 68) the
+    words from the K scales on are shifted in registers (:func:`shift_in`) and stored as whole vectors.
+    With whole rows per thread, D >= 128 is quantized in halves (fewer live registers: no spills at
+    D=128); so is D >= 256 at 8 rows per program (fewer instructions there, while 4 or 16 rows spread
+    over the threads get more: offline SASS counts in benchmarks/NOTES.md, "Store v3").
     """
+    G: tl.constexpr = D // 32
+    HALVES: tl.constexpr = D >= 128 and (WHOLE_ROWS or (D >= 256 and R == 8))
+    VOFF: tl.constexpr = D // 2 + G
+    VEC: tl.constexpr = 16 if ALIGN > 16 else ALIGN
     cols = tl.arange(0, D // 8)[None, :, None] * 8 + tl.arange(0, 8)[None, None, :]
-    k = tl.load(key_ptr + koff[:, None, None] + cols, mask=valid[:, None, None], other=0.0).to(tl.float32)
-    k = fwht(tl.reshape(k, [R, D]), R, D, LOG2D)
-    quantize_store(k, dst, dst + D // 2, valid, R, D, ENCODER)
-    v = tl.load(value_ptr + voff[:, None, None] + cols, mask=valid[:, None, None], other=0.0).to(tl.float32)
-    quantize_store(tl.reshape(v, [R, D]), vdst, vdst + D // 2, valid, R, D, ENCODER)
+    k = tl.load(key_ptr + koff[:, None, None] + cols, mask=valid[:, None, None], other=0.0)
+    k = fwht(tl.reshape(k.to(tl.float32), [R, D]), R, D, LOG2D)
+    ks = quantize_store_codes(k, dst, valid, R, D, ENCODER, ALIGN, HALVES)
+    v = tl.load(value_ptr + voff[:, None, None] + cols, mask=valid[:, None, None], other=0.0)
+    v = tl.reshape(v.to(tl.float32), [R, D])
+    if VEC >= 8 and VOFF % VEC != 0 and G >= 4 and G <= 8 and WHOLE_ROWS:
+        # Whole rows per thread (elsewhere the shuffling costs more than it saves). From byte D/2 on:
+        # K scale words, V code words, V scale words (D/8 + G/2 words). The V code words are shifted
+        # up by the KW = G/4 K scale words; the last KW go with the V scale words. In halves, as
+        # quantize_store_codes.
+        KW: tl.constexpr = G // 4
+        carry = tl.reshape(pack_scales(ks, R, G), [R, 1, KW])
+        a, b = split_halves(v, R, D)
+        sa, carry = _store_shifted(a, dst + D // 2, carry, valid, R, D // 2, ENCODER, KW, ALIGN)
+        sb, carry = _store_shifted(b, dst + (D // 2 + D // 4), carry, valid, R, D // 2, ENCODER, KW, ALIGN)
+        vs = concat(sa, sb, R, G // 2)
+        store_words(dst + D, concat(tl.reshape(carry, [R, KW]), pack_scales(vs, R, G), R, KW), valid, R, 2 * KW,
+                    ALIGN)
+    else:
+        VALIGN: tl.constexpr = ALIGN if VOFF % ALIGN == 0 else (VOFF & -VOFF)
+        store_scales(dst + D // 2, ks, valid, R, G, ALIGN)
+        quantize_store(v, dst + VOFF, valid, R, D, ENCODER, VALIGN, HALVES)
+
+
+@triton.jit
+def _store_shifted(x, ptr, carry, row_mask, R: tl.constexpr, N: tl.constexpr, ENCODER: tl.constexpr,
+                   KW: tl.constexpr, A: tl.constexpr):
+    """Quantize ``x [R, N]``, shift its code words up by ``KW`` with ``carry [R, 1, KW]`` entering,
+    store them at ``ptr`` and return (scale bytes, the KW words shifted out)."""
+    codes, scales = quantize_words(x, R, N, ENCODER)
+    t, out = shift_in(tl.reshape(codes, [R, N // (8 * KW), KW]), carry, R, N // (8 * KW), KW)
+    store_words(ptr, tl.reshape(t, [R, N // 8]), row_mask, R, N // 8, A)
+    return scales, out
