@@ -22,7 +22,7 @@ nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee -a "$LOG/
 
 if step kernels; then  # Triton kernels vs the reference (both FP4 decodes), bounds cases, graph replay
   timeout ${T_KERNELS:-260} "${PYT[@]}" -m gpu tests/gpu/test_kernels_gpu.py tests/gpu/test_bounds_gpu.py \
-    > "$LOG/kernels_gpu.log" 2>&1
+    ${KERNELS_K:+-k "$KERNELS_K"} > "$LOG/kernels_gpu.log" 2>&1
   last "$LOG/kernels_gpu.log" 4
 fi
 if step prefill; then

@@ -161,6 +161,13 @@ def _slot_layout(interval, pad, shape, last=None):
 
 
 @gluon.constexpr_function
+def _merge_step(per_thread):
+    """Partials per step of the last program's merge: their loads overlap, up to 64 values per thread
+    (``per_thread`` of each partial) so the merge does not spill."""
+    return max(1, min(8, 64 // per_thread))
+
+
+@gluon.constexpr_function
 def _pick(cond, a, b):
     """``a`` if ``cond`` else ``b`` (layouts chosen by a constexpr flag)."""
     return a if cond else b
@@ -558,7 +565,7 @@ def uq_decode_v8(q_ptr, cache_ptr, bt_ptr, seqlen_ptr, sinks_ptr, out_ptr, part_
     G: gl.constexpr = D // 32
     TT: gl.constexpr = NSUB * WT * TW
     PAIR: gl.constexpr = NSUB  # runs per online-softmax update: the whole stage
-    MERGE: gl.constexpr = 8 if D == 128 else 4  # partials per step of the last program's merge
+    MERGE: gl.constexpr = _merge_step(HK * GQA_PAD * D // (32 * NW))  # partials per merge step
 
     # ---- layouts: warp = MMA batch
     MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[NW, 1, 1],
