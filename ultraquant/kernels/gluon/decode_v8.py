@@ -162,9 +162,9 @@ def _slot_layout(interval, pad, shape, last=None):
 
 @gluon.constexpr_function
 def _merge_step(per_thread):
-    """Partials per step of the last program's merge: their loads overlap, up to 64 values per thread
+    """Partials per step of the last program's merge: their loads overlap, up to 32 values per thread
     (``per_thread`` of each partial) so the merge does not spill."""
-    return max(1, min(8, 64 // per_thread))
+    return max(1, min(8, 32 // per_thread))
 
 
 @gluon.constexpr_function
