@@ -164,7 +164,7 @@ def _slot_layout(interval, pad, shape, last=None):
 def _merge_step(per_thread):
     """Partials per step of the last program's merge: their loads overlap, up to 32 values per thread
     (``per_thread`` of each partial) so the merge does not spill."""
-    return max(1, min(8, 32 // per_thread))
+    return max(1, min(8, 32 // max(1, per_thread)))
 
 
 @gluon.constexpr_function
