@@ -83,7 +83,8 @@ def test_expand_builds_exactly_the_model_configs(configs) -> None:
     assert {s["op"] for s in skipped} == {"decode_attention_v8"} and len(skipped) == 2 * 4
     # the full matrix is untouched by the filter
     full_points, _ = matrix.expand(matrix.OPS, models.make_selection(matrix_name="full"), "sm_90", ["triton"])
-    assert len(full_points) == 24 + 48 + 2 * 576 + 576  # v8: D=128 x 6 GQA x 4 blocks x 4 kv heads x 6 features
+    # v8: D=128 x 6 GQA and D=256 x 5 GQA (<= 8) x 4 blocks x 4 kv heads x 6 features
+    assert len(full_points) == 24 + 48 + 2 * 576 + 576 + 480
 
 
 def test_build_dry_run_cli(configs) -> None:
