@@ -161,11 +161,10 @@ def _slot_layout(interval, pad, shape, last=None):
 
 
 @gluon.constexpr_function
-def _merge_step(elements, values):
-    """Partials per step of the last program's merge (their loads overlap): at most 32 of the partials'
-    elements and 64 register values (``ML`` replicates a partial when D * HK < 128 * NW) per thread, so
-    the merge does not spill; ``elements`` / ``values``: per thread and partial."""
-    return max(1, min(8, 32 // max(1, elements), 64 // values))
+def _merge_step(per_thread):
+    """Partials per step of the last program's merge: their loads overlap, up to 32 values per thread
+    (``per_thread`` of each partial) so the merge does not spill."""
+    return max(1, min(8, 32 // max(1, per_thread)))
 
 
 @gluon.constexpr_function
@@ -566,7 +565,7 @@ def uq_decode_v8(q_ptr, cache_ptr, bt_ptr, seqlen_ptr, sinks_ptr, out_ptr, part_
     G: gl.constexpr = D // 32
     TT: gl.constexpr = NSUB * WT * TW
     PAIR: gl.constexpr = NSUB  # runs per online-softmax update: the whole stage
-    MERGE: gl.constexpr = _merge_step(HK * GQA_PAD * D // (32 * NW), GQA_PAD * 4 * max(1, D * HK // (128 * NW)))
+    MERGE: gl.constexpr = _merge_step(HK * GQA_PAD * D // (32 * NW))  # partials per merge step
 
     # ---- layouts: warp = MMA batch
     MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[NW, 1, 1],
