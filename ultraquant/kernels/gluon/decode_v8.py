@@ -722,14 +722,15 @@ def uq_decode_v8(q_ptr, cache_ptr, bt_ptr, seqlen_ptr, sinks_ptr, out_ptr, part_
     # ---- per-warp token offsets in the per-token layout; K groups in the K operand layout; V byte groups
     ws = gl.expand_dims(gl.arange(0, NW, gl.SliceLayout(1, TK)) % WT, 1) * TW
     ns = gl.expand_dims(_physical_token(gl.arange(0, TW, gl.SliceLayout(0, TK))), 0)
-    kgroup = 0
+    kgroup = 0  # m16 only: the K and V groups of the fp16-halves path
+    vgroup = 0
     if not ROWS_IN_N:
         kgroup = _iota3(H, 1, KB) // 16
-    SV: gl.constexpr = gl.SliceLayout(3, VL)
-    gv = gl.expand_dims(gl.expand_dims(gl.arange(0, 8, gl.SliceLayout(0, gl.SliceLayout(1, SV))), 0), 1)
-    R3: gl.constexpr = gl.SliceLayout(0, gl.SliceLayout(1, gl.SliceLayout(2, VL)))
-    rv = gl.expand_dims(gl.expand_dims(gl.expand_dims(gl.arange(0, 8, R3), 0), 1), 2)
-    vgroup = gl.expand_dims(gv // 2, 3) + rv * 0
+        SV: gl.constexpr = gl.SliceLayout(3, VL)
+        gv = gl.expand_dims(gl.expand_dims(gl.arange(0, 8, gl.SliceLayout(0, gl.SliceLayout(1, SV))), 0), 1)
+        R3: gl.constexpr = gl.SliceLayout(0, gl.SliceLayout(1, gl.SliceLayout(2, VL)))
+        rv = gl.expand_dims(gl.expand_dims(gl.expand_dims(gl.arange(0, 8, R3), 0), 1), 2)
+        vgroup = gl.expand_dims(gv // 2, 3) + rv * 0
 
     # accumulators: rows in N, 8 tiles [NW, 16 dims, 8 rows] (_pv_tile); m16, even / odd dims [NW, 16, 64]
     NT: gl.constexpr = D // 16 if ROWS_IN_N else 2
