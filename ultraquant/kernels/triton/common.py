@@ -85,6 +85,27 @@ def fwht(x, R: tl.constexpr, D: tl.constexpr, LOG2D: tl.constexpr):
 
 
 @triton.jit
+def fwht_lanes(x, R: tl.constexpr, D: tl.constexpr, LOG2D: tl.constexpr):
+    """:func:`fwht` for a tile whose rows are spread over lanes 8 elements per thread (coalesced loads):
+    the stages within 8 elements as fwht's, the others take the partner from :func:`tl.flip` on that
+    index bit (a lane exchange) and one multiply-add with +-1. Same roundings as fwht (``a + b`` and
+    ``a - b`` of the same pairs in the same order), so the same bits."""
+    for i in tl.static_range(3 if LOG2D > 3 else LOG2D):
+        x = tl.reshape(x, [R, D // (2 << i), 2, 1 << i])
+        x = tl.permute(x, [0, 1, 3, 2])
+        a, b = tl.split(x)
+        x = tl.join(a + b, a - b)
+        x = tl.permute(x, [0, 1, 3, 2])
+        x = tl.reshape(x, [R, D])
+    for i in tl.static_range(3, LOG2D):
+        y = tl.reshape(x, [R, D // (2 << i), 2, 1 << i])
+        sign = (1 - 2 * tl.arange(0, 2)).to(tl.float32)[None, None, :, None]
+        y = tl.flip(y, 2) + y * sign
+        x = tl.reshape(y, [R, D])
+    return x * (1.0 / tl.sqrt(float(D)))
+
+
+@triton.jit
 def pow2_f32(e):
     """``2**e`` as an exact float32 for int32 ``e`` in [-126, 127] (0.0 below, like the reference)."""
     b = e + 127
@@ -205,14 +226,16 @@ def _pack_pairs(x, R: tl.constexpr, N: tl.constexpr, BITS: tl.constexpr):
 
 
 @triton.jit
-def quantize_words(x, R: tl.constexpr, D: tl.constexpr, ENCODER: tl.constexpr):
+def quantize_words(x, R: tl.constexpr, D: tl.constexpr, ENCODER: tl.constexpr, SPREAD: tl.constexpr = False):
     """Quantize a float32 tile ``x [R, D]`` (one vector per row) into its slot words.
 
     Returns ``(codes, scales)``: int32 ``[R, D/8]`` little-endian words of the nibble-packed codes
     (word j holds codes 8j..8j+7, code 8j+i in bits 4i..4i+3: the bytes the cache holds) and int32
     ``[R, D/32]`` scale bytes. Groups whose absmax is 0 or not finite get byte 0 and zero codes,
     exactly as ultraquant.reference.quantize. Written for a layout where each thread holds whole rows
-    (see uq_store_kv): groups, nibble packing and the absmax stay in registers.
+    (see uq_store_kv): groups, nibble packing and the absmax stay in registers. ``SPREAD``: rows
+    spread over lanes (8 elements per thread): zero groups are cleared on the codes (the words' group
+    index would take a layout change).
     """
     G: tl.constexpr = D // 32
     xg = tl.reshape(x, [R, G, 32])
@@ -232,10 +255,14 @@ def quantize_words(x, R: tl.constexpr, D: tl.constexpr, ENCODER: tl.constexpr):
         err = _group_sq_err(ag, e_hi)
         best = tl.where(err < best_err, e_hi, best)
         exp = best
-    code = tl.reshape(e2m1_encode(xg, pow2_f32(-exp)[:, :, None], (exp << 23)[:, :, None], ENCODER), [R, D])
-    words = _pack_pairs(_pack_pairs(_pack_pairs(code, R, D, 4), R, D // 2, 8), R, D // 4, 16)
-    words = tl.where(zero[:, :, None], 0, tl.reshape(_clear_negative_zero(words), [R, G, 4]))
-    return tl.reshape(words, [R, D // 8]), tl.where(zero, 0, exp + 127)
+    code = e2m1_encode(xg, pow2_f32(-exp)[:, :, None], (exp << 23)[:, :, None], ENCODER)
+    if SPREAD:
+        code = tl.where(zero[:, :, None], 0, code)
+    words = _pack_pairs(_pack_pairs(_pack_pairs(tl.reshape(code, [R, D]), R, D, 4), R, D // 2, 8), R, D // 4, 16)
+    words = _clear_negative_zero(words)
+    if not SPREAD:
+        words = tl.reshape(tl.where(zero[:, :, None], 0, tl.reshape(words, [R, G, 4])), [R, D // 8])
+    return words, tl.where(zero, 0, exp + 127)
 
 
 @triton.jit
@@ -301,7 +328,7 @@ def store_scales(ptr, scales, row_mask, R: tl.constexpr, G: tl.constexpr, A: tl.
 
 @triton.jit
 def quantize_store_codes(x, codes_ptr, row_mask, R: tl.constexpr, D: tl.constexpr, ENCODER: tl.constexpr,
-                         A: tl.constexpr, HALVES: tl.constexpr):
+                         A: tl.constexpr, HALVES: tl.constexpr, SPREAD: tl.constexpr = False):
     """Quantize ``x [R, D]`` (:func:`quantize_words`), write each row's D/2 code bytes at ``codes_ptr
     [R]`` (u8 pointers, multiples of ``A`` bytes; rows in ``row_mask``) and return the int32 scale
     bytes ``[R, D/32]``.
@@ -317,7 +344,7 @@ def quantize_store_codes(x, codes_ptr, row_mask, R: tl.constexpr, D: tl.constexp
         store_words(codes_ptr + D // 4, cb, row_mask, R, D // 16, A)
         return concat(sa, sb, R, D // 64)
     else:
-        codes, scales = quantize_words(x, R, D, ENCODER)
+        codes, scales = quantize_words(x, R, D, ENCODER, SPREAD)
         store_words(codes_ptr, codes, row_mask, R, D // 8, A)
         return scales
 

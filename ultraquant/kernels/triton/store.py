@@ -9,6 +9,7 @@ from .common import (
     ERR_SLOT,
     concat,
     fwht,
+    fwht_lanes,
     pack_scales,
     quantize_store,
     quantize_store_codes,
@@ -26,7 +27,7 @@ def uq_store_kv(key_ptr, value_ptr, cache_ptr, slot_ptr, err_ptr,
                 stride_kn, stride_kh, stride_vn, stride_vh,
                 stride_cb, stride_ct, stride_ch,
                 D: tl.constexpr, LOG2D: tl.constexpr, ENCODER: tl.constexpr, BLOCK_R: tl.constexpr,
-                ALIGN: tl.constexpr, WHOLE_ROWS: tl.constexpr):
+                ALIGN: tl.constexpr, WHOLE_ROWS: tl.constexpr, LANES: tl.constexpr):
     """One program quantizes BLOCK_R (token, kv head) rows of K and V.
 
     Row r is token ``r // Hk``, kv head ``r % Hk``; its slot is ``slot_mapping[token]`` (negative:
@@ -57,15 +58,18 @@ def uq_store_kv(key_ptr, value_ptr, cache_ptr, slot_ptr, err_ptr,
         # JIT sees them only when divisible by 16). Any other strides take the element-wise branch.
         koff = (tok64 * (stride_kn >> 3) + head * (stride_kh >> 3)) * 8
         voff = (tok64 * (stride_vn >> 3) + head * (stride_vh >> 3)) * 8
-        _quantize_rows(key_ptr, value_ptr, koff, voff, dst, valid, D, LOG2D, ENCODER, BLOCK_R, ALIGN, WHOLE_ROWS)
+        _quantize_rows(key_ptr, value_ptr, koff, voff, dst, valid, D, LOG2D, ENCODER, BLOCK_R, ALIGN, WHOLE_ROWS,
+                       LANES)
     else:
         koff = tok64 * stride_kn + head * stride_kh
         voff = tok64 * stride_vn + head * stride_vh
-        _quantize_rows(key_ptr, value_ptr, koff, voff, dst, valid, D, LOG2D, ENCODER, BLOCK_R, ALIGN, WHOLE_ROWS)
+        _quantize_rows(key_ptr, value_ptr, koff, voff, dst, valid, D, LOG2D, ENCODER, BLOCK_R, ALIGN, WHOLE_ROWS,
+                       LANES)
 
 @triton.jit
 def _quantize_rows(key_ptr, value_ptr, koff, voff, dst, valid, D: tl.constexpr, LOG2D: tl.constexpr,
-                   ENCODER: tl.constexpr, R: tl.constexpr, ALIGN: tl.constexpr, WHOLE_ROWS: tl.constexpr):
+                   ENCODER: tl.constexpr, R: tl.constexpr, ALIGN: tl.constexpr, WHOLE_ROWS: tl.constexpr,
+                   LANES: tl.constexpr):
     """Load, rotate (K) and quantize ``R`` rows at element offsets ``koff``/``voff`` into their slots
     ``dst`` (multiples of ``ALIGN`` bytes).
 
@@ -82,11 +86,33 @@ def _quantize_rows(key_ptr, value_ptr, koff, voff, dst, valid, D: tl.constexpr, 
     HALVES: tl.constexpr = D >= 128 and (WHOLE_ROWS or (D >= 256 and R == 8))
     VOFF: tl.constexpr = D // 2 + G
     VEC: tl.constexpr = 16 if ALIGN > 16 else ALIGN
-    cols = tl.arange(0, D // 8)[None, :, None] * 8 + tl.arange(0, 8)[None, None, :]
-    k = tl.load(key_ptr + koff[:, None, None] + cols, mask=valid[:, None, None], other=0.0)
-    k = fwht(tl.reshape(k.to(tl.float32), [R, D]), R, D, LOG2D)
+    if LANES:
+        cols = tl.arange(0, D)[None, :]
+        koff = koff[:, None]
+        voff = voff[:, None]
+        vmask = valid[:, None]
+    else:
+        cols = tl.arange(0, D // 8)[None, :, None] * 8 + tl.arange(0, 8)[None, None, :]
+        koff = koff[:, None, None]
+        voff = voff[:, None, None]
+        vmask = valid[:, None, None]
+    k = tl.load(key_ptr + koff + cols, mask=vmask, other=0.0)
+    if LANES:
+        k = fwht_lanes(k.to(tl.float32), R, D, LOG2D)
+    else:
+        k = fwht(tl.reshape(k.to(tl.float32), [R, D]), R, D, LOG2D)
+    VALIGN: tl.constexpr = ALIGN if VOFF % ALIGN == 0 else (VOFF & -VOFF)
+    if LANES:
+        # A row's code words are one per lane: stored a word per lane (4-byte stores, coalesced over
+        # the row's lanes), the scale bytes as bytes (a group's 4 lanes hold the same byte).
+        ks = quantize_store_codes(k, dst, valid, R, D, ENCODER, 4 if ALIGN >= 4 else ALIGN, False, True)
+        tl.store(dst[:, None] + (D // 2 + tl.arange(0, G))[None, :], ks.to(tl.uint8), mask=valid[:, None])
+        v = tl.load(value_ptr + voff + cols, mask=vmask, other=0.0).to(tl.float32)
+        vs = quantize_store_codes(v, dst + VOFF, valid, R, D, ENCODER, 4 if VALIGN >= 4 else VALIGN, False, True)
+        tl.store(dst[:, None] + (VOFF + D // 2 + tl.arange(0, G))[None, :], vs.to(tl.uint8), mask=valid[:, None])
+        return
     ks = quantize_store_codes(k, dst, valid, R, D, ENCODER, ALIGN, HALVES)
-    v = tl.load(value_ptr + voff[:, None, None] + cols, mask=valid[:, None, None], other=0.0)
+    v = tl.load(value_ptr + voff + cols, mask=vmask, other=0.0)
     v = tl.reshape(v.to(tl.float32), [R, D])
     if VEC >= 8 and VOFF % VEC != 0 and G >= 4 and G <= 8 and WHOLE_ROWS:
         # Whole rows per thread (elsewhere the shuffling costs more than it saves). From byte D/2 on:
@@ -102,7 +128,6 @@ def _quantize_rows(key_ptr, value_ptr, koff, voff, dst, valid, D: tl.constexpr, 
         store_words(dst + D, concat(tl.reshape(carry, [R, KW]), pack_scales(vs, R, G), R, KW), valid, R, 2 * KW,
                     ALIGN)
     else:
-        VALIGN: tl.constexpr = ALIGN if VOFF % ALIGN == 0 else (VOFF & -VOFF)
         store_scales(dst + D // 2, ks, valid, R, G, ALIGN)
         quantize_store(v, dst + VOFF, valid, R, D, ENCODER, VALIGN, HALVES)
 
