@@ -50,7 +50,10 @@ def uq_store_kv(key_ptr, value_ptr, cache_ptr, slot_ptr, err_ptr,
     slot = tl.where(valid, slot, 0)
     blk = slot // block_size
     off = slot % block_size
-    dst = cache_ptr + tl.multiple_of(blk * stride_cb + off * stride_ct + head.to(tl.int64) * stride_ch, ALIGN)
+    dst = blk * stride_cb + off * stride_ct + head.to(tl.int64) * stride_ch
+    if not LANES:
+        dst = tl.multiple_of(dst, ALIGN)  # vector stores; LANES stores a word per lane (see _quantize_rows)
+    dst = cache_ptr + dst
     tok64 = tok.to(tl.int64)
     if ((stride_kn | stride_kh | stride_vn | stride_vh) & 7) == 0:
         # Row offsets written as multiples of 8 elements, so the compiler can prove 16-byte aligned
@@ -105,10 +108,10 @@ def _quantize_rows(key_ptr, value_ptr, koff, voff, dst, valid, D: tl.constexpr, 
     if LANES:
         # A row's code words are one per lane: stored a word per lane (4-byte stores, coalesced over
         # the row's lanes), the scale bytes as bytes (a group's 4 lanes hold the same byte).
-        ks = quantize_store_codes(k, dst, valid, R, D, ENCODER, 4 if ALIGN >= 4 else ALIGN, False, True)
+        ks = _store_lane_words(k, dst, valid, R, D, ENCODER, ALIGN)
         tl.store(dst[:, None] + (D // 2 + tl.arange(0, G))[None, :], ks.to(tl.uint8), mask=valid[:, None])
         v = tl.load(value_ptr + voff + cols, mask=vmask, other=0.0).to(tl.float32)
-        vs = quantize_store_codes(v, dst + VOFF, valid, R, D, ENCODER, 4 if VALIGN >= 4 else VALIGN, False, True)
+        vs = _store_lane_words(v, dst + VOFF, valid, R, D, ENCODER, VALIGN)
         tl.store(dst[:, None] + (VOFF + D // 2 + tl.arange(0, G))[None, :], vs.to(tl.uint8), mask=valid[:, None])
         return
     ks = quantize_store_codes(k, dst, valid, R, D, ENCODER, ALIGN, HALVES)
@@ -130,6 +133,20 @@ def _quantize_rows(key_ptr, value_ptr, koff, voff, dst, valid, D: tl.constexpr, 
     else:
         store_scales(dst + D // 2, ks, valid, R, G, ALIGN)
         quantize_store(v, dst + VOFF, valid, R, D, ENCODER, VALIGN, HALVES)
+
+
+@triton.jit
+def _store_lane_words(x, ptr, row_mask, R: tl.constexpr, D: tl.constexpr, ENCODER: tl.constexpr, A: tl.constexpr):
+    """LANES: quantize ``x [R, D]`` (8 elements of a row per thread), store the code words (one per
+    thread) at ``ptr`` (alignment not declared: a word per lane, the layout the words already have)
+    and return the scale bytes."""
+    codes, scales = quantize_words(x, R, D, ENCODER, True)
+    if A >= 4:
+        tl.store(ptr.to(tl.pointer_type(tl.int32))[:, None] + tl.arange(0, D // 8)[None, :], codes,
+                 mask=row_mask[:, None])
+    else:
+        store_words(ptr, codes, row_mask, R, D // 8, A)
+    return scales
 
 
 @triton.jit
