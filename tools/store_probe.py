@@ -159,9 +159,9 @@ def stream_expected(p: Problem, loads: int, stores: int) -> torch.Tensor:
     return out
 
 
-def candidate_launch(p: Problem, registry, rows: int, warps: int, lanes: bool = True, maxnreg: int | None = None):
+def candidate_launch(p: Problem, registry, rows: int, warps: int, lanes: int, maxnreg: int | None = None):
     """A callable running ``registry``'s store kernel with the plan's arguments, reshaped to ``rows``
-    per program of ``warps`` warps and the LANES layout (a row's 16-byte vectors over lanes)."""
+    per program of ``warps`` warps and the LANES layout (``lanes`` lanes per row, 16 bytes each)."""
     from ultraquant.kernels.plans import LaunchPlan, plan_store
 
     plan = plan_store(p.key, p.value, p.cache, p.slots, few_rows=False)
@@ -171,8 +171,8 @@ def candidate_launch(p: Problem, registry, rows: int, warps: int, lanes: bool = 
     return lambda: registry.jit_launch(launch)
 
 
-CANDIDATES = ((32, 4), (32, 1), (16, 1), (64, 4), (8, 4))
-"""(rows per program, warps) of the LANES store timed on the GPU."""
+CANDIDATES = ((32, 4, 16), (32, 4, 8), (32, 4, 4), (32, 4, 2), (16, 1, 8), (64, 4, 8), (8, 4, 8))
+"""(rows per program, warps, lanes per row) of the LANES store timed on the GPU."""
 STREAMS = ((1, 1), (2, 1), (1, 2), (2, 2), (1, 0), (2, 0), (0, 1), (0, 2))
 """(LOADS, STORES) of the no-math streams timed on the GPU (v3's grid: 32 rows, 1 warp)."""
 
@@ -192,17 +192,17 @@ def cpu_check() -> None:
         stream_launch(p, loads, stores)()
         assert torch.equal(p.cache, want), f"stream loads={loads} stores={stores} differs"
         print(f"stream loads={loads} stores={stores}: ok", flush=True)
-    for rows, warps in CANDIDATES:
+    for rows, warps, lanes in CANDIDATES:
         for n in (45, 3):
-            p = make_problem(n, "cpu", seed=rows + n)
+            p = make_problem(n, "cpu", seed=rows + n + lanes)
             p.key *= 2
             if n > 2:
                 p.slots[2] = -1
             ref = p.cache.clone()
-            candidate_launch(p, registry, rows, warps)()
+            candidate_launch(p, registry, rows, warps, lanes)()
             R.store_kv(p.key, p.value, ref, p.slots)
             assert_store_matches(p.cache, ref, D)
-        print(f"candidate rows={rows} warps={warps}: ok", flush=True)
+        print(f"candidate rows={rows} warps={warps} lanes={lanes}: ok", flush=True)
 
 
 def gpu_run(out: str | None, smoke: bool = False) -> None:
@@ -266,10 +266,10 @@ def gpu_run(out: str | None, smoke: bool = False) -> None:
             stream_launch(big, loads, stores), big.nbytes)
     row("stream loads=rows stores=rows sequential slots", stream_launch(seq, 1, 1), seq.nbytes)
     row("stream loads=coalesced stores=coalesced 32 rows 4 warps", stream_launch(big, 2, 2, 32, 4), big.nbytes)
-    for rows, warps in CANDIDATES:
+    for rows, warps, lanes in CANDIDATES:
         for p in (big, small):
-            row(f"lanes store N={p.key.shape[0]} rows {rows} warps {warps}", candidate_launch(p, registry, rows, warps),
-                p.nbytes)
+            row(f"lanes store N={p.key.shape[0]} rows {rows} warps {warps} lanes {lanes}",
+                candidate_launch(p, registry, rows, warps, lanes), p.nbytes)
     # Anchors: torch kernels moving the same kinds of bytes (counted read + written).
     kd, vd = torch.empty_like(big.key), torch.empty_like(big.value)
     row("torch copy_ of K and V (67 MB read + 67 MB written)", lambda: (kd.copy_(big.key), vd.copy_(big.value)),
@@ -290,11 +290,11 @@ def gpu_run(out: str | None, smoke: bool = False) -> None:
         p.cache.zero_()
         uq.store_kv(p.key, p.value, p.cache, p.slots)
         want = p.cache.clone()
-        for rows, warps in CANDIDATES:
+        for rows, warps, lanes in CANDIDATES:
             p.cache.zero_()
-            candidate_launch(p, registry, rows, warps)()
+            candidate_launch(p, registry, rows, warps, lanes)()
             diff = int((p.cache != want).sum())
-            result["checks"][f"lanes {rows}x{warps} N={p.key.shape[0]} bytes differing from store_kv"] = diff
+            result["checks"][f"lanes {rows}x{warps}x{lanes} N={p.key.shape[0]} bytes differing from store_kv"] = diff
     log(f"checks: {result['checks']}")
     from torch.profiler import ProfilerActivity, profile
 

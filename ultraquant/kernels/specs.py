@@ -225,7 +225,7 @@ def store_spec(*, head_size: int, key_dtype: torch.dtype | str = "bf16",
                              slot=_tname(slot_dtype)),
         constexprs={"D": d, "LOG2D": d.bit_length() - 1, "ENCODER": ENCODER_IDS[encoder], "BLOCK_R": block_r,
                     "ALIGN": int(align or slot_alignment(d)), "WHOLE_ROWS": whole,
-                    "LANES": False},
+                    "LANES": 0},
         num_warps=1 if whole else 4, num_stages=1, maxnreg=144 if whole and d == 128 and encoder == "rne" else None,
         divisible=ALIGNABLE["uq_store_kv"])
 

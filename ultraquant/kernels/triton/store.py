@@ -90,10 +90,13 @@ def _quantize_rows(key_ptr, value_ptr, koff, voff, dst, valid, D: tl.constexpr, 
     VOFF: tl.constexpr = D // 2 + G
     VEC: tl.constexpr = 16 if ALIGN > 16 else ALIGN
     if LANES:
-        cols = tl.arange(0, D)[None, :]
-        koff = koff[:, None]
-        voff = voff[:, None]
-        vmask = valid[:, None]
+        # [R, H, C]: C = 8 x LANES contiguous elements over LANES lanes (16 bytes each), H chunks in
+        # registers: LANES lanes per row, every load instruction reads whole 128-byte lines.
+        C: tl.constexpr = 8 * LANES if 8 * LANES < D else D
+        cols = tl.arange(0, D // C)[None, :, None] * C + tl.arange(0, C)[None, None, :]
+        koff = koff[:, None, None]
+        voff = voff[:, None, None]
+        vmask = valid[:, None, None]
     else:
         cols = tl.arange(0, D // 8)[None, :, None] * 8 + tl.arange(0, 8)[None, None, :]
         koff = koff[:, None, None]
@@ -101,17 +104,17 @@ def _quantize_rows(key_ptr, value_ptr, koff, voff, dst, valid, D: tl.constexpr, 
         vmask = valid[:, None, None]
     k = tl.load(key_ptr + koff + cols, mask=vmask, other=0.0)
     if LANES:
-        k = fwht_lanes(k.to(tl.float32), R, D, LOG2D)
+        k = fwht_lanes(tl.reshape(k.to(tl.float32), [R, D]), R, D, LOG2D)
     else:
         k = fwht(tl.reshape(k.to(tl.float32), [R, D]), R, D, LOG2D)
     VALIGN: tl.constexpr = ALIGN if VOFF % ALIGN == 0 else (VOFF & -VOFF)
     if LANES:
         # A row's code words are one per lane: stored a word per lane (4-byte stores, coalesced over
         # the row's lanes), the scale bytes as bytes (a group's 4 lanes hold the same byte).
-        ks = _store_lane_words(k, dst, valid, R, D, ENCODER, ALIGN)
+        ks = _store_lane_words(k, dst, valid, R, D, ENCODER, ALIGN, C)
         tl.store(dst[:, None] + (D // 2 + tl.arange(0, G))[None, :], ks.to(tl.uint8), mask=valid[:, None])
-        v = tl.load(value_ptr + voff + cols, mask=vmask, other=0.0).to(tl.float32)
-        vs = _store_lane_words(v, dst + VOFF, valid, R, D, ENCODER, VALIGN)
+        v = tl.reshape(tl.load(value_ptr + voff + cols, mask=vmask, other=0.0).to(tl.float32), [R, D])
+        vs = _store_lane_words(v, dst + VOFF, valid, R, D, ENCODER, VALIGN, C)
         tl.store(dst[:, None] + (VOFF + D // 2 + tl.arange(0, G))[None, :], vs.to(tl.uint8), mask=valid[:, None])
         return
     ks = quantize_store_codes(k, dst, valid, R, D, ENCODER, ALIGN, HALVES)
@@ -136,14 +139,17 @@ def _quantize_rows(key_ptr, value_ptr, koff, voff, dst, valid, D: tl.constexpr, 
 
 
 @triton.jit
-def _store_lane_words(x, ptr, row_mask, R: tl.constexpr, D: tl.constexpr, ENCODER: tl.constexpr, A: tl.constexpr):
-    """LANES: quantize ``x [R, D]`` (8 elements of a row per thread), store the code words (one per
-    thread) at ``ptr`` (alignment not declared: a word per lane, the layout the words already have)
-    and return the scale bytes."""
+def _store_lane_words(x, ptr, row_mask, R: tl.constexpr, D: tl.constexpr, ENCODER: tl.constexpr, A: tl.constexpr,
+                      C: tl.constexpr):
+    """LANES: quantize ``x [R, D]`` (spread as the ``[R, D/C, C]`` loads), store the code words (a
+    word per thread and chunk) at ``ptr`` (alignment not declared: a word per store, in the layout
+    the words already have) and return the scale bytes."""
     codes, scales = quantize_words(x, R, D, ENCODER, True)
     if A >= 4:
-        tl.store(ptr.to(tl.pointer_type(tl.int32))[:, None] + tl.arange(0, D // 8)[None, :], codes,
-                 mask=row_mask[:, None])
+        W: tl.constexpr = C // 8
+        cols = tl.arange(0, D // C)[None, :, None] * W + tl.arange(0, W)[None, None, :]
+        tl.store(ptr.to(tl.pointer_type(tl.int32))[:, None, None] + cols, tl.reshape(codes, [R, D // C, W]),
+                 mask=row_mask[:, None, None])
     else:
         store_words(ptr, codes, row_mask, R, D // 8, A)
     return scales
