@@ -161,18 +161,22 @@ def stream_expected(p: Problem, loads: int, stores: int) -> torch.Tensor:
 
 def candidate_launch(p: Problem, registry, rows: int, warps: int, lanes: int, maxnreg: int | None = None):
     """A callable running ``registry``'s store kernel with the plan's arguments, reshaped to ``rows``
-    per program of ``warps`` warps and the LANES layout (``lanes`` lanes per row, 16 bytes each)."""
+    per program of ``warps`` warps and the LANES layout (``lanes`` lanes per row, 16 bytes each; -1:
+    v3's whole rows per thread with V loaded together with K, ``maxnreg`` registers)."""
     from ultraquant.kernels.plans import LaunchPlan, plan_store
 
     plan = plan_store(p.key, p.value, p.cache, p.slots, few_rows=False)
-    spec = dataclasses.replace(plan.spec, constexprs={**plan.spec.constexprs, "BLOCK_R": rows, "WHOLE_ROWS": False,
-                                                      "LANES": lanes}, num_warps=warps, maxnreg=maxnreg)
+    spec = dataclasses.replace(plan.spec, constexprs={**plan.spec.constexprs, "BLOCK_R": rows,
+                                                      "WHOLE_ROWS": lanes < 0, "LANES": lanes},
+                               num_warps=warps, maxnreg=maxnreg)
     launch = LaunchPlan(spec, plan.args, (triton.cdiv(p.rows, rows), 1, 1))
     return lambda: registry.jit_launch(launch)
 
 
-CANDIDATES = ((32, 4, 16), (32, 4, 8), (32, 4, 4), (32, 4, 2), (16, 1, 8), (64, 4, 8), (8, 4, 8))
-"""(rows per program, warps, lanes per row) of the LANES store timed on the GPU."""
+CANDIDATES = ((32, 4, 16, None), (32, 4, 8, None), (32, 4, 4, None), (32, 4, 2, None), (16, 1, 8, None),
+              (64, 4, 8, None), (8, 4, 8, None), (32, 1, -1, 168), (32, 1, -1, 144), (32, 1, -1, None))
+"""(rows per program, warps, lanes per row, maxnreg) of the store candidates timed on the GPU (lanes -1:
+v3's whole rows with V loaded up front)."""
 STREAMS = ((1, 1), (2, 1), (1, 2), (2, 2), (1, 0), (2, 0), (0, 1), (0, 2))
 """(LOADS, STORES) of the no-math streams timed on the GPU (v3's grid: 32 rows, 1 warp)."""
 
@@ -192,17 +196,17 @@ def cpu_check() -> None:
         stream_launch(p, loads, stores)()
         assert torch.equal(p.cache, want), f"stream loads={loads} stores={stores} differs"
         print(f"stream loads={loads} stores={stores}: ok", flush=True)
-    for rows, warps, lanes in CANDIDATES:
+    for rows, warps, lanes, maxnreg in CANDIDATES:
         for n in (45, 3):
             p = make_problem(n, "cpu", seed=rows + n + lanes)
             p.key *= 2
             if n > 2:
                 p.slots[2] = -1
             ref = p.cache.clone()
-            candidate_launch(p, registry, rows, warps, lanes)()
+            candidate_launch(p, registry, rows, warps, lanes, maxnreg)()
             R.store_kv(p.key, p.value, ref, p.slots)
             assert_store_matches(p.cache, ref, D)
-        print(f"candidate rows={rows} warps={warps} lanes={lanes}: ok", flush=True)
+        print(f"candidate rows={rows} warps={warps} lanes={lanes} maxnreg={maxnreg}: ok", flush=True)
 
 
 def gpu_run(out: str | None, smoke: bool = False) -> None:
@@ -266,10 +270,11 @@ def gpu_run(out: str | None, smoke: bool = False) -> None:
             stream_launch(big, loads, stores), big.nbytes)
     row("stream loads=rows stores=rows sequential slots", stream_launch(seq, 1, 1), seq.nbytes)
     row("stream loads=coalesced stores=coalesced 32 rows 4 warps", stream_launch(big, 2, 2, 32, 4), big.nbytes)
-    for rows, warps, lanes in CANDIDATES:
+    for rows, warps, lanes, maxnreg in CANDIDATES:
         for p in (big, small):
-            row(f"lanes store N={p.key.shape[0]} rows {rows} warps {warps} lanes {lanes}",
-                candidate_launch(p, registry, rows, warps, lanes), p.nbytes)
+            name = f"lanes store N={p.key.shape[0]} rows {rows} warps {warps} lanes {lanes}"
+            row(name + (f" maxnreg {maxnreg}" if maxnreg else ""),
+                candidate_launch(p, registry, rows, warps, lanes, maxnreg), p.nbytes)
     # Anchors: torch kernels moving the same kinds of bytes (counted read + written).
     kd, vd = torch.empty_like(big.key), torch.empty_like(big.value)
     row("torch copy_ of K and V (67 MB read + 67 MB written)", lambda: (kd.copy_(big.key), vd.copy_(big.value)),
@@ -290,11 +295,12 @@ def gpu_run(out: str | None, smoke: bool = False) -> None:
         p.cache.zero_()
         uq.store_kv(p.key, p.value, p.cache, p.slots)
         want = p.cache.clone()
-        for rows, warps, lanes in CANDIDATES:
+        for rows, warps, lanes, maxnreg in CANDIDATES:
             p.cache.zero_()
-            candidate_launch(p, registry, rows, warps, lanes)()
+            candidate_launch(p, registry, rows, warps, lanes, maxnreg)()
             diff = int((p.cache != want).sum())
-            result["checks"][f"lanes {rows}x{warps}x{lanes} N={p.key.shape[0]} bytes differing from store_kv"] = diff
+            key = f"{rows}x{warps} lanes {lanes} maxnreg {maxnreg} N={p.key.shape[0]}: bytes != store_kv"
+            result["checks"][key] = diff
     log(f"checks: {result['checks']}")
     from torch.profiler import ProfilerActivity, profile
 

@@ -36,7 +36,8 @@ def uq_store_kv(key_ptr, value_ptr, cache_ptr, slot_ptr, err_ptr,
     per group of 32 (UE8M0 scale + FP4 E2M1 codes, nibble-packed). ``ALIGN``: bytes every slot
     address is a multiple of (the plan's gcd of 16, the cache's base and strides): the slot words are
     stored as vectors that wide. ``WHOLE_ROWS``: the launch gives each thread whole rows (BLOCK_R =
-    32 x num_warps), so reshuffling a row's words costs nothing.
+    32 x num_warps), so reshuffling a row's words costs nothing. ``LANES``: 0 as just said; -1 the
+    same with V loaded together with K; L > 0: rows spread over L lanes (see ``_quantize_rows``).
     """
     pid = tl.program_id(0)
     rows = pid * BLOCK_R + tl.arange(0, BLOCK_R)
@@ -51,7 +52,7 @@ def uq_store_kv(key_ptr, value_ptr, cache_ptr, slot_ptr, err_ptr,
     blk = slot // block_size
     off = slot % block_size
     dst = blk * stride_cb + off * stride_ct + head.to(tl.int64) * stride_ch
-    if not LANES:
+    if LANES <= 0:
         dst = tl.multiple_of(dst, ALIGN)  # vector stores; LANES stores a word per lane (see _quantize_rows)
     dst = cache_ptr + dst
     tok64 = tok.to(tl.int64)
@@ -89,7 +90,7 @@ def _quantize_rows(key_ptr, value_ptr, koff, voff, dst, valid, D: tl.constexpr, 
     HALVES: tl.constexpr = D >= 128 and (WHOLE_ROWS or (D >= 256 and R == 8))
     VOFF: tl.constexpr = D // 2 + G
     VEC: tl.constexpr = 16 if ALIGN > 16 else ALIGN
-    if LANES:
+    if LANES > 0:
         # [R, H, C]: C = 8 x LANES contiguous elements over LANES lanes (16 bytes each), H chunks in
         # registers: LANES lanes per row, every load instruction reads whole 128-byte lines.
         C: tl.constexpr = 8 * LANES if 8 * LANES < D else D
@@ -103,12 +104,14 @@ def _quantize_rows(key_ptr, value_ptr, koff, voff, dst, valid, D: tl.constexpr, 
         voff = voff[:, None, None]
         vmask = valid[:, None, None]
     k = tl.load(key_ptr + koff + cols, mask=vmask, other=0.0)
-    if LANES:
+    if LANES < 0:
+        vpre = tl.load(value_ptr + voff + cols, mask=vmask, other=0.0)
+    if LANES > 0:
         k = fwht_lanes(tl.reshape(k.to(tl.float32), [R, D]), R, D, LOG2D)
     else:
         k = fwht(tl.reshape(k.to(tl.float32), [R, D]), R, D, LOG2D)
     VALIGN: tl.constexpr = ALIGN if VOFF % ALIGN == 0 else (VOFF & -VOFF)
-    if LANES:
+    if LANES > 0:
         # A row's code words are one per lane: stored a word per lane (4-byte stores, coalesced over
         # the row's lanes), the scale bytes as bytes (a group's 4 lanes hold the same byte).
         ks = _store_lane_words(k, dst, valid, R, D, ENCODER, ALIGN, C)
@@ -118,7 +121,10 @@ def _quantize_rows(key_ptr, value_ptr, koff, voff, dst, valid, D: tl.constexpr, 
         tl.store(dst[:, None] + (VOFF + D // 2 + tl.arange(0, G))[None, :], vs.to(tl.uint8), mask=valid[:, None])
         return
     ks = quantize_store_codes(k, dst, valid, R, D, ENCODER, ALIGN, HALVES)
-    v = tl.load(value_ptr + voff + cols, mask=vmask, other=0.0)
+    if LANES < 0:
+        v = vpre
+    else:
+        v = tl.load(value_ptr + voff + cols, mask=vmask, other=0.0)
     v = tl.reshape(v.to(tl.float32), [R, D])
     if VEC >= 8 and VOFF % VEC != 0 and G >= 4 and G <= 8 and WHOLE_ROWS:
         # Whole rows per thread (elsewhere the shuffling costs more than it saves). From byte D/2 on:
