@@ -212,7 +212,7 @@ def cpu_check() -> None:
 def gpu_run(out: str | None, smoke: bool = False) -> None:
     """Time every row (CUDA-graph replay, GPU alone), check the streams' and candidates' bytes, list the
     kernels one ``ultraquant.store_kv`` call launches (profiler), write probe.json / probe.log.
-    ``smoke``: the same flow on the CPU (interpreter, 64 tokens, wall-clock "timings"): no typos left
+    ``smoke``: the same flow on the CPU (interpreter, 16 tokens, wall-clock "timings"): no typos left
     for the device run."""
     import ultraquant as uq
 
@@ -221,7 +221,7 @@ def gpu_run(out: str | None, smoke: bool = False) -> None:
 
         os.environ["ULTRAQUANT_BACKEND"] = "triton"
         registry = interpreted_registry()
-        dev, n_big = "cpu", 64
+        dev, n_big, n_small = "cpu", 16, 8
 
         def time_graph(fn) -> float:
             fn()
@@ -235,7 +235,7 @@ def gpu_run(out: str | None, smoke: bool = False) -> None:
         from ultraquant.bench.decode import measure_ceiling, time_graph
         from ultraquant.kernels import registry
 
-        dev, n_big = "cuda", 16384
+        dev, n_big, n_small = "cuda", 16384, 64
 
     t0 = time.time()
     lines: list[str] = []
@@ -250,6 +250,14 @@ def gpu_run(out: str | None, smoke: bool = False) -> None:
     name = torch.cuda.get_device_name() if dev == "cuda" else dev
     log(f"ceiling {ceiling:.2f} TB/s; {name}, torch {torch.__version__}, triton {triton.__version__}")
 
+    def save() -> None:  # after every row: a timeout keeps what was measured
+        if out:
+            os.makedirs(out, exist_ok=True)
+            with open(os.path.join(out, "probe.json"), "w") as f:
+                json.dump(result, f, indent=1)
+            with open(os.path.join(out, "probe.log"), "w") as f:
+                f.write("\n".join(lines) + "\n")
+
     def row(name: str, fn, nbytes: int) -> None:
         try:
             us = time_graph(fn)
@@ -259,10 +267,11 @@ def gpu_run(out: str | None, smoke: bool = False) -> None:
         tbps = nbytes / (us * 1e-6) / 1e12
         result["rows"].append(dict(name=name, us=us, bytes=nbytes, tbps=tbps, pct_ceiling=100 * tbps / ceiling))
         log(f"{name:<58} {us:8.2f} us {tbps:6.2f} TB/s {100 * tbps / ceiling:5.1f}%  ({time.time() - t0:.0f} s)")
+        save()
 
     big = make_problem(n_big, dev)
     seq = make_problem(n_big, dev, sequential=True, seed=1)
-    small = make_problem(64, dev, seed=2)
+    small = make_problem(n_small, dev, seed=2)
     for name, p in (("", big), (" sequential slots", seq), (" (decode step)", small)):
         row(f"store N={p.key.shape[0]}{name}", lambda p=p: uq.store_kv(p.key, p.value, p.cache, p.slots), p.nbytes)
     for loads, stores in STREAMS:
@@ -270,11 +279,6 @@ def gpu_run(out: str | None, smoke: bool = False) -> None:
             stream_launch(big, loads, stores), big.nbytes)
     row("stream loads=rows stores=rows sequential slots", stream_launch(seq, 1, 1), seq.nbytes)
     row("stream loads=coalesced stores=coalesced 32 rows 4 warps", stream_launch(big, 2, 2, 32, 4), big.nbytes)
-    for rows, warps, lanes, maxnreg in CANDIDATES:
-        for p in (big, small):
-            name = f"lanes store N={p.key.shape[0]} rows {rows} warps {warps} lanes {lanes}"
-            row(name + (f" maxnreg {maxnreg}" if maxnreg else ""),
-                candidate_launch(p, registry, rows, warps, lanes, maxnreg), p.nbytes)
     # Anchors: torch kernels moving the same kinds of bytes (counted read + written).
     kd, vd = torch.empty_like(big.key), torch.empty_like(big.value)
     row("torch copy_ of K and V (67 MB read + 67 MB written)", lambda: (kd.copy_(big.key), vd.copy_(big.value)),
@@ -286,6 +290,11 @@ def gpu_run(out: str | None, smoke: bool = False) -> None:
     per_token = words.view(-1, HK * SLOT // 4)
     row("torch index_copy_ of 1088-byte tokens at the slots", lambda: per_token.index_copy_(0, big.slots, src),
         2 * src.numel() * 4)
+    for rows, warps, lanes, maxnreg in CANDIDATES:
+        for p in (big, small):
+            name = f"lanes store N={p.key.shape[0]} rows {rows} warps {warps} lanes {lanes}"
+            row(name + (f" maxnreg {maxnreg}" if maxnreg else ""),
+                candidate_launch(p, registry, rows, warps, lanes, maxnreg), p.nbytes)
     # Checks (bytes): the candidates against the current store, two streams against torch.
     for loads, stores in ((1, 1), (2, 2)):
         big.cache.zero_()
@@ -317,12 +326,7 @@ def gpu_run(out: str | None, smoke: bool = False) -> None:
     for name, count, us in kernels:
         log(f"profiled (3 store_kv calls): {name[:70]} x{count} {us:.1f} us each")
     log(f"total {time.time() - t0:.0f} s")
-    if out:
-        os.makedirs(out, exist_ok=True)
-        with open(os.path.join(out, "probe.json"), "w") as f:
-            json.dump(result, f, indent=1)
-        with open(os.path.join(out, "probe.log"), "w") as f:
-            f.write("\n".join(lines) + "\n")
+    save()
 
 
 def main(argv: list[str] | None = None) -> None:
