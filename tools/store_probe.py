@@ -160,16 +160,12 @@ def stream_expected(p: Problem, loads: int, stores: int) -> torch.Tensor:
 
 
 def candidate_launch(p: Problem, registry, rows: int, warps: int, lanes: int, maxnreg: int | None = None):
-    """A callable running ``registry``'s store kernel with the plan's arguments, reshaped to ``rows``
-    per program of ``warps`` warps and the LANES layout (``lanes`` lanes per row, 16 bytes each; -1:
-    v3's whole rows per thread with V loaded together with K, ``maxnreg`` registers)."""
-    from ultraquant.kernels.plans import LaunchPlan, plan_store
+    """A callable running ``registry``'s store kernel on ``p`` as the bench's launch shape (``rows`` per
+    program of ``warps`` warps, ``lanes`` lanes per row; -1: v3's whole rows with V loaded together
+    with K; ``maxnreg``)."""
+    from ultraquant.bench.decode import store_variant_launch
 
-    plan = plan_store(p.key, p.value, p.cache, p.slots, few_rows=False)
-    spec = dataclasses.replace(plan.spec, constexprs={**plan.spec.constexprs, "BLOCK_R": rows,
-                                                      "WHOLE_ROWS": lanes < 0, "LANES": lanes},
-                               num_warps=warps, maxnreg=maxnreg)
-    launch = LaunchPlan(spec, plan.args, (triton.cdiv(p.rows, rows), 1, 1))
+    launch = store_variant_launch(p.key, p.value, p.cache, p.slots, (rows, warps, lanes < 0, lanes, maxnreg))
     return lambda: registry.jit_launch(launch)
 
 

@@ -241,18 +241,22 @@ def bench_sdpa(B: int, L: int, Hq: int, Hk: int, D: int) -> float:
     return us
 
 
-STORE_VARIANTS: tuple[tuple[int, int, bool, int | None], ...] = (
-    (32, 1, True, 144), (32, 1, True, 128), (32, 1, True, 168), (32, 1, True, None), (128, 4, True, None),
-    (16, 4, False, None))
-"""(BLOCK_R, num_warps, WHOLE_ROWS, maxnreg) launch shapes of the store kernel that ``--store-variants``
-times on both stores (whole rows: 32 rows per warp; else the few-rows layout; maxnreg None: ptxas
-decides). The plain store rows are the plan's own choice."""
+StoreVariant = tuple[int, int, bool, int, int | None]
+"""(BLOCK_R, num_warps, WHOLE_ROWS, LANES, maxnreg): a launch shape of the store kernel."""
+
+STORE_VARIANTS: tuple[StoreVariant, ...] = (
+    (32, 1, True, 0, 144), (32, 1, True, 0, 128), (32, 1, True, 0, 168), (32, 1, True, 0, None),
+    (128, 4, True, 0, None), (16, 4, False, 0, None))
+"""Launch shapes of the store kernel that ``--store-variants`` times on both stores (whole rows: 32 rows
+per warp; LANES 0 and not whole rows: the few-rows layout; LANES -1: whole rows with V loaded together
+with K; LANES L > 0: rows over L lanes; maxnreg None: ptxas decides). The plain store rows are the
+plan's own choice."""
 
 
-def bench_store(n: int, hk: int, d: int, variant: tuple[int, int, bool, int | None] | None = None) -> tuple[float, int]:
+def bench_store(n: int, hk: int, d: int, variant: StoreVariant | None = None) -> tuple[float, int]:
     """(us, bytes read + written) of a store of ``n`` tokens x ``hk`` heads into a shuffled cache:
-    ``ultraquant.store_kv``, or with ``variant`` the plan's launch reshaped to that (BLOCK_R,
-    num_warps, WHOLE_ROWS, maxnreg) through the Triton JIT."""
+    ``ultraquant.store_kv``, or with ``variant`` the plan's launch reshaped to that (see
+    :data:`STORE_VARIANTS`) through the Triton JIT."""
     import ultraquant as uq
 
     k = torch.randn(n, hk, d, device="cuda", dtype=torch.bfloat16)
@@ -272,16 +276,23 @@ def bench_store(n: int, hk: int, d: int, variant: tuple[int, int, bool, int | No
 
 
 def store_variant_launch(key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor, slot_mapping: torch.Tensor,
-                         variant: tuple[int, int, bool, int | None]) -> LaunchPlan:
-    """The plan's store launch reshaped to ``variant`` = (BLOCK_R, num_warps, WHOLE_ROWS, maxnreg) (see
-    :data:`STORE_VARIANTS`; WHOLE_ROWS is meant for BLOCK_R = 32 x num_warps, correct for any)."""
+                         variant: StoreVariant) -> LaunchPlan:
+    """The plan's store launch reshaped to ``variant`` (see :data:`STORE_VARIANTS`; WHOLE_ROWS is meant
+    for BLOCK_R = 32 x num_warps, correct for any)."""
     from ultraquant.kernels.plans import LaunchPlan, plan_store
 
-    block_r, warps, whole, maxnreg = variant
-    plan = plan_store(key, value, kv_cache, slot_mapping, few_rows=not whole)
-    spec = replace(plan.spec, constexprs={**plan.spec.constexprs, "BLOCK_R": block_r, "WHOLE_ROWS": whole},
-                   num_warps=warps, maxnreg=maxnreg)
+    block_r, warps, whole, lanes, maxnreg = variant
+    plan = plan_store(key, value, kv_cache, slot_mapping, few_rows=not whole and lanes == 0)
+    spec = replace(plan.spec, constexprs={**plan.spec.constexprs, "BLOCK_R": block_r, "WHOLE_ROWS": whole,
+                                          "LANES": lanes}, num_warps=warps, maxnreg=maxnreg)
     return LaunchPlan(spec, plan.args, (-(-key.shape[0] * key.shape[1] // block_r), 1, 1))
+
+
+def store_variant_name(variant: StoreVariant) -> str:
+    """How a bench row names a launch shape."""
+    block_r, warps, whole, lanes, maxnreg = variant
+    return (f"rows/prog {block_r} warps {warps}{' whole rows' if whole else ''}{f' lanes {lanes}' if lanes else ''}"
+            f"{f' maxnreg {maxnreg}' if maxnreg else ''}")
 
 
 def store_rows(ceiling: float, variants: bool) -> list[Row]:
@@ -293,9 +304,7 @@ def store_rows(ceiling: float, variants: bool) -> list[Row]:
         rows.append(_row(f"store N={n} Hk=8 D=128{label}", us, nbytes, ceiling))
         for variant in STORE_VARIANTS if variants else ():
             us, nbytes = bench_store(n, 8, 128, variant)
-            block_r, warps, whole, maxnreg = variant
-            rows.append(_row(f"store N={n} rows/prog {block_r} warps {warps}{' whole rows' if whole else ''}"
-                             f"{f' maxnreg {maxnreg}' if maxnreg else ''}", us, nbytes, ceiling))
+            rows.append(_row(f"store N={n} {store_variant_name(variant)}", us, nbytes, ceiling))
         for r in rows[-1 - (len(STORE_VARIANTS) if variants else 0):]:
             print(f"  {r.name}: {r.us:.1f} us", flush=True)
     return rows
