@@ -169,8 +169,8 @@ def candidate_launch(p: Problem, registry, rows: int, warps: int, lanes: int, ma
     return lambda: registry.jit_launch(launch)
 
 
-CANDIDATES = ((32, 4, 16, None), (32, 4, 8, None), (32, 4, 4, None), (32, 4, 2, None), (16, 1, 8, None),
-              (64, 4, 8, None), (8, 4, 8, None), (32, 1, -1, 168), (32, 1, -1, 144), (32, 1, -1, None))
+CANDIDATES = ((32, 4, 16, None), (32, 4, 8, None), (32, 4, 4, None), (16, 1, 2, None), (16, 1, 8, None),
+              (8, 1, 4, None), (8, 4, 8, None), (32, 1, -1, 168), (32, 1, -1, 144), (32, 1, -1, None))
 """(rows per program, warps, lanes per row, maxnreg) of the store candidates timed on the GPU (lanes -1:
 v3's whole rows with V loaded up front)."""
 STREAMS = ((1, 1), (2, 1), (1, 2), (2, 2), (1, 0), (2, 0), (0, 1), (0, 2))
