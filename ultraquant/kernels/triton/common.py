@@ -67,41 +67,43 @@ def block_ids(bt_row_ptr, toks, tmask, num_blocks, BLOCK_SIZE: tl.constexpr, CHE
 
 
 @triton.jit
-def fwht(x, R: tl.constexpr, D: tl.constexpr, LOG2D: tl.constexpr):
-    """``x @ H`` for a float32 ``[R, D]`` tile, H the normalized Sylvester Hadamard matrix.
-
-    Each stage pairs elements whose index differs in one bit (reshape so that bit is an axis of
-    size 2, split, join sum and difference): log2(D) stages of adds, then one scale by 1/sqrt(D).
-    Why a butterfly and not a product with H: D log D adds instead of D^2 FMAs and no H in memory.
-    """
-    for i in tl.static_range(LOG2D):
+def _butterfly(x, R: tl.constexpr, D: tl.constexpr, LO: tl.constexpr, HI: tl.constexpr):
+    """Stages LO..HI-1 of the unnormalized Walsh-Hadamard butterfly on ``x [R, D]``: stage i pairs the
+    elements whose index differs in bit i (reshape so that bit is an axis of size 2, split, join sum
+    and difference)."""
+    for i in tl.static_range(LO, HI):
         x = tl.reshape(x, [R, D // (2 << i), 2, 1 << i])
         x = tl.permute(x, [0, 1, 3, 2])
         a, b = tl.split(x)
         x = tl.join(a + b, a - b)
         x = tl.permute(x, [0, 1, 3, 2])
         x = tl.reshape(x, [R, D])
-    return x * (1.0 / tl.sqrt(float(D)))
+    return x
+
+
+@triton.jit
+def fwht(x, R: tl.constexpr, D: tl.constexpr, LOG2D: tl.constexpr):
+    """``x @ H`` for a float32 ``[R, D]`` tile, H the normalized Sylvester Hadamard matrix.
+
+    log2(D) butterfly stages of adds (:func:`_butterfly`), then one scale by 1/sqrt(D). Why a
+    butterfly and not a product with H: D log D adds instead of D^2 FMAs and no H in memory.
+    """
+    return _butterfly(x, R, D, 0, LOG2D) * (1.0 / tl.sqrt(float(D)))
 
 
 @triton.jit
 def fwht_lanes(x, R: tl.constexpr, D: tl.constexpr, LOG2D: tl.constexpr):
-    """:func:`fwht` for a tile whose rows are spread over lanes 8 elements per thread (coalesced loads):
-    the stages within 8 elements as fwht's, the others take the partner from :func:`tl.flip` on that
-    index bit (a lane exchange) and one multiply-add with +-1. Same roundings as fwht (``a + b`` and
-    ``a - b`` of the same pairs in the same order), so the same bits."""
-    for i in tl.static_range(3 if LOG2D > 3 else LOG2D):
-        x = tl.reshape(x, [R, D // (2 << i), 2, 1 << i])
-        x = tl.permute(x, [0, 1, 3, 2])
-        a, b = tl.split(x)
-        x = tl.join(a + b, a - b)
-        x = tl.permute(x, [0, 1, 3, 2])
-        x = tl.reshape(x, [R, D])
-    for i in tl.static_range(3, LOG2D):
+    """:func:`fwht` for a tile whose rows are spread over lanes, 8 contiguous elements per thread and
+    load (the store's LANES layout): the stages within 8 elements as fwht's, the others take the
+    partner from ``tl.flip`` on that index bit (one lane exchange where the bit is a lane's) and add
+    it with one multiply-add by +-1: the same ``a + b`` and ``a - b`` of the same pairs in the same
+    order as fwht, so the same bits."""
+    S: tl.constexpr = 3 if LOG2D > 3 else LOG2D
+    x = _butterfly(x, R, D, 0, S)
+    for i in tl.static_range(S, LOG2D):
         y = tl.reshape(x, [R, D // (2 << i), 2, 1 << i])
         sign = (1 - 2 * tl.arange(0, 2)).to(tl.float32)[None, None, :, None]
-        y = tl.flip(y, 2) + y * sign
-        x = tl.reshape(y, [R, D])
+        x = tl.reshape(tl.flip(y, 2) + y * sign, [R, D])
     return x * (1.0 / tl.sqrt(float(D)))
 
 
