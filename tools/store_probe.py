@@ -27,6 +27,8 @@ import torch
 import triton
 import triton.language as tl
 
+from ultraquant.kernels.triton.common import slot_rows
+
 D = 128
 HK = 8
 SLOT = 136
@@ -34,27 +36,22 @@ SLOT = 136
 
 
 @triton.jit
-def probe_stream(key_ptr, value_ptr, cache_ptr, slot_ptr, n_rows, num_kv_heads, block_size,
+def probe_stream(key_ptr, value_ptr, cache_ptr, slot_ptr, err_ptr, n_rows, num_kv_heads, block_size, num_slots,
                  stride_kn, stride_kh, stride_vn, stride_vh, stride_cb, stride_ct, stride_ch,
                  W: tl.constexpr, R: tl.constexpr, ALIGN: tl.constexpr, LOADS: tl.constexpr,
                  STORES: tl.constexpr):
-    """No-math stand-in for uq_store_kv: the same rows, slots and slot addresses; K/V rows read as
+    """No-math stand-in for uq_store_kv: the same rows, slots and slot addresses (:func:`slot_rows`,
+    error word included); K/V rows read as
     ``W`` int32 words (strides in words). LOADS 0: none (words from the row index), 1: v3's pattern
     (``[R, W/4, 4]``: rows on lanes, one 16-byte vector per lane and instruction), 2: coalesced
     (``[R, W]``: a row's 16-byte vectors over consecutive lanes). ``x = k ^ v``, word pairs XORed:
     ``w [R, W/2]``, its XOR ``t``. STORES 0: ``t`` at slot word 0 only; 1: v3's pattern (words as
     ``ALIGN``-byte vectors, rows on lanes: 16 + 1 STG.64 per row at W=64); 2: coalesced (a row's
     words over lanes); both write ``w`` then ``[t, t ^ 1]`` (136 bytes)."""
-    pid = tl.program_id(0)
-    rows = pid * R + tl.arange(0, R)
-    in_range = rows < n_rows
-    tok = rows // num_kv_heads
-    head = rows % num_kv_heads
-    slot = tl.load(slot_ptr + tok, mask=in_range, other=-1).to(tl.int64)
-    valid = in_range & (slot >= 0)
-    slot = tl.where(valid, slot, 0)
-    dst = cache_ptr + tl.multiple_of((slot // block_size) * stride_cb + (slot % block_size) * stride_ct
-                                     + head.to(tl.int64) * stride_ch, ALIGN)
+    tok, head, off, valid = slot_rows(tl.program_id(0), slot_ptr, err_ptr, n_rows, num_kv_heads, block_size,
+                                      num_slots, stride_cb, stride_ct, stride_ch, R, ALIGN)
+    dst = cache_ptr + off
+    rows = tl.program_id(0) * R + tl.arange(0, R)
     tok64 = tok.to(tl.int64)
     koff = (tok64 * (stride_kn >> 2) + head * (stride_kh >> 2)) * 4
     voff = (tok64 * (stride_vn >> 2) + head * (stride_vh >> 2)) * 4
@@ -125,9 +122,11 @@ def stream_launch(p: Problem, loads: int, stores: int, rows: int = 32, warps: in
     k32, v32 = p.key.view(torch.int32), p.value.view(torch.int32)
     c = p.cache
     grid = (triton.cdiv(p.rows, rows),)
+    err = torch.zeros(8, dtype=torch.int32, device=c.device)
 
     def launch() -> None:
-        probe_stream[grid](k32, v32, c, p.slots, p.rows, HK, c.shape[1], k32.stride(0), k32.stride(1),
+        probe_stream[grid](k32, v32, c, p.slots, err, p.rows, HK, c.shape[1], c.shape[0] * c.shape[1],
+                           k32.stride(0), k32.stride(1),
                            v32.stride(0), v32.stride(1), c.stride(0), c.stride(1), c.stride(2),
                            W=D // 2, R=rows, ALIGN=8, LOADS=loads, STORES=stores, num_warps=warps)
     return launch

@@ -108,6 +108,28 @@ def fwht_lanes(x, R: tl.constexpr, D: tl.constexpr, LOG2D: tl.constexpr):
 
 
 @triton.jit
+def slot_rows(pid, slot_ptr, err_ptr, n_rows, num_kv_heads, block_size, num_slots, stride_cb, stride_ct, stride_ch,
+              R: tl.constexpr, ALIGN: tl.constexpr):
+    """The store's rows of program ``pid``: row r is token ``r // Hk``, kv head ``r % Hk``, at slot
+    ``slot_mapping[token]``. Returns (token, kv head, the slot's int64 byte offset in the cache, declared
+    a multiple of ``ALIGN``, valid): rows past ``n_rows`` and negative slots are not valid (offset
+    0); slots ``>= num_slots`` neither, and they set error word ERR_SLOT. (The alignment is declared
+    here: ``tl.multiple_of`` on a value returned from a jit function does not reach the code.)"""
+    rows = pid * R + tl.arange(0, R)
+    in_range = rows < n_rows
+    tok = rows // num_kv_heads
+    head = rows % num_kv_heads
+    slot = tl.load(slot_ptr + tok, mask=in_range, other=-1).to(tl.int64)
+    beyond = in_range & (slot >= num_slots)
+    tl.store(err_ptr + ERR_SLOT + tl.zeros_like(rows), 1, mask=beyond)
+    valid = in_range & (slot >= 0) & ~beyond
+    slot = tl.where(valid, slot, 0)
+    blk = slot // block_size
+    off = slot % block_size
+    return tok, head, tl.multiple_of(blk * stride_cb + off * stride_ct + head.to(tl.int64) * stride_ch, ALIGN), valid
+
+
+@triton.jit
 def pow2_f32(e):
     """``2**e`` as an exact float32 for int32 ``e`` in [-126, 127] (0.0 below, like the reference)."""
     b = e + 127

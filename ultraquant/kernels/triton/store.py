@@ -6,7 +6,6 @@ import triton
 import triton.language as tl
 
 from .common import (
-    ERR_SLOT,
     concat,
     fwht,
     fwht_lanes,
@@ -15,6 +14,7 @@ from .common import (
     quantize_store_codes,
     quantize_words,
     shift_in,
+    slot_rows,
     split_halves,
     store_scales,
     store_words,
@@ -39,21 +39,9 @@ def uq_store_kv(key_ptr, value_ptr, cache_ptr, slot_ptr, err_ptr,
     32 x num_warps), so reshuffling a row's words costs nothing. ``LANES``: 0 as just said; -1 the
     same with V loaded together with K; L > 0: rows spread over L lanes (see ``_quantize_rows``).
     """
-    pid = tl.program_id(0)
-    rows = pid * BLOCK_R + tl.arange(0, BLOCK_R)
-    in_range = rows < n_rows
-    tok = rows // num_kv_heads
-    head = rows % num_kv_heads
-    slot = tl.load(slot_ptr + tok, mask=in_range, other=-1).to(tl.int64)
-    beyond = in_range & (slot >= num_slots)
-    tl.store(err_ptr + ERR_SLOT + tl.zeros_like(rows), 1, mask=beyond)
-    valid = in_range & (slot >= 0) & ~beyond
-    slot = tl.where(valid, slot, 0)
-    blk = slot // block_size
-    off = slot % block_size
-    dst = blk * stride_cb + off * stride_ct + head.to(tl.int64) * stride_ch
-    if LANES <= 0:
-        dst = tl.multiple_of(dst, ALIGN)  # vector stores; LANES stores a word per lane (see _quantize_rows)
+    # LANES stores a word per lane: no declared slot alignment there (see _quantize_rows).
+    tok, head, dst, valid = slot_rows(tl.program_id(0), slot_ptr, err_ptr, n_rows, num_kv_heads, block_size,
+                                      num_slots, stride_cb, stride_ct, stride_ch, BLOCK_R, ALIGN if LANES <= 0 else 1)
     dst = cache_ptr + dst
     tok64 = tok.to(tl.int64)
     if ((stride_kn | stride_kh | stride_vn | stride_vh) & 7) == 0:
