@@ -18,6 +18,7 @@ import ultraquant as uq
 from tests.helpers import carved_cache, make_paged
 from tests.test_kernels_store import ALIGNMENT_CASES
 from ultraquant import reference as R
+from ultraquant.bench.decode import STORE_VARIANTS
 from ultraquant.format import SlotLayout
 from ultraquant.kernels import plans
 
@@ -134,6 +135,35 @@ def test_store_alignment_fallback(head_size, offset, extra, align, few_rows):
     torch.cuda.synchronize()
     assert torch.equal(got[..., uq.slot_size(head_size):].cpu(), ref[..., uq.slot_size(head_size):].cpu())
     assert k_code_mismatches(got.cpu(), ref.cpu(), head_size) <= 2
+
+
+@pytest.mark.parametrize("variant", STORE_VARIANTS)
+def test_store_variants_same_bytes_as_the_plan(variant):
+    """Every launch shape ``bench --store-variants`` times (LANES layouts, V loaded up front, ...)
+    writes exactly the plan's bytes on the GPU (the same butterfly roundings, so no near-tie
+    allowance), poisoned slots around them untouched, on a store large enough for thousands of
+    programs and with E2M1 decision points in V."""
+    from ultraquant.bench.decode import store_variant_launch
+    from ultraquant.kernels.registry import jit_launch
+
+    n, hk, d, bs = 5000, 8, 128, 64
+    gen = torch.Generator(device="cuda").manual_seed(31)
+    key = (torch.randn(n, hk, d, device="cuda", generator=gen) * 3).to(torch.bfloat16)
+    points = torch.tensor([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0, 6.0], device="cuda")
+    value = (points[torch.randint(0, 8, (n, hk, d), device="cuda", generator=gen)]
+             * torch.randn(n, hk, 1, device="cuda", generator=gen).sign()).to(torch.bfloat16)
+    value[0, 0, :32] = 0
+    value[9, 2, 5] = float("nan")
+    nblk = -(-n // bs) + 2
+    slots = torch.randperm(nblk * bs, device="cuda", generator=gen)[:n]
+    slots[11] = -1
+    poison = torch.randint(0, 256, (nblk, bs, hk, uq.slot_size(d)), dtype=torch.uint8, device="cuda",
+                           generator=gen)
+    want, got = poison.clone(), poison.clone()
+    uq.store_kv(key, value, want, slots)
+    jit_launch(store_variant_launch(key, value, got, slots, variant))
+    torch.cuda.synchronize()
+    assert torch.equal(got, want), f"{int((got != want).sum())} bytes differ"
 
 
 def _problem(lens, hq, hk, d, bs, head_major, seed, sinks):
