@@ -122,7 +122,8 @@ def store_problem(kernel: Kernel, spec: Specialization, dev: Device) -> tuple[bo
     poison = torch.randint(0, 256, (nblocks, bs, hk, slot_size(d)), dtype=torch.uint8, generator=gen)
     key, value, slots, ours = (t.to(dev) for t in (key, value, slots, poison))
     want = ours.clone()
-    few = specs.store_spec(head_size=d, encoder=encoder, few_rows=True).constexprs["BLOCK_R"] == c["BLOCK_R"]
+    few = specs.store_spec(head_size=d, encoder=encoder, few_rows=True,
+                           target=plans.target_of(key.device)).constexprs["BLOCK_R"] == c["BLOCK_R"]
     why = _launch(kernel, plans.plan_store(key, value, ours, slots, encoder, few_rows=few), dev)
     if why:
         return False, why

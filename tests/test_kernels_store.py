@@ -176,9 +176,9 @@ def test_store_many_programs_and_unaligned_strides(triton_backend, encoder):
     assert_store_matches(got, ref, d)
 
 
-LAUNCHES = [("portable", False), ("cuda", False), ("portable", True)]
-"""(plans.target_of's answer, few_rows): the store's launch shapes (128 rows of 4 warps, one warp of 32
-whole rows, the few-rows layout: the last is the same on every target)."""
+LAUNCHES = [("portable", False), ("cuda", False), ("portable", True), ("cuda", True)]
+"""(plans.target_of's answer, few_rows): the store's launch shapes (128 rows of 4 warps elsewhere, rows
+over 4 lanes (LANES) or whole rows per thread at D=64 on NVIDIA, the few-rows layouts)."""
 
 
 @pytest.mark.parametrize(("target", "few_rows"), LAUNCHES)

@@ -245,12 +245,13 @@ StoreVariant = tuple[int, int, bool, int, int | None]
 """(BLOCK_R, num_warps, WHOLE_ROWS, LANES, maxnreg): a launch shape of the store kernel."""
 
 STORE_VARIANTS: tuple[StoreVariant, ...] = (
-    (32, 1, True, 0, 144), (32, 1, True, 0, 128), (32, 1, True, 0, 168), (32, 1, True, 0, None),
-    (128, 4, True, 0, None), (16, 4, False, 0, None))
+    (32, 1, True, 0, 144), (16, 4, False, 0, None), (8, 1, False, 4, None), (32, 4, False, 4, None),
+    (64, 4, False, 4, None), (32, 4, False, 8, None), (16, 1, False, 2, None))
 """Launch shapes of the store kernel that ``--store-variants`` times on both stores (whole rows: 32 rows
-per warp; LANES 0 and not whole rows: the few-rows layout; LANES -1: whole rows with V loaded together
-with K; LANES L > 0: rows over L lanes; maxnreg None: ptxas decides). The plain store rows are the
-plan's own choice."""
+per warp, v3's large store; LANES 0 and not whole rows: the few-rows layout, v3's decode step; LANES
+-1: whole rows with V loaded together with K; LANES L > 0: rows over L lanes, the plan's on NVIDIA
+from D=128 on at (32, 4) and (8, 1) for few rows; maxnreg None: ptxas decides). The plain store rows
+are the plan's own choice."""
 
 
 def bench_store(n: int, hk: int, d: int, variant: StoreVariant | None = None) -> tuple[float, int]:

@@ -203,17 +203,23 @@ def store_spec(*, head_size: int, key_dtype: torch.dtype | str = "bf16",
     for calls with too few (token, kv head) rows to fill the GPU at one row per thread; ``align``
     (constexpr ``ALIGN``) the bytes every slot address is a multiple of (default: the dense layout's,
     :func:`slot_alignment`; the plan passes the call's, cache base included); ``target`` (see
-    :func:`target_of`) the launch shape: on NVIDIA one warp of 32 whole rows per program."""
+    :func:`target_of`) the launch shape: on NVIDIA rows over 4 lanes (``LANES``) from D=128 on."""
     d = check_head_size(head_size)
-    # One row per thread keeps the butterfly, absmax and packing in registers: on NVIDIA one warp of
-    # 32 rows per program (WHOLE_ROWS: independent warps, the slot words shifted in registers, 144
-    # registers for rne at D=128: no spill on the aligned path, 14 warps per SM instead of 8); 128
-    # rows of 4 warps elsewhere (a 64-lane AMD wave splits rows over 2 lanes). Fewer rows where a
-    # whole row per thread would spill; few_rows (a decode step's store) spreads a row over 8 threads
-    # so small stores fill the GPU. Measurements: benchmarks/NOTES.md, "Store v2" and "Store v3".
+    # On NVIDIA from D=128 on: each row spread over 4 lanes, 32 contiguous bytes per lane and load
+    # (LANES=4), 32 rows of 4 warps per program (8 rows of 1 warp for few rows): loads and stores
+    # that cover whole sectors, at ~1.4x the instructions of one row per thread. One row per thread
+    # (below) made every load and store instruction touch 32 lines, and that pattern alone took the
+    # 63 us the store took (benchmarks/NOTES.md, "Store v4"). Elsewhere one row per thread keeps the
+    # butterfly, absmax and packing in registers: on NVIDIA at D=64 one warp of 32 rows per program
+    # (WHOLE_ROWS: the slot words shifted in registers); 128 rows of 4 warps on AMD/CPU (a 64-lane
+    # wave splits rows over 2 lanes); fewer rows where a whole row per thread would spill; few_rows
+    # (a decode step's store) spreads a row over 8 threads so small stores fill the GPU.
+    lanes = 4 if target == "cuda" and d >= 128 else 0
     row_per_thread = d <= 64 or (d == 128 and encoder != "mse")
-    whole = target == "cuda" and row_per_thread and not few_rows
-    if few_rows:
+    whole = target == "cuda" and row_per_thread and not few_rows and not lanes
+    if lanes:
+        block_r = 8 if few_rows else 32
+    elif few_rows:
         block_r = 16 if d <= 128 else 4
     elif row_per_thread:
         block_r = 32 if whole else 128
@@ -224,9 +230,9 @@ def store_spec(*, head_size: int, key_dtype: torch.dtype | str = "bf16",
         signature=_signature(STORE_PARAMS, key=_tname(key_dtype), value=_tname(value_dtype or key_dtype),
                              slot=_tname(slot_dtype)),
         constexprs={"D": d, "LOG2D": d.bit_length() - 1, "ENCODER": ENCODER_IDS[encoder], "BLOCK_R": block_r,
-                    "ALIGN": int(align or slot_alignment(d)), "WHOLE_ROWS": whole,
-                    "LANES": 0},
-        num_warps=1 if whole else 4, num_stages=1, maxnreg=144 if whole and d == 128 and encoder == "rne" else None,
+                    "ALIGN": int(align or slot_alignment(d)), "WHOLE_ROWS": whole, "LANES": lanes},
+        num_warps=1 if whole or (lanes and few_rows) else 4, num_stages=1,
+        maxnreg=144 if whole and d == 128 and encoder == "rne" else None,
         divisible=ALIGNABLE["uq_store_kv"])
 
 
