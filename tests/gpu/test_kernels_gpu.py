@@ -75,22 +75,31 @@ def k_code_mismatches(got: torch.Tensor, ref: torch.Tensor, head_size: int) -> i
     return int(diff.sum())
 
 
-@pytest.mark.parametrize("head_size,encoder,dtype", [
-    (64, "rne", torch.bfloat16), (128, "rne", torch.bfloat16), (128, "upstream", torch.bfloat16),
-    (128, "mse", torch.float16), (256, "rne", torch.float16), (512, "upstream", torch.bfloat16),
-])
-def test_store_bytes(head_size, encoder, dtype):
-    n, hk, bs = 4099, 8, 16
-    gen = torch.Generator(device="cuda").manual_seed(head_size)
-    key = torch.randn(n, hk, head_size, device="cuda", generator=gen).to(dtype)
-    value = (torch.randn(n, hk, head_size, device="cuda", generator=gen) * 4).to(dtype)
+def _store_slots_and_cache(key: torch.Tensor, value: torch.Tensor, bs: int, gen: torch.Generator
+                           ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Puts a zero group and a NaN group into ``value`` and returns shuffled slots (one skipped) and a
+    randomly poisoned cache of blocks of ``bs`` with two spare blocks."""
+    n, hk, d = key.shape
     value[0, 0, :32] = 0
     value[5, 1, 3] = float("nan")
     nblk = -(-n // bs) + 2
     slots = torch.randperm(nblk * bs, device="cuda", generator=gen)[:n]
     slots[7] = -1
-    poison = torch.randint(0, 256, (nblk, bs, hk, uq.slot_size(head_size)), dtype=torch.uint8, device="cuda",
+    poison = torch.randint(0, 256, (nblk, bs, hk, uq.slot_size(d)), dtype=torch.uint8, device="cuda",
                            generator=gen)
+    return slots, poison
+
+
+@pytest.mark.parametrize("head_size,encoder,dtype", [
+    (64, "rne", torch.bfloat16), (128, "rne", torch.bfloat16), (128, "upstream", torch.bfloat16),
+    (128, "mse", torch.float16), (256, "rne", torch.float16), (512, "upstream", torch.bfloat16),
+])
+def test_store_bytes(head_size, encoder, dtype):
+    n, hk = 4099, 8
+    gen = torch.Generator(device="cuda").manual_seed(head_size)
+    key = torch.randn(n, hk, head_size, device="cuda", generator=gen).to(dtype)
+    value = (torch.randn(n, hk, head_size, device="cuda", generator=gen) * 4).to(dtype)
+    slots, poison = _store_slots_and_cache(key, value, 16, gen)
     got, ref = poison.clone(), poison.clone()
     uq.store_kv(key, value, got, slots, encoder=encoder)
     R.store_kv(key, value, ref, slots, encoder=encoder)
@@ -146,19 +155,13 @@ def test_store_variants_same_bytes_as_the_plan(variant):
     from ultraquant.bench.decode import store_variant_launch
     from ultraquant.kernels.registry import jit_launch
 
-    n, hk, d, bs = 5000, 8, 128, 64
+    n, hk, d = 5000, 8, 128
     gen = torch.Generator(device="cuda").manual_seed(31)
     key = (torch.randn(n, hk, d, device="cuda", generator=gen) * 3).to(torch.bfloat16)
     points = torch.tensor([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0, 6.0], device="cuda")
     value = (points[torch.randint(0, 8, (n, hk, d), device="cuda", generator=gen)]
              * torch.randn(n, hk, 1, device="cuda", generator=gen).sign()).to(torch.bfloat16)
-    value[0, 0, :32] = 0
-    value[9, 2, 5] = float("nan")
-    nblk = -(-n // bs) + 2
-    slots = torch.randperm(nblk * bs, device="cuda", generator=gen)[:n]
-    slots[11] = -1
-    poison = torch.randint(0, 256, (nblk, bs, hk, uq.slot_size(d)), dtype=torch.uint8, device="cuda",
-                           generator=gen)
+    slots, poison = _store_slots_and_cache(key, value, 64, gen)
     want, got = poison.clone(), poison.clone()
     uq.store_kv(key, value, want, slots)
     jit_launch(store_variant_launch(key, value, got, slots, variant))
