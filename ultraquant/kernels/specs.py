@@ -205,9 +205,9 @@ def store_spec(*, head_size: int, key_dtype: torch.dtype | str = "bf16",
     :func:`slot_alignment`; the plan passes the call's, cache base included); ``target`` (see
     :func:`target_of`) the launch shape: on NVIDIA rows over 4 lanes (``LANES``) from D=128 on."""
     d = check_head_size(head_size)
-    # On NVIDIA from D=128 on: each row spread over 4 lanes, 32 contiguous bytes per lane and load
-    # (LANES=4), 32 rows of 4 warps per program (8 rows of 1 warp for few rows): loads and stores
-    # that cover whole sectors, at ~1.4x the instructions of one row per thread. One row per thread
+    # On NVIDIA from D=128 on: each row spread over 4 lanes (LANES=4: its 32-element runs over 4 lanes,
+    # 8 elements per lane and load), 32 rows of 4 warps per program (8 rows of 1 warp for few rows):
+    # loads and stores that cover whole sectors, at ~1.4x the instructions of one row per thread. One row per thread
     # (below) made every load and store instruction touch 32 lines, and that pattern alone took the
     # 63 us the store took (benchmarks/NOTES.md, "Store v4"). Elsewhere one row per thread keeps the
     # butterfly, absmax and packing in registers: on NVIDIA at D=64 one warp of 32 rows per program

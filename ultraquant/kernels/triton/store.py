@@ -78,19 +78,14 @@ def _quantize_rows(key_ptr, value_ptr, koff, voff, dst, valid, D: tl.constexpr, 
     HALVES: tl.constexpr = D >= 128 and (WHOLE_ROWS or (D >= 256 and R == 8))
     VOFF: tl.constexpr = D // 2 + G
     VEC: tl.constexpr = 16 if ALIGN > 16 else ALIGN
-    if LANES > 0:
-        # [R, H, C]: C = 8 x LANES contiguous elements over LANES lanes (16 bytes each), H chunks in
-        # registers: LANES lanes per row, every load instruction reads whole 128-byte lines.
-        C: tl.constexpr = 8 * LANES if 8 * LANES < D else D
-        cols = tl.arange(0, D // C)[None, :, None] * C + tl.arange(0, C)[None, None, :]
-        koff = koff[:, None, None]
-        voff = voff[:, None, None]
-        vmask = valid[:, None, None]
-    else:
-        cols = tl.arange(0, D // 8)[None, :, None] * 8 + tl.arange(0, 8)[None, None, :]
-        koff = koff[:, None, None]
-        voff = voff[:, None, None]
-        vmask = valid[:, None, None]
+    # [R, D/C, C] loads, contiguous along C only. LANES > 0: C = 8 x LANES elements over LANES lanes
+    # (8 per lane and load), the D/C chunks in registers: each load instruction covers 32/LANES rows'
+    # C-element runs. Otherwise C = 8: rows over lanes, whole rows in registers.
+    C: tl.constexpr = (8 * LANES if 8 * LANES < D else D) if LANES > 0 else 8
+    cols = tl.arange(0, D // C)[None, :, None] * C + tl.arange(0, C)[None, None, :]
+    koff = koff[:, None, None]
+    voff = voff[:, None, None]
+    vmask = valid[:, None, None]
     k = tl.load(key_ptr + koff + cols, mask=vmask, other=0.0)
     if LANES < 0:
         vpre = tl.load(value_ptr + voff + cols, mask=vmask, other=0.0)
