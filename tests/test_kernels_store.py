@@ -155,11 +155,14 @@ def test_store_large_heads(triton_backend, head_size, encoder):
     assert_store_matches(got, ref, head_size)
 
 
-@pytest.mark.parametrize("encoder", ["rne", "mse"])
-def test_store_many_programs_and_unaligned_strides(triton_backend, encoder):
+@pytest.mark.parametrize(("encoder", "d", "target"), [("rne", 64, "portable"), ("mse", 64, "portable"),
+                                                     ("rne", 128, "cuda"), ("upstream", 256, "cuda")])
+def test_store_many_programs_and_unaligned_strides(triton_backend, monkeypatch, encoder, d, target):
     """More rows than one program holds, and K/V row strides that are not multiples of 8 elements
-    (views into wider tensors): the kernel's scalar-load branch must write the same bytes."""
-    n, hk, d, bs = 70, 2, 64, 16
+    (views into wider tensors): the kernel's scalar-load branch must write the same bytes (also
+    through NVIDIA's rows-over-lanes layout)."""
+    monkeypatch.setattr(plans, "target_of", lambda device: target)
+    n, hk, bs = 70, 2, 16
     key, value = _random_kv(n, hk, d, torch.float32, seed=11)
     wide_k = torch.zeros(n, hk, d + 3)
     wide_v = torch.zeros(n, hk, d + 5)
@@ -171,7 +174,9 @@ def test_store_many_programs_and_unaligned_strides(triton_backend, encoder):
                         generator=torch.Generator().manual_seed(3))
     ref = got.clone()
     slots = torch.randperm(nblocks * bs, generator=torch.Generator().manual_seed(4))[:n].long()
-    uq.store_kv(key, value, got, slots, encoder=encoder)
+    plan = plans.plan_store(key, value, got, slots, encoder)
+    assert plan.spec.constexprs["LANES"] == (4 if target == "cuda" else 0)
+    triton_backend.jit_launch(plan)
     R.store_kv(key, value, ref, slots, encoder=encoder)
     assert_store_matches(got, ref, d)
 
