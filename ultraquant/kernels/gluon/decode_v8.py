@@ -543,6 +543,44 @@ def _run_pv(acc_e, acc_o, vc8, vw, vtop, vexp, p, nr, vgroup, NW: gl.constexpr, 
 
 
 @gluon.jit
+def _combine_token_groups(part_ptr, ml_ptr, pair0, sp, num_splits, GQA: gl.constexpr, ROWS: gl.constexpr,
+                          D: gl.constexpr, HK: gl.constexpr, WT: gl.constexpr, NW: gl.constexpr):
+    """The WT warps of each kv head (its token groups) combine their partials (acc * 2**run, m, l) into
+    the head's slot 0 of this program, so the last program merges ``num_splits`` partials per head, not
+    ``num_splits * WT``. Row by row; each thread reads all WT partials of the elements it writes, and a
+    barrier separates every row's reads from its writes (the m / l words are read by several threads)."""
+    CW: gl.constexpr = gl.BlockedLayout([1, 1, 4], [1, 1, 32], [HK, 1, NW // HK], [2, 1, 0])  # [HK, WT, D]
+    C2: gl.constexpr = gl.SliceLayout(2, CW)
+    C1: gl.constexpr = gl.SliceLayout(1, CW)
+    ch = _iota3(HK, 0, CW)
+    cw = _iota3(WT, 1, CW)
+    cc = _iota3(D, 2, CW)
+    ch2 = gl.expand_dims(gl.arange(0, HK, gl.SliceLayout(1, C2)), 1)
+    cw2 = gl.expand_dims(gl.arange(0, WT, gl.SliceLayout(0, C2)), 0)
+    oh = gl.expand_dims(gl.arange(0, HK, gl.SliceLayout(1, C1)), 1)
+    oc = gl.expand_dims(gl.arange(0, D, gl.SliceLayout(0, C1)), 0)
+    oh1 = gl.arange(0, HK, gl.SliceLayout(1, C2))
+    src3 = (((pair0 + ch) * num_splits + sp) * WT + cw).to(gl.int64) * (ROWS * D) + cc
+    src2 = (((pair0 + ch2) * num_splits + sp) * WT + cw2).to(gl.int64) * (2 * ROWS)
+    dst3 = (((pair0 + oh) * num_splits + sp) * WT).to(gl.int64) * (ROWS * D) + oc
+    dst2 = (((pair0 + oh1) * num_splits + sp) * WT).to(gl.int64) * (2 * ROWS)
+    for r in range(GQA):
+        acc_w = gl.load(part_ptr + src3 + r * D, cache_modifier=".cg")
+        m_w = gl.load(ml_ptr + src2 + r, cache_modifier=".cg")
+        l_w = gl.load(ml_ptr + src2 + ROWS + r, cache_modifier=".cg")
+        m_c = gl.max(m_w, axis=1)
+        m_s = gl.where(m_c == float("-inf"), 0.0, m_c)
+        sc = gl.exp2(m_w - gl.expand_dims(m_s, 1))
+        acc_c = gl.sum(acc_w * gl.expand_dims(sc, 2), axis=1)
+        l_c = gl.sum(l_w * sc, axis=1)
+        gl.thread_barrier()
+        gl.store(part_ptr + dst3 + r * D, acc_c)
+        gl.store(ml_ptr + dst2 + r, m_c)
+        gl.store(ml_ptr + dst2 + ROWS + r, l_c)
+        gl.thread_barrier()
+
+
+@gluon.jit
 def uq_decode_v8(q_ptr, cache_ptr, bt_ptr, seqlen_ptr, sinks_ptr, out_ptr, part_ptr, ml_ptr, counter_ptr, err_ptr,
                  scale, softcap, window, num_splits, num_blocks, bt_cols,
                  stride_qb, stride_qh, stride_ob, stride_oh,
@@ -871,9 +909,11 @@ def uq_decode_v8(q_ptr, cache_ptr, bt_ptr, seqlen_ptr, sinks_ptr, out_ptr, part_
         gl.store(mlp, m_i, mask=mlmask)
         gl.store(mlp + ROWS, l_i, mask=mlmask)
         gl.thread_barrier()
+        if WT > 1:
+            _combine_token_groups(part_ptr, ml_ptr, pair0, sp, num_splits, GQA, ROWS, D, HK, WT, NW)
         ticket = gl.atomic_add(counter_ptr + pair0, 1)
         if ticket == num_splits - 1:
-            # ---- last program of this request: merge every head's num_splits * WT partials
+            # ---- last program of this request: merge every head's num_splits partials (slot 0 of each)
             ML: gl.constexpr = gl.BlockedLayout([1, 1, 4], [1, 1, 32], [HK, 1, NW // HK], [2, 1, 0])
             mh = gl.expand_dims(gl.expand_dims(gl.arange(0, HK, gl.SliceLayout(1, gl.SliceLayout(2, ML))), 1), 2)
             mr = gl.expand_dims(gl.expand_dims(gl.arange(0, GQA_PAD, gl.SliceLayout(0, gl.SliceLayout(2, ML))), 0), 2)
@@ -884,7 +924,7 @@ def uq_decode_v8(q_ptr, cache_ptr, bt_ptr, seqlen_ptr, sinks_ptr, out_ptr, part_
             acc = gl.zeros([HK, GQA_PAD, D], gl.float32, ML)
             m_a = gl.full([HK, GQA_PAD], float("-inf"), gl.float32, M2)
             l_a = gl.zeros([HK, GQA_PAD], gl.float32, M2)
-            nparts = num_splits * WT
+            nparts = num_splits
             rmask3 = (mr < GQA) & (mc >= 0) & (mh >= 0)
             rmask2 = (mr2 < GQA) & (mh2 >= 0)
             for s0 in range(0, nparts, MERGE):  # MERGE partials per step: their loads overlap
@@ -893,8 +933,8 @@ def uq_decode_v8(q_ptr, cache_ptr, bt_ptr, seqlen_ptr, sinks_ptr, out_ptr, part_
                 ls2 = ()
                 for k in gl.static_range(MERGE):
                     s = s0 + k
-                    src3 = ((pair0 + mh) * nparts + s).to(gl.int64)
-                    src2 = ((pair0 + mh2) * nparts + s).to(gl.int64)
+                    src3 = (((pair0 + mh) * nparts + s) * WT).to(gl.int64)
+                    src2 = (((pair0 + mh2) * nparts + s) * WT).to(gl.int64)
                     accs2 = accs2 + (gl.load(part_ptr + src3 * (ROWS * D) + mr * D + mc, mask=rmask3 & (s < nparts),
                                              other=0.0, cache_modifier=".cg"),)
                     ms2 = ms2 + (gl.load(ml_ptr + src2 * (2 * ROWS) + mr2, mask=rmask2 & (s < nparts),
