@@ -413,39 +413,58 @@ def _issue_stage(ring, stage, cache_ptr, bt_row, t0, t_hi, stride_cb, stride_ch,
     CL: gl.constexpr = gl.BlockedLayout([1, 4], [4, 8], [NW, 1], [1, 0])
     RL: gl.constexpr = gl.BlockedLayout([1, V], [V, 32 // V], [NW, 1], [1, 0])
     rows = ring.index(stage)._reinterpret(gl.int32, [NR * 2 * RB, 32], ROWS)
-    one_block: gl.constexpr = BLOCK_SIZE % (NSUB * WT * 16) == 0
-    blk = 0
-    if one_block:
-        blk = gl.load(bt_row + t0 // BLOCK_SIZE, mask=t0 < t_hi, other=0).to(gl.int64)
+    NBL: gl.constexpr = _stage_blocks(NSUB * WT * 16, BLOCK_SIZE)
+    ids = ()
+    for j in gl.static_range(NBL):  # the stage's block ids, once per stage (not per row)
+        ids = ids + (gl.load(bt_row + t0 // BLOCK_SIZE + j, mask=t0 + j * BLOCK_SIZE < t_hi, other=0),)
     r = gl.expand_dims(gl.arange(0, NR * RB, gl.SliceLayout(1, CL)), 1)
-    base, ok = _run_rows(r, RUN, bt_row, t0, t_hi, stride_cb, stride_ch, blk, one_block, inside, num_blocks,
+    base, ok = _run_rows(r, RUN, bt_row, t0, t_hi, stride_cb, stride_ch, ids, NBL, inside, num_blocks,
                          NW, WT, SLOT, BLOCK_SIZE)
     w = gl.expand_dims(gl.arange(0, 32, gl.SliceLayout(0, CL)), 0)
     p = gl.multiple_of((cache_ptr + base).to(gl.pointer_type(gl.int32)), [16, 16])
     async_copy.async_copy_global_to_shared(rows.slice(0, NR * RB), p + w, mask=ok & (w >= 0))
     r2 = gl.expand_dims(gl.arange(0, NR * RS, gl.SliceLayout(1, RL)), 1) + NR * RB
-    base2, ok2 = _run_rows(r2, RUN, bt_row, t0, t_hi, stride_cb, stride_ch, blk, one_block, inside, num_blocks,
+    base2, ok2 = _run_rows(r2, RUN, bt_row, t0, t_hi, stride_cb, stride_ch, ids, NBL, inside, num_blocks,
                            NW, WT, SLOT, BLOCK_SIZE)
     w2 = gl.expand_dims(gl.arange(0, 32, gl.SliceLayout(0, RL)), 0)
     p2 = gl.multiple_of((cache_ptr + base2).to(gl.pointer_type(gl.int32)), [16, 16])
     async_copy.async_copy_global_to_shared(rows.slice(NR * RB, NR * RS), p2 + w2, mask=ok2 & (w2 >= 0))
 
 
+@gluon.constexpr_function
+def _stage_blocks(tt, block_size):
+    """How many block ids a ``tt``-token stage loads up front: 1 when a block holds whole stages,
+    ``tt // block_size`` (<= 4) when a stage is whole blocks (stages start on ``tt`` boundaries), else 0:
+    each row loads its own (a select chain longer than 4 costs more ALU work than the loads)."""
+    if block_size % tt == 0:
+        return 1
+    if tt % block_size == 0 and tt // block_size <= 4:
+        return tt // block_size
+    return 0
+
+
 @gluon.jit
-def _run_rows(r, RUN: gl.constexpr, bt_row, t0, t_hi, stride_cb, stride_ch, blk, one_block: gl.constexpr,
+def _run_rows(r, RUN: gl.constexpr, bt_row, t0, t_hi, stride_cb, stride_ch, ids, NBL: gl.constexpr,
               inside, num_blocks, NW: gl.constexpr, WT: gl.constexpr, SLOT: gl.constexpr,
               BLOCK_SIZE: gl.constexpr):
     """Byte offsets in the cache of the stage rows ``r`` (row ``r`` = 128-byte piece ``r % RUN`` of run
     ``r // RUN``) and which rows to read (their run starts before ``t_hi`` and, unless ``inside``, its
-    block id is inside ``[0, num_blocks)``)."""
+    block id is inside ``[0, num_blocks)``). A row's block id is picked from the stage's ``ids``
+    (``NBL`` > 0, :func:`_stage_blocks`) or loaded per row."""
     q = r // RUN
     w = q % NW
-    tok = t0 + (q // NW) * (WT * 16) + (w % WT) * 16
+    dt = (q // NW) * (WT * 16) + (w % WT) * 16  # the run's first token, from the stage's
+    tok = t0 + dt
     ok = tok < t_hi
-    if not one_block:
-        blk = gl.load(bt_row + tok // BLOCK_SIZE, mask=ok, other=0).to(gl.int64)
+    if NBL == 0:
+        blk = gl.load(bt_row + tok // BLOCK_SIZE, mask=ok, other=0)
+    else:
+        jl = dt // BLOCK_SIZE
+        blk = ids[0] + jl * 0
+        for j in gl.static_range(1, NBL):
+            blk = gl.where(jl == j, ids[j], blk)
     ok = ok & (inside | ((blk >= 0) & (blk < num_blocks)))
-    base = (blk * stride_cb + (w // WT).to(gl.int64) * stride_ch
+    base = (blk.to(gl.int64) * stride_cb + (w // WT).to(gl.int64) * stride_ch
             + ((tok % BLOCK_SIZE) * SLOT + (r % RUN) * 128).to(gl.int64))
     return base, ok
 
