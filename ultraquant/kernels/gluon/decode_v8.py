@@ -50,13 +50,19 @@ _FP4_SCALED_ASM = gl.constexpr(" ".join([
 """v7's nibble -> fp16 PTX (``_nibble_pair``) with the relative scales ($5, $6) multiplied in."""
 
 
-def _nibbles_fp16(out: str, src: str, i: int) -> str:
-    """PTX: nibbles ``i`` and ``i + 4`` of word ``src`` (one in each 16-bit lane) as the fp16 patterns
-    ``fp4 * 2**-14`` into ``out`` (magnitude bits to 11..9, sign to 15); no byte moves needed."""
-    mag, sign = 9 - 4 * i, 12 - 4 * i
-    m = f"shl.b32 a, {src}, {mag};" if mag > 0 else f"shr.b32 a, {src}, {-mag};"
-    c = f"shl.b32 c, {src}, {sign};" if sign > 0 else f"mov.b32 c, {src};"
-    return f"{m} {c} and.b32 a, a, 0x0E000E00; and.b32 c, c, 0x80008000; or.b32 {out}, a, c;"
+def _word_pairs(outs: list[str], src: str) -> str:
+    """PTX: the four nibble pairs (``i``, ``i + 4``) of word ``src`` as fp16 patterns ``fp4 * 2**-14``
+    (magnitude bits to 11..9, sign to 15) into ``outs[i]``. Every byte first becomes one pattern byte
+    per nibble: the low nibbles' (X: magnitude << 1, sign << 4) and the high nibbles' (Y: magnitude
+    >> 3, sign in place), then bytes 1, 3 stay where they are (pairs 2, 3) and bytes 0, 2 move up one
+    byte (pairs 0, 1): 11 instructions per word instead of 4 per pair."""
+    o0, o1, o2, o3 = outs
+    return (f"shl.b32 t1, {src}, 1; shl.b32 t2, {src}, 4; and.b32 t1, t1, 0x0E0E0E0E; "
+            f"and.b32 t2, t2, 0x80808080; or.b32 t1, t1, t2; "
+            f"shr.b32 t3, {src}, 3; and.b32 t3, t3, 0x0E0E0E0E; and.b32 t2, {src}, 0x80808080; "
+            f"or.b32 t3, t3, t2; "
+            f"prmt.b32 {o0}, t1, 0, 0x2404; and.b32 {o2}, t1, 0xFF00FF00; "
+            f"prmt.b32 {o1}, t3, 0, 0x2404; and.b32 {o3}, t3, 0xFF00FF00;")
 
 
 def _qk_ptx() -> str:
@@ -65,16 +71,17 @@ def _qk_ptx() -> str:
     k pairs, (2, 6) and (3, 7) the second's), two MMAs with the query fragments $16 + 4g .. $19 + 4g,
     then the group's UE8M0 scale (byte g of the scale words $12 / $14: ``byte << 23`` is
     ``2**(byte - 127)``) times the group's scores, summed in $0..$3."""
-    lines = ["{ .reg .b32 a, c, a0, a1, a2, a3, fa, fb; .reg .f32 e0, e1, e2, e3, z;", "mov.f32 z, 0f00000000;"]
-    mma = "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {e0, e1, e2, e3}, {a0, a1, a2, a3}, "
+    lines = ["{ .reg .b32 t1, t2, t3, p0, p1, p2, p3, r0, r1, r2, r3, fa, fb; .reg .f32 e0, e1, e2, e3, z;",
+             "mov.f32 z, 0f00000000;"]
+    mma = "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {e0, e1, e2, e3}, "
     for g in range(4):
         x = 4 + (g % 2) + 4 * (g // 2)  # token n's word of group g; token n + 8's is 2 further
         q = 16 + 4 * g
+        lines += [_word_pairs(["p0", "p1", "p2", "p3"], f"${x}"), _word_pairs(["r0", "r1", "r2", "r3"], f"${x + 2}")]
         for step in range(2):
-            lines += [_nibbles_fp16("a0", f"${x}", 2 * step), _nibbles_fp16("a1", f"${x + 2}", 2 * step),
-                      _nibbles_fp16("a2", f"${x}", 2 * step + 1), _nibbles_fp16("a3", f"${x + 2}", 2 * step + 1)]
+            a = f"{{p{2 * step}, r{2 * step}, p{2 * step + 1}, r{2 * step + 1}}}, "
             acc = "{z, z, z, z}" if step == 0 else "{e0, e1, e2, e3}"
-            lines += [mma + f"{{${q + 2 * step}, ${q + 2 * step + 1}}}, {acc};"]
+            lines += [mma + a + f"{{${q + 2 * step}, ${q + 2 * step + 1}}}, {acc};"]
         shift = 23 - 8 * g
         lines += [f"shl.b32 fa, $12, {shift}; shl.b32 fb, $14, {shift};" if shift > 0
                   else "shr.b32 fa, $12, 1; shr.b32 fb, $14, 1;",
@@ -92,28 +99,33 @@ _QK_CONSTRAINTS = gl.constexpr(",".join(["=f"] * 4 + ["r"] * 28))
 """Scores of one 16-token run (:func:`_qk_runs`): 4 scores out, 7 x 4 words in."""
 
 
-def _pv_tile_ptx(byte: int) -> str:
-    """PTX of :func:`_pv_tile` for tiles that read byte ``byte`` of their V words: PRMT pairs tokens
-    (a, b) and (c, d) ($8..$11: their words) byte by byte in the 16-bit lanes, the low / high nibbles
-    become the fp16 A fragments of the tile's two dims (``_nibble_pair``), times the tokens' relative
-    scales ($12: a, b; $13: c, d), one ``m16n8k16`` MMA with the probability fragments $16, $17 onto
-    the accumulator $4..$7."""
-    sel = hex(byte | byte << 4 | (4 + byte) << 8 | (4 + byte) << 12)
-    return " ".join([
-        "{ .reg .b32 a, c, x, y, a0, a1, a2, a3;",
-        f"prmt.b32 x, $8, $9, {sel}; prmt.b32 y, $10, $11, {sel};",
-        _nibble_pair("a0", "x", 9, 12), _nibble_pair("a1", "x", 5, 8),
-        _nibble_pair("a2", "y", 9, 12), _nibble_pair("a3", "y", 5, 8),
-        "mul.rn.f16x2 a0, a0, $12; mul.rn.f16x2 a1, a1, $12; mul.rn.f16x2 a2, a2, $13; mul.rn.f16x2 a3, a3, $13;",
-        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {$0, $1, $2, $3}, {a0, a1, a2, a3}, {$16, $17}, "
-        "{$4, $5, $6, $7};",
-        "}",
-    ])
+def _pv_word_ptx() -> str:
+    """PTX of :func:`_pv_word`: the four 16-dim output tiles whose V codes are the four bytes of one V
+    word of tokens (a, b, c, d) ($32..$35). PRMT puts bytes 0, 1 (then 2, 3) of tokens a and b (c and
+    d) into the two 16-bit lanes, so the word's nibble pairs (:func:`_word_pairs`) are the tiles' fp16
+    A fragments: byte k's low / high nibbles are fragments 0 / 1 of tile k (tokens a, b; 2 / 3 for c,
+    d). Times the tokens' relative scales ($36: a, b; $37: c, d), one ``m16n8k16`` MMA per tile with the
+    probability fragments $40, $41 onto accumulators $16.. (tile k: $16 + 4k .. $19 + 4k) into $0.."""
+    lines = ["{ .reg .b32 t1, t2, t3, z0, z1, p0, p1, p2, p3, r0, r1, r2, r3;"]
+    for half in range(2):
+        sel = "0x5410" if half == 0 else "0x7632"
+        lines += [f"prmt.b32 z0, $32, $33, {sel}; prmt.b32 z1, $34, $35, {sel};",
+                  _word_pairs(["p0", "p1", "p2", "p3"], "z0"), _word_pairs(["r0", "r1", "r2", "r3"], "z1")]
+        for b in range(2):  # tile k = 2 half + b: pairs 2b, 2b + 1
+            k = 2 * half + b
+            a0, a1, a2, a3 = f"p{2 * b}", f"p{2 * b + 1}", f"r{2 * b}", f"r{2 * b + 1}"
+            lines += [f"mul.rn.f16x2 {a0}, {a0}, $36; mul.rn.f16x2 {a1}, {a1}, $36; "
+                      f"mul.rn.f16x2 {a2}, {a2}, $37; mul.rn.f16x2 {a3}, {a3}, $37;",
+                      f"mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {{${4 * k}, ${4 * k + 1}, ${4 * k + 2}, "
+                      f"${4 * k + 3}}}, {{{a0}, {a1}, {a2}, {a3}}}, {{$40, $41}}, {{${16 + 4 * k}, ${17 + 4 * k}, "
+                      f"${18 + 4 * k}, ${19 + 4 * k}}};"]
+    return " ".join(lines + ["}"])
 
 
-_PV_ASM = gl.constexpr([_pv_tile_ptx(k) for k in range(4)])
-_PV_CONSTRAINTS = gl.constexpr(",".join(["=f"] * 4 + ["f"] * 4 + ["r"] * 12))
-"""One 16-dim output tile of one run (:func:`_pv_tile`), by V byte: 4 accumulators out, 4 in, 3 x 4 words."""
+_PV_ASM = gl.constexpr(_pv_word_ptx())
+_PV_CONSTRAINTS = gl.constexpr(",".join(["=f"] * 16 + ["f"] * 16 + ["r"] * 12))
+"""The four output tiles of one V word of one run (:func:`_pv_word`): 4 x 4 accumulators out and in,
+3 x 4 words."""
 
 
 @gluon.constexpr_function
@@ -270,16 +282,17 @@ def _query_frags(q, NW: gl.constexpr, L: gl.constexpr):
 
 
 @gluon.jit
-def _pv_tile(acc, vw, rel, pfr, BYTE: gl.constexpr):
-    """``acc += V^T P^T`` for one output tile of one run (MMA accumulator layout ``[NW, 16, 8]``): tile
-    row r of lane group g is dim ``16 g + 2 * tile + r // 8``; ``vw`` holds the V word with the tile's
-    byte ``BYTE`` of tokens (a, b, c, d) = (2t, 2t + 1, 2t + 8, 2t + 9), ``rel`` their relative scales
-    as fp16 pairs, ``pfr`` the probability fragments (:func:`_pv_operands`)."""
+def _pv_word(acc0, acc1, acc2, acc3, vw, rel, pfr):
+    """``acc += V^T P^T`` for the four output tiles of one V word of one run (MMA accumulator layout
+    ``[NW, 16, 8]``): tile row r of lane group g of the tile of byte k of V word w is dim
+    ``16 g + 2 (4 w + k) + r // 8``; ``vw`` holds that V word of tokens (a, b, c, d) = (2t, 2t + 1,
+    2t + 8, 2t + 9), ``rel`` their relative scales as fp16 pairs, ``pfr`` the probability fragments
+    (:func:`_pv_operands`)."""
     return gl.inline_asm_elementwise(
-        asm=_PV_ASM[BYTE],
+        asm=_PV_ASM,
         constraints=_PV_CONSTRAINTS,
-        args=[acc, vw, rel, pfr],
-        dtype=gl.float32,
+        args=[acc0, acc1, acc2, acc3, vw, rel, pfr],
+        dtype=(gl.float32, gl.float32, gl.float32, gl.float32),
         is_pure=True,
         pack=4,
     )
@@ -312,7 +325,7 @@ def _fp16_pairs(x, NW: gl.constexpr, L: gl.constexpr):
 
 @gluon.jit
 def _pv_operands(p, vsw, vsw1, vtop, nr_t, D: gl.constexpr, NW: gl.constexpr, L: gl.constexpr):
-    """fp16 probability fragments and relative V scales of one run for :func:`_pv_tile`, both from the
+    """fp16 probability fragments and relative V scales of one run for :func:`_pv_word`, both from the
     score layout ``[NW, 16 tokens, 8 rows]``: ``p * 2**(top - 127 - nr)`` (the token's largest V scale
     against the running reference exponent ``nr_t``) and ``2**(scale of group g D / 256 - top + 14)``
     (``_rel_scale``; g: the consumer's lane group, which is the row index here; scale words ``vsw``,
@@ -327,7 +340,7 @@ def _pv_operands(p, vsw, vsw1, vtop, nr_t, D: gl.constexpr, NW: gl.constexpr, L:
 
 @gluon.constexpr_function
 def _vword_layout(nw, wpt, slot_words):
-    """Padded view ``[NW, 16, 8, wpt, 2]`` of V code words for :func:`_pv_tile`: element (i, j, w, 0) is
+    """Padded view ``[NW, 16, 8, wpt, 2]`` of V code words for :func:`_pv_word`: element (i, j, w, 0) is
     V word ``wpt (i % 8) + w`` of run token ``j + 8 (i // 8)`` (tokens permuted by ``TOKEN_BASES``), slots
     of ``16 wpt`` + padding words (``slot_words`` in all)."""
     bases = [[0, 0, 0, 1 << b, 0] for b in range(wpt.bit_length() - 1)]
@@ -670,7 +683,7 @@ def uq_decode_v8(q_ptr, cache_ptr, bt_ptr, seqlen_ptr, sinks_ptr, out_ptr, part_
     kwb = words.slice(8, 8)._reinterpret(gl.int32, [E, NW, TW, SW2 // 8, 8], PKW)  # groups 2, 3
     kwc = words.slice(16, 16)._reinterpret(gl.int32, [E, NW, TW, SW2 // 8, 8], PKW)  # D=256: groups 4, 5
     kwd = words.slice(24, 8)._reinterpret(gl.int32, [E, NW, TW, SW2 // 8, 8], PKW)  # D=256: groups 6, 7
-    # V code words for _pv_tile: [NW, 16, 8, WPT, 2] views based at V words 0..WPT-1 (:func:`_vword_layout`)
+    # V code words for _pv_word: [NW, 16, 8, WPT, 2] views based at V words 0..WPT-1 (:func:`_vword_layout`)
     WPT: gl.constexpr = D // 64
     PVW: gl.constexpr = _vword_layout(NW, WPT, SLOT // 4)
     V0: gl.constexpr = (H + G) // 4
@@ -789,7 +802,7 @@ def uq_decode_v8(q_ptr, cache_ptr, bt_ptr, seqlen_ptr, sinks_ptr, out_ptr, part_
         rv = gl.expand_dims(gl.expand_dims(gl.expand_dims(gl.arange(0, 8, R3), 0), 1), 2)
         vgroup = gl.expand_dims(gv // 2, 3) + rv * 0
 
-    # accumulators: rows in N, 8 tiles [NW, 16 dims, 8 rows] (_pv_tile); m16, even / odd dims [NW, 16, 64]
+    # accumulators: rows in N, 8 tiles [NW, 16 dims, 8 rows] (_pv_word); m16, even / odd dims [NW, 16, 64]
     NT: gl.constexpr = D // 16 if ROWS_IN_N else 2
     ACC: gl.constexpr = _pick(ROWS_IN_N, [NW, 16, ROWS], [NW, ROWS, H])
     accs = ()
@@ -888,8 +901,10 @@ def uq_decode_v8(q_ptr, cache_ptr, bt_ptr, seqlen_ptr, sinks_ptr, out_ptr, part_
                             vwt = vwt + (_piece(vwc.index(cur + j + i), [NW, 16, ROWS], MMA, MMA),
                                          _piece(vwd.index(cur + j + i), [NW, 16, ROWS], MMA, MMA))
                         tiles = ()
-                        for t in gl.static_range(NT):  # tile t: byte t % 4 of the thread's V word t // 4
-                            tiles = tiles + (_pv_tile(accs[t], vwt[t // 4], rel, pfr, t % 4),)
+                        for v in gl.static_range(NT // 4):  # tile 4 v + k: byte k of the thread's V word v
+                            t0_, t1_, t2_, t3_ = _pv_word(accs[4 * v], accs[4 * v + 1], accs[4 * v + 2],
+                                                          accs[4 * v + 3], vwt[v], rel, pfr)
+                            tiles = tiles + (t0_, t1_, t2_, t3_)
                         accs = tiles
                     else:
                         acc_e, acc_o = _run_pv(accs[0], accs[1], vc8.index(cur + j + i), vws[i], vtops[i], vexps[i],
