@@ -574,42 +574,39 @@ def _run_pv(acc_e, acc_o, vc8, vw, vtop, vexp, p, nr, vgroup, NW: gl.constexpr, 
     return acc_e, acc_o
 
 
+@gluon.constexpr_function
+def _tile_shape(nw, bits):
+    """Shape ``[NW, h, g, j, b0 .. b{bits-1}]`` of the joined tiles (:func:`_partial_rows`)."""
+    return [nw, 2, 8, 8] + [2] * bits
+
+
+@gluon.constexpr_function
+def _tile_order(bits):
+    """Axis order taking ``[NW, h, g, j, b0 .. b{bits-1}]`` (joined tiles, tile index bits lowest first)
+    to ``[NW, j, g, tile, h]``: the partial's rows, then dims ``(D / 8) g + 2 tile + h``."""
+    return [0, 3, 2] + [4 + bits - 1 - k for k in range(bits)] + [1]
+
+
 @gluon.jit
-def _combine_token_groups(part_ptr, ml_ptr, pair0, sp, num_splits, GQA: gl.constexpr, ROWS: gl.constexpr,
-                          D: gl.constexpr, HK: gl.constexpr, WT: gl.constexpr, NW: gl.constexpr):
-    """The WT warps of each kv head (its token groups) combine their partials (acc * 2**run, m, l) into
-    the head's slot 0 of this program, so the last program merges ``num_splits`` partials per head, not
-    ``num_splits * WT``. Row by row; each thread reads all WT partials of the elements it writes, and a
-    barrier separates every row's reads from its writes (the m / l words are read by several threads)."""
-    CW: gl.constexpr = gl.BlockedLayout([1, 1, 4], [1, 1, 32], [HK, 1, NW // HK], [2, 1, 0])  # [HK, WT, D]
-    C2: gl.constexpr = gl.SliceLayout(2, CW)
-    C1: gl.constexpr = gl.SliceLayout(1, CW)
-    ch = _iota3(HK, 0, CW)
-    cw = _iota3(WT, 1, CW)
-    cc = _iota3(D, 2, CW)
-    ch2 = gl.expand_dims(gl.arange(0, HK, gl.SliceLayout(1, C2)), 1)
-    cw2 = gl.expand_dims(gl.arange(0, WT, gl.SliceLayout(0, C2)), 0)
-    oh = gl.expand_dims(gl.arange(0, HK, gl.SliceLayout(1, C1)), 1)
-    oc = gl.expand_dims(gl.arange(0, D, gl.SliceLayout(0, C1)), 0)
-    oh1 = gl.arange(0, HK, gl.SliceLayout(1, C2))
-    src3 = (((pair0 + ch) * num_splits + sp) * WT + cw).to(gl.int64) * (ROWS * D) + cc
-    src2 = (((pair0 + ch2) * num_splits + sp) * WT + cw2).to(gl.int64) * (2 * ROWS)
-    dst3 = (((pair0 + oh) * num_splits + sp) * WT).to(gl.int64) * (ROWS * D) + oc
-    dst2 = (((pair0 + oh1) * num_splits + sp) * WT).to(gl.int64) * (2 * ROWS)
-    for r in range(GQA):
-        acc_w = gl.load(part_ptr + src3 + r * D, cache_modifier=".cg")
-        m_w = gl.load(ml_ptr + src2 + r, cache_modifier=".cg")
-        l_w = gl.load(ml_ptr + src2 + ROWS + r, cache_modifier=".cg")
-        m_c = gl.max(m_w, axis=1)
-        m_s = gl.where(m_c == float("-inf"), 0.0, m_c)
-        sc = gl.exp2(m_w - gl.expand_dims(m_s, 1))
-        acc_c = gl.sum(acc_w * gl.expand_dims(sc, 2), axis=1)
-        l_c = gl.sum(l_w * sc, axis=1)
-        gl.thread_barrier()
-        gl.store(part_ptr + dst3 + r * D, acc_c)
-        gl.store(ml_ptr + dst2 + r, m_c)
-        gl.store(ml_ptr + dst2 + ROWS + r, l_c)
-        gl.thread_barrier()
+def _partial_rows(accs, NT: gl.constexpr, NW: gl.constexpr, ROWS: gl.constexpr, D: gl.constexpr,
+                  ROWS_IN_N: gl.constexpr):
+    """A warp's accumulator as ``[NW, ROWS, D]`` (query rows, dims in order) from its MMA tiles (rows in
+    N: tile t, row i of lane group g is dim ``(D / 8) g + 2 t + i // 8``; m16: even / odd dims
+    ``2 (8 (n % 8) + n // 8)``), by joins, permutes and reshapes (register renaming, no data moves)."""
+    if ROWS_IN_N:
+        xs = accs
+        LOG2NT: gl.constexpr = NT.bit_length() - 1
+        for _lvl in gl.static_range(LOG2NT):
+            ys = ()
+            for k in gl.static_range(NT // (2 << _lvl)):
+                ys = ys + (gl.join(xs[2 * k], xs[2 * k + 1]),)
+            xs = ys
+        x = gl.reshape(xs[0], _tile_shape(NW, LOG2NT).value)
+        rows = gl.reshape(gl.permute(x, _tile_order(LOG2NT).value), [NW, ROWS, D])
+    else:
+        x = gl.reshape(gl.join(accs[0], accs[1]), [NW, ROWS, 8, 8, 2])  # n = 8 a + b, dim 16 b + 2 a + e
+        rows = gl.reshape(gl.permute(x, [0, 1, 3, 2, 4]), [NW, ROWS, D])
+    return rows
 
 
 @gluon.jit
@@ -917,34 +914,36 @@ def uq_decode_v8(q_ptr, cache_ptr, bt_ptr, seqlen_ptr, sinks_ptr, out_ptr, part_
 
     pair0 = b * HK
     if MATH:
-        # ---- every warp's partial (acc * 2**run, m, l) to the workspace: slot ((b*HK + h)*S + sp)*WT + s
+        # ---- the program's partial of each kv head (acc * 2**run, m, l; its WT token groups combined
+        # here, across warps) to the workspace, coalesced: slot ((b*HK + h)*S + sp)*WT
         f = gl.expand_dims(gl.expand_dims(_pow2(gl.minimum(run, 127)), 1), TAX)
-        pw = _iota3(NW, 0, MMA)
-        slot3 = (((pair0 + pw // WT) * num_splits + sp) * WT + pw % WT).to(gl.int64)
-        if ROWS_IN_N:
-            ti = _iota3(16, 1, MMA)
-            prow = _iota3(ROWS, 2, MMA)
-            pmask = (prow < GQA) & (ti >= 0)
-            for t in gl.static_range(NT):  # tile t, row i of lane group g: dim (D / 8) g + 2 t + i // 8
-                pptr = part_ptr + slot3 * (ROWS * D) + prow * D + (D // 8) * (ti % 8) + 2 * t + ti // 8
-                gl.store(pptr, accs[t] * f, mask=pmask)
-        else:
-            prow = _iota3(ROWS, RAX, MMA)
-            nn = _iota3(H, TAX, MMA)
-            d_e = 2 * (8 * (nn % 8) + nn // 8)
-            pptr = part_ptr + slot3 * (ROWS * D) + prow * D + d_e
-            pmask = (prow < GQA) & (nn >= 0)
-            gl.store(pptr, accs[0] * f, mask=pmask)
-            gl.store(pptr + 1, accs[1] * f, mask=pmask)
-        pw1 = gl.arange(0, NW, gl.SliceLayout(1, QR))
-        mlw = (((pair0 + pw1 // WT) * num_splits + sp) * WT + pw1 % WT).to(gl.int64)
-        mlp = ml_ptr + gl.expand_dims(mlw, 1) * (2 * ROWS) + gl.expand_dims(rows, 0)
-        mlmask = gl.expand_dims(rows < GQA, 0)
-        gl.store(mlp, m_i, mask=mlmask)
-        gl.store(mlp + ROWS, l_i, mask=mlmask)
+        scaled = ()
+        for t in gl.static_range(NT):
+            scaled = scaled + (accs[t] * f,)
+        EP: gl.constexpr = gl.BlockedLayout([1, 1, 1, 4], [1, 1, 1, 32], [HK, WT, 1, 1], [3, 2, 1, 0])
+        E3: gl.constexpr = gl.SliceLayout(3, EP)
+        x4 = gl.convert_layout(gl.reshape(_partial_rows(scaled, NT, NW, ROWS, D, ROWS_IN_N), [HK, WT, ROWS, D]), EP)
+        m4 = gl.convert_layout(gl.reshape(m_i, [HK, WT, ROWS]), E3)
+        l4 = gl.convert_layout(gl.reshape(l_i, [HK, WT, ROWS]), E3)
+        m_c = gl.max(m4, axis=1)
+        m_z = gl.where(m_c == float("-inf"), 0.0, m_c)
+        sc = gl.exp2(m4 - gl.expand_dims(m_z, 1))
+        acc_c = gl.sum(x4 * gl.expand_dims(sc, 3), axis=1)
+        l_c = gl.sum(l4 * sc, axis=1)
+        P3: gl.constexpr = gl.SliceLayout(1, EP)
+        P2: gl.constexpr = gl.SliceLayout(1, E3)
+        ph = _iota3(HK, 0, P3)
+        pr = _iota3(ROWS, 1, P3)
+        pc = _iota3(D, 2, P3)
+        pslot = (((pair0 + ph) * num_splits + sp) * WT).to(gl.int64)
+        gl.store(part_ptr + pslot * (ROWS * D) + pr * D + pc, acc_c, mask=(pr < GQA) & (pc >= 0) & (ph >= 0))
+        ph2 = gl.expand_dims(gl.arange(0, HK, gl.SliceLayout(1, P2)), 1)
+        pr2 = gl.expand_dims(gl.arange(0, ROWS, gl.SliceLayout(0, P2)), 0)
+        mlp = ml_ptr + (((pair0 + ph2) * num_splits + sp) * WT).to(gl.int64) * (2 * ROWS) + pr2
+        mlmask = (pr2 < GQA) & (ph2 >= 0)
+        gl.store(mlp, m_c, mask=mlmask)
+        gl.store(mlp + ROWS, l_c, mask=mlmask)
         gl.thread_barrier()
-        if WT > 1:
-            _combine_token_groups(part_ptr, ml_ptr, pair0, sp, num_splits, GQA, ROWS, D, HK, WT, NW)
         ticket = gl.atomic_add(counter_ptr + pair0, 1)
         if ticket == num_splits - 1:
             # ---- last program of this request: merge every head's num_splits partials (slot 0 of each)
