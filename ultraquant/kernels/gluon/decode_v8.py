@@ -717,6 +717,15 @@ def uq_decode_v8(q_ptr, cache_ptr, bt_ptr, seqlen_ptr, sinks_ptr, out_ptr, part_
     t_hi = gl.minimum(t_lo + per, length)
     n_it = gl.cdiv(gl.maximum(t_hi - t_lo, 0), TT)
     bt_row = bt_ptr + b.to(gl.int64) * stride_btb
+    # ---- the query, loaded before the ring copies queue up ahead of it
+    qr = gl.arange(0, ROWS, gl.SliceLayout(0, gl.SliceLayout(2, QL)))
+    qc = gl.arange(0, D, gl.SliceLayout(0, gl.SliceLayout(1, QL)))
+    qw = gl.arange(0, NW, gl.SliceLayout(1, gl.SliceLayout(2, QL)))
+    qr3 = gl.expand_dims(gl.expand_dims(qr, 0), 2)
+    qc3 = gl.expand_dims(gl.expand_dims(qc, 0), 1)
+    qh3 = gl.expand_dims(gl.expand_dims(qw // WT, 1), 2)
+    qoff = (qh3 * GQA + qr3) * stride_qh + qc3
+    q_in = gl.load(q_ptr + b.to(gl.int64) * stride_qb + qoff, mask=(qr3 < GQA) & (qc3 < D), other=0.0)
     inside = _blocks_inside(bt_row, t_lo, t_hi, num_blocks, err_ptr, BLOCK_SIZE, NW)
 
     # ---- prologue: STAGES - 1 stages in flight
@@ -726,14 +735,7 @@ def uq_decode_v8(q_ptr, cache_ptr, bt_ptr, seqlen_ptr, sinks_ptr, out_ptr, part_
         async_copy.commit_group()
 
     # ---- query: rotate, scale, fp16 halves times a per-row power of two (as v7), once
-    qr = gl.arange(0, ROWS, gl.SliceLayout(0, gl.SliceLayout(2, QL)))
-    qc = gl.arange(0, D, gl.SliceLayout(0, gl.SliceLayout(1, QL)))
-    qw = gl.arange(0, NW, gl.SliceLayout(1, gl.SliceLayout(2, QL)))
-    qr3 = gl.expand_dims(gl.expand_dims(qr, 0), 2)
-    qc3 = gl.expand_dims(gl.expand_dims(qc, 0), 1)
-    qh3 = gl.expand_dims(gl.expand_dims(qw // WT, 1), 2)
-    qoff = (qh3 * GQA + qr3) * stride_qh + qc3
-    q = gl.load(q_ptr + b.to(gl.int64) * stride_qb + qoff, mask=(qr3 < GQA) & (qc3 < D), other=0.0).to(gl.float32)
+    q = q_in.to(gl.float32)
     if D == 128:
         q = _fwht_rows(q, NW, ROWS, D, LOG2D)
     else:
@@ -920,7 +922,7 @@ def uq_decode_v8(q_ptr, cache_ptr, bt_ptr, seqlen_ptr, sinks_ptr, out_ptr, part_
         scaled = ()
         for t in gl.static_range(NT):
             scaled = scaled + (accs[t] * f,)
-        EP: gl.constexpr = gl.BlockedLayout([1, 1, 1, 4], [1, 1, 1, 32], [HK, WT, 1, 1], [3, 2, 1, 0])
+        EP: gl.constexpr = gl.BlockedLayout([1, WT, 1, 4], [1, 1, 1, 32], [HK, 1, WT, 1], [3, 1, 2, 0])  # WT in-thread
         E3: gl.constexpr = gl.SliceLayout(3, EP)
         x4 = gl.convert_layout(gl.reshape(_partial_rows(scaled, NT, NW, ROWS, D, ROWS_IN_N), [HK, WT, ROWS, D]), EP)
         m4 = gl.convert_layout(gl.reshape(m_i, [HK, WT, ROWS]), E3)
