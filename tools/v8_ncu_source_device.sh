@@ -1,6 +1,6 @@
 # Per-instruction stall sampling of decode v8 on shapes $SHAPES (default "A C"; issue 14): ncu's source
 # counters of the decode's first launch (tools/v8_ncu.py), exported as the SASS source page in CSV
-# (one row per instruction: its stall samples by reason), for tools/ncu_source_sum.py. Writes
+# (one row per instruction: its stall samples by reason), for `tools/ncu_source_sum.py`. Writes
 # $OUT/ncu/src_<shape>.csv (and the report). From the repo root: bash tools/v8_ncu_source_device.sh
 export PYTHONPATH=$PWD
 OUT=${OUT:-/tmp/out}; mkdir -p $OUT/ncu

@@ -173,10 +173,11 @@ def _slot_layout(interval, pad, shape, last=None):
 
 
 @gluon.constexpr_function
-def _merge_step(per_thread):
-    """Partials per step of the last program's merge: their loads overlap, up to 32 values per thread
-    (``per_thread`` of each partial) so the merge does not spill."""
-    return max(1, min(8, 32 // max(1, per_thread)))
+def _merge_step(per_thread, hk):
+    """Partials per step of the last program's merge: their loads overlap, up to 64 values per thread
+    (``per_thread`` of each partial), 32 at one kv head (its merge layout replicates a partial across
+    the warps), so the merge does not spill."""
+    return max(1, min(8, (64 if hk > 1 else 32) // max(1, per_thread)))
 
 
 @gluon.constexpr_function
@@ -446,12 +447,12 @@ def _issue_stage(ring, stage, cache_ptr, bt_row, t0, t_hi, stride_cb, stride_ch,
 
 @gluon.constexpr_function
 def _stage_blocks(tt, block_size):
-    """How many block ids a ``tt``-token stage loads up front: 1 when a block holds whole stages,
-    ``tt // block_size`` (<= 4) when a stage is whole blocks (stages start on ``tt`` boundaries), else 0:
-    each row loads its own (a select chain longer than 4 costs more ALU work than the loads)."""
+    """How many block ids a ``tt``-token stage loads up front: 1 when a block holds whole stages, 2 when
+    a stage is two whole blocks (stages start on ``tt`` boundaries), else 0: each row loads its own (a
+    longer select chain costs ALU work and registers: 4 ids spilled in the m16 loop)."""
     if block_size % tt == 0:
         return 1
-    if tt % block_size == 0 and tt // block_size <= 4:
+    if tt == 2 * block_size:
         return tt // block_size
     return 0
 
@@ -632,7 +633,7 @@ def uq_decode_v8(q_ptr, cache_ptr, bt_ptr, seqlen_ptr, sinks_ptr, out_ptr, part_
     G: gl.constexpr = D // 32
     TT: gl.constexpr = NSUB * WT * TW
     PAIR: gl.constexpr = NSUB  # runs per online-softmax update: the whole stage
-    MERGE: gl.constexpr = _merge_step(HK * GQA_PAD * D // (32 * NW))  # partials per merge step
+    MERGE: gl.constexpr = _merge_step(HK * GQA_PAD * D // (32 * NW), HK)  # partials per merge step
 
     # ---- layouts: warp = MMA batch
     MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[NW, 1, 1],
