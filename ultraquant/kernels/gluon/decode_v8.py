@@ -472,14 +472,19 @@ def _run_rows(r, RUN: gl.constexpr, bt_row, t0, t_hi, stride_cb, stride_ch, ids,
     ok = tok < t_hi
     if NBL == 0:
         blk = gl.load(bt_row + tok // BLOCK_SIZE, mask=ok, other=0)
+        ok = ok & (inside | ((blk >= 0) & (blk < num_blocks)))
+        base = (blk.to(gl.int64) * stride_cb + (w // WT).to(gl.int64) * stride_ch
+                + ((tok % BLOCK_SIZE) * SLOT + (r % RUN) * 128).to(gl.int64))
     else:
         jl = dt // BLOCK_SIZE
         blk = ids[0] + jl * 0
         for j in gl.static_range(1, NBL):
             blk = gl.where(jl == j, ids[j], blk)
-    ok = ok & (inside | ((blk >= 0) & (blk < num_blocks)))
-    base = (blk.to(gl.int64) * stride_cb + (w // WT).to(gl.int64) * stride_ch
-            + ((tok % BLOCK_SIZE) * SLOT + (r % RUN) * 128).to(gl.int64))
+        ok = ok & (inside | ((blk >= 0) & (blk < num_blocks)))
+        # stages start on TT boundaries, so tok % BLOCK_SIZE = t0 % BLOCK_SIZE + dt % BLOCK_SIZE: the
+        # row's offset inside its page does not depend on the stage (the compiler keeps it)
+        inner = (w // WT).to(gl.int64) * stride_ch + (dt % BLOCK_SIZE) * SLOT + (r % RUN) * 128
+        base = blk.to(gl.int64) * stride_cb + (t0 % BLOCK_SIZE) * SLOT + inner
     return base, ok
 
 
