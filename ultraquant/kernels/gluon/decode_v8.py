@@ -175,9 +175,9 @@ def _slot_layout(interval, pad, shape, last=None):
 @gluon.constexpr_function
 def _merge_step(per_thread, hk):
     """Partials per step of the last program's merge: their loads overlap, up to 64 values per thread
-    (``per_thread`` of each partial), 32 at one kv head (its merge layout replicates a partial across
-    the warps), so the merge does not spill."""
-    return max(1, min(8, (64 if hk > 1 else 32) // max(1, per_thread)))
+    (``per_thread`` of each partial) at 8 kv heads, 32 below (ptxas spilled 8-300 B there with 64), so
+    the merge does not spill."""
+    return max(1, min(8, (64 if hk >= 8 else 32) // max(1, per_thread)))
 
 
 @gluon.constexpr_function
