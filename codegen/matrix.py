@@ -222,9 +222,12 @@ SPILLS_ALLOWED: tuple[SpillAllowance, ...] = (
                    "ptxas local frame of decode on sm_90: 8 B measured", 256),
     SpillAllowance(("prefill_attention",), lambda c, a: a == "sm_90",
                    "ptxas spills of prefill on sm_90 at 255 registers: 64-256 B per thread measured", 1024),
-    SpillAllowance(("decode_attention_v8",), lambda c, a: c.get("num_kv_heads", 8) <= 2 and c["gqa"] >= 5,
-                   "decode v8 with 1-2 kv heads and GQA 5-16: 8-416 B measured, all outside the hot loop (the "
-                   "last program's merge, whose layout replicates a partial at 1 kv head; tools/v8_sass.py)", 512),
+    SpillAllowance(("decode_attention_v8",),
+                   lambda c, a: (c.get("num_kv_heads", 8) <= 2 and c["gqa"] >= 5) or c["gqa"] >= 9,
+                   "decode v8 with 1-2 kv heads and GQA 5-16: 8-80 B measured, outside the hot loop but for a few "
+                   "loads (the last program's merge, whose layout replicates a partial at 1 kv head); the 16-row "
+                   "(m16) path at GQA 9-16 with 4 kv heads: 32 B, 4-5 local loads in a 3333-instruction loop "
+                   "(tools/v8_sass.py)", 512),
 )
 """Configs whose scratch/spills/local memory are accepted, each with the measured figures and a byte
 budget; every other blob must use none (the build and ``ultraquant verify`` enforce both)."""

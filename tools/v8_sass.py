@@ -59,7 +59,7 @@ def main(argv: list[str]) -> None:
     tokens = c["NSUB"] * c["TW"]
     for start, end in loops(ins)[:2]:
         body = [t for a, t in ins if start <= a <= end]
-        mix = collections.Counter(opcode(t) for t in body).most_common(16)
+        mix = collections.Counter(opcode(t) for t in body).most_common(int(os.environ.get("V8_MIX", "16")))
         print(f"loop 0x{start:x}-0x{end:x}: {len(body)} instructions = {len(body) / tokens:.1f} per token-head; "
               + ", ".join(f"{o} {n}" for o, n in mix))
 

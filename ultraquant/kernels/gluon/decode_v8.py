@@ -50,13 +50,19 @@ _FP4_SCALED_ASM = gl.constexpr(" ".join([
 """v7's nibble -> fp16 PTX (``_nibble_pair``) with the relative scales ($5, $6) multiplied in."""
 
 
-def _nibbles_fp16(out: str, src: str, i: int) -> str:
-    """PTX: nibbles ``i`` and ``i + 4`` of word ``src`` (one in each 16-bit lane) as the fp16 patterns
-    ``fp4 * 2**-14`` into ``out`` (magnitude bits to 11..9, sign to 15); no byte moves needed."""
-    mag, sign = 9 - 4 * i, 12 - 4 * i
-    m = f"shl.b32 a, {src}, {mag};" if mag > 0 else f"shr.b32 a, {src}, {-mag};"
-    c = f"shl.b32 c, {src}, {sign};" if sign > 0 else f"mov.b32 c, {src};"
-    return f"{m} {c} and.b32 a, a, 0x0E000E00; and.b32 c, c, 0x80008000; or.b32 {out}, a, c;"
+def _word_pairs(outs: list[str], src: str) -> str:
+    """PTX: the four nibble pairs (``i``, ``i + 4``) of word ``src`` as fp16 patterns ``fp4 * 2**-14``
+    (magnitude bits to 11..9, sign to 15) into ``outs[i]``. Every byte first becomes one pattern byte
+    per nibble: the low nibbles' (X: magnitude << 1, sign << 4) and the high nibbles' (Y: magnitude
+    >> 3, sign in place), then bytes 1, 3 stay where they are (pairs 2, 3) and bytes 0, 2 move up one
+    byte (pairs 0, 1): 11 instructions per word instead of 4 per pair."""
+    o0, o1, o2, o3 = outs
+    return (f"shl.b32 t1, {src}, 1; shl.b32 t2, {src}, 4; and.b32 t1, t1, 0x0E0E0E0E; "
+            f"and.b32 t2, t2, 0x80808080; or.b32 t1, t1, t2; "
+            f"shr.b32 t3, {src}, 3; and.b32 t3, t3, 0x0E0E0E0E; and.b32 t2, {src}, 0x80808080; "
+            f"or.b32 t3, t3, t2; "
+            f"prmt.b32 {o0}, t1, 0, 0x2404; and.b32 {o2}, t1, 0xFF00FF00; "
+            f"prmt.b32 {o1}, t3, 0, 0x2404; and.b32 {o3}, t3, 0xFF00FF00;")
 
 
 def _qk_ptx() -> str:
@@ -65,16 +71,17 @@ def _qk_ptx() -> str:
     k pairs, (2, 6) and (3, 7) the second's), two MMAs with the query fragments $16 + 4g .. $19 + 4g,
     then the group's UE8M0 scale (byte g of the scale words $12 / $14: ``byte << 23`` is
     ``2**(byte - 127)``) times the group's scores, summed in $0..$3."""
-    lines = ["{ .reg .b32 a, c, a0, a1, a2, a3, fa, fb; .reg .f32 e0, e1, e2, e3, z;", "mov.f32 z, 0f00000000;"]
-    mma = "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {e0, e1, e2, e3}, {a0, a1, a2, a3}, "
+    lines = ["{ .reg .b32 t1, t2, t3, p0, p1, p2, p3, r0, r1, r2, r3, fa, fb; .reg .f32 e0, e1, e2, e3, z;",
+             "mov.f32 z, 0f00000000;"]
+    mma = "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {e0, e1, e2, e3}, "
     for g in range(4):
         x = 4 + (g % 2) + 4 * (g // 2)  # token n's word of group g; token n + 8's is 2 further
         q = 16 + 4 * g
+        lines += [_word_pairs(["p0", "p1", "p2", "p3"], f"${x}"), _word_pairs(["r0", "r1", "r2", "r3"], f"${x + 2}")]
         for step in range(2):
-            lines += [_nibbles_fp16("a0", f"${x}", 2 * step), _nibbles_fp16("a1", f"${x + 2}", 2 * step),
-                      _nibbles_fp16("a2", f"${x}", 2 * step + 1), _nibbles_fp16("a3", f"${x + 2}", 2 * step + 1)]
+            a = f"{{p{2 * step}, r{2 * step}, p{2 * step + 1}, r{2 * step + 1}}}, "
             acc = "{z, z, z, z}" if step == 0 else "{e0, e1, e2, e3}"
-            lines += [mma + f"{{${q + 2 * step}, ${q + 2 * step + 1}}}, {acc};"]
+            lines += [mma + a + f"{{${q + 2 * step}, ${q + 2 * step + 1}}}, {acc};"]
         shift = 23 - 8 * g
         lines += [f"shl.b32 fa, $12, {shift}; shl.b32 fb, $14, {shift};" if shift > 0
                   else "shr.b32 fa, $12, 1; shr.b32 fb, $14, 1;",
@@ -92,28 +99,33 @@ _QK_CONSTRAINTS = gl.constexpr(",".join(["=f"] * 4 + ["r"] * 28))
 """Scores of one 16-token run (:func:`_qk_runs`): 4 scores out, 7 x 4 words in."""
 
 
-def _pv_tile_ptx(byte: int) -> str:
-    """PTX of :func:`_pv_tile` for tiles that read byte ``byte`` of their V words: PRMT pairs tokens
-    (a, b) and (c, d) ($8..$11: their words) byte by byte in the 16-bit lanes, the low / high nibbles
-    become the fp16 A fragments of the tile's two dims (``_nibble_pair``), times the tokens' relative
-    scales ($12: a, b; $13: c, d), one ``m16n8k16`` MMA with the probability fragments $16, $17 onto
-    the accumulator $4..$7."""
-    sel = hex(byte | byte << 4 | (4 + byte) << 8 | (4 + byte) << 12)
-    return " ".join([
-        "{ .reg .b32 a, c, x, y, a0, a1, a2, a3;",
-        f"prmt.b32 x, $8, $9, {sel}; prmt.b32 y, $10, $11, {sel};",
-        _nibble_pair("a0", "x", 9, 12), _nibble_pair("a1", "x", 5, 8),
-        _nibble_pair("a2", "y", 9, 12), _nibble_pair("a3", "y", 5, 8),
-        "mul.rn.f16x2 a0, a0, $12; mul.rn.f16x2 a1, a1, $12; mul.rn.f16x2 a2, a2, $13; mul.rn.f16x2 a3, a3, $13;",
-        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {$0, $1, $2, $3}, {a0, a1, a2, a3}, {$16, $17}, "
-        "{$4, $5, $6, $7};",
-        "}",
-    ])
+def _pv_word_ptx() -> str:
+    """PTX of :func:`_pv_word`: the four 16-dim output tiles whose V codes are the four bytes of one V
+    word of tokens (a, b, c, d) ($32..$35). PRMT puts bytes 0, 1 (then 2, 3) of tokens a and b (c and
+    d) into the two 16-bit lanes, so the word's nibble pairs (:func:`_word_pairs`) are the tiles' fp16
+    A fragments: byte k's low / high nibbles are fragments 0 / 1 of tile k (tokens a, b; 2 / 3 for c,
+    d). Times the tokens' relative scales ($36: a, b; $37: c, d), one ``m16n8k16`` MMA per tile with the
+    probability fragments $40, $41 onto accumulators $16.. (tile k: $16 + 4k .. $19 + 4k) into $0.."""
+    lines = ["{ .reg .b32 t1, t2, t3, z0, z1, p0, p1, p2, p3, r0, r1, r2, r3;"]
+    for half in range(2):
+        sel = "0x5410" if half == 0 else "0x7632"
+        lines += [f"prmt.b32 z0, $32, $33, {sel}; prmt.b32 z1, $34, $35, {sel};",
+                  _word_pairs(["p0", "p1", "p2", "p3"], "z0"), _word_pairs(["r0", "r1", "r2", "r3"], "z1")]
+        for b in range(2):  # tile k = 2 half + b: pairs 2b, 2b + 1
+            k = 2 * half + b
+            a0, a1, a2, a3 = f"p{2 * b}", f"p{2 * b + 1}", f"r{2 * b}", f"r{2 * b + 1}"
+            lines += [f"mul.rn.f16x2 {a0}, {a0}, $36; mul.rn.f16x2 {a1}, {a1}, $36; "
+                      f"mul.rn.f16x2 {a2}, {a2}, $37; mul.rn.f16x2 {a3}, {a3}, $37;",
+                      f"mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {{${4 * k}, ${4 * k + 1}, ${4 * k + 2}, "
+                      f"${4 * k + 3}}}, {{{a0}, {a1}, {a2}, {a3}}}, {{$40, $41}}, {{${16 + 4 * k}, ${17 + 4 * k}, "
+                      f"${18 + 4 * k}, ${19 + 4 * k}}};"]
+    return " ".join(lines + ["}"])
 
 
-_PV_ASM = gl.constexpr([_pv_tile_ptx(k) for k in range(4)])
-_PV_CONSTRAINTS = gl.constexpr(",".join(["=f"] * 4 + ["f"] * 4 + ["r"] * 12))
-"""One 16-dim output tile of one run (:func:`_pv_tile`), by V byte: 4 accumulators out, 4 in, 3 x 4 words."""
+_PV_ASM = gl.constexpr(_pv_word_ptx())
+_PV_CONSTRAINTS = gl.constexpr(",".join(["=f"] * 16 + ["f"] * 16 + ["r"] * 12))
+"""The four output tiles of one V word of one run (:func:`_pv_word`): 4 x 4 accumulators out and in,
+3 x 4 words."""
 
 
 @gluon.constexpr_function
@@ -161,10 +173,11 @@ def _slot_layout(interval, pad, shape, last=None):
 
 
 @gluon.constexpr_function
-def _merge_step(per_thread):
-    """Partials per step of the last program's merge: their loads overlap, up to 32 values per thread
-    (``per_thread`` of each partial) so the merge does not spill."""
-    return max(1, min(8, 32 // max(1, per_thread)))
+def _merge_step(per_thread, hk):
+    """Partials per step of the last program's merge: their loads overlap, up to 64 values per thread
+    (``per_thread`` of each partial) at 8 kv heads, 32 below (ptxas spilled 8-300 B there with 64), so
+    the merge does not spill."""
+    return max(1, min(8, (64 if hk >= 8 else 32) // max(1, per_thread)))
 
 
 @gluon.constexpr_function
@@ -270,16 +283,17 @@ def _query_frags(q, NW: gl.constexpr, L: gl.constexpr):
 
 
 @gluon.jit
-def _pv_tile(acc, vw, rel, pfr, BYTE: gl.constexpr):
-    """``acc += V^T P^T`` for one output tile of one run (MMA accumulator layout ``[NW, 16, 8]``): tile
-    row r of lane group g is dim ``16 g + 2 * tile + r // 8``; ``vw`` holds the V word with the tile's
-    byte ``BYTE`` of tokens (a, b, c, d) = (2t, 2t + 1, 2t + 8, 2t + 9), ``rel`` their relative scales
-    as fp16 pairs, ``pfr`` the probability fragments (:func:`_pv_operands`)."""
+def _pv_word(acc0, acc1, acc2, acc3, vw, rel, pfr):
+    """``acc += V^T P^T`` for the four output tiles of one V word of one run (MMA accumulator layout
+    ``[NW, 16, 8]``): tile row r of lane group g of the tile of byte k of V word w is dim
+    ``16 g + 2 (4 w + k) + r // 8``; ``vw`` holds that V word of tokens (a, b, c, d) = (2t, 2t + 1,
+    2t + 8, 2t + 9), ``rel`` their relative scales as fp16 pairs, ``pfr`` the probability fragments
+    (:func:`_pv_operands`)."""
     return gl.inline_asm_elementwise(
-        asm=_PV_ASM[BYTE],
+        asm=_PV_ASM,
         constraints=_PV_CONSTRAINTS,
-        args=[acc, vw, rel, pfr],
-        dtype=gl.float32,
+        args=[acc0, acc1, acc2, acc3, vw, rel, pfr],
+        dtype=(gl.float32, gl.float32, gl.float32, gl.float32),
         is_pure=True,
         pack=4,
     )
@@ -312,7 +326,7 @@ def _fp16_pairs(x, NW: gl.constexpr, L: gl.constexpr):
 
 @gluon.jit
 def _pv_operands(p, vsw, vsw1, vtop, nr_t, D: gl.constexpr, NW: gl.constexpr, L: gl.constexpr):
-    """fp16 probability fragments and relative V scales of one run for :func:`_pv_tile`, both from the
+    """fp16 probability fragments and relative V scales of one run for :func:`_pv_word`, both from the
     score layout ``[NW, 16 tokens, 8 rows]``: ``p * 2**(top - 127 - nr)`` (the token's largest V scale
     against the running reference exponent ``nr_t``) and ``2**(scale of group g D / 256 - top + 14)``
     (``_rel_scale``; g: the consumer's lane group, which is the row index here; scale words ``vsw``,
@@ -327,7 +341,7 @@ def _pv_operands(p, vsw, vsw1, vtop, nr_t, D: gl.constexpr, NW: gl.constexpr, L:
 
 @gluon.constexpr_function
 def _vword_layout(nw, wpt, slot_words):
-    """Padded view ``[NW, 16, 8, wpt, 2]`` of V code words for :func:`_pv_tile`: element (i, j, w, 0) is
+    """Padded view ``[NW, 16, 8, wpt, 2]`` of V code words for :func:`_pv_word`: element (i, j, w, 0) is
     V word ``wpt (i % 8) + w`` of run token ``j + 8 (i // 8)`` (tokens permuted by ``TOKEN_BASES``), slots
     of ``16 wpt`` + padding words (``slot_words`` in all)."""
     bases = [[0, 0, 0, 1 << b, 0] for b in range(wpt.bit_length() - 1)]
@@ -413,40 +427,64 @@ def _issue_stage(ring, stage, cache_ptr, bt_row, t0, t_hi, stride_cb, stride_ch,
     CL: gl.constexpr = gl.BlockedLayout([1, 4], [4, 8], [NW, 1], [1, 0])
     RL: gl.constexpr = gl.BlockedLayout([1, V], [V, 32 // V], [NW, 1], [1, 0])
     rows = ring.index(stage)._reinterpret(gl.int32, [NR * 2 * RB, 32], ROWS)
-    one_block: gl.constexpr = BLOCK_SIZE % (NSUB * WT * 16) == 0
-    blk = 0
-    if one_block:
-        blk = gl.load(bt_row + t0 // BLOCK_SIZE, mask=t0 < t_hi, other=0).to(gl.int64)
+    NBL: gl.constexpr = _stage_blocks(NSUB * WT * 16, BLOCK_SIZE)
+    ids = ()
+    for j in gl.static_range(NBL):  # the stage's block ids, once per stage (not per row)
+        ids = ids + (gl.load(bt_row + t0 // BLOCK_SIZE + j, mask=t0 + j * BLOCK_SIZE < t_hi, other=0),)
     r = gl.expand_dims(gl.arange(0, NR * RB, gl.SliceLayout(1, CL)), 1)
-    base, ok = _run_rows(r, RUN, bt_row, t0, t_hi, stride_cb, stride_ch, blk, one_block, inside, num_blocks,
+    base, ok = _run_rows(r, RUN, bt_row, t0, t_hi, stride_cb, stride_ch, ids, NBL, inside, num_blocks,
                          NW, WT, SLOT, BLOCK_SIZE)
     w = gl.expand_dims(gl.arange(0, 32, gl.SliceLayout(0, CL)), 0)
     p = gl.multiple_of((cache_ptr + base).to(gl.pointer_type(gl.int32)), [16, 16])
     async_copy.async_copy_global_to_shared(rows.slice(0, NR * RB), p + w, mask=ok & (w >= 0))
     r2 = gl.expand_dims(gl.arange(0, NR * RS, gl.SliceLayout(1, RL)), 1) + NR * RB
-    base2, ok2 = _run_rows(r2, RUN, bt_row, t0, t_hi, stride_cb, stride_ch, blk, one_block, inside, num_blocks,
+    base2, ok2 = _run_rows(r2, RUN, bt_row, t0, t_hi, stride_cb, stride_ch, ids, NBL, inside, num_blocks,
                            NW, WT, SLOT, BLOCK_SIZE)
     w2 = gl.expand_dims(gl.arange(0, 32, gl.SliceLayout(0, RL)), 0)
     p2 = gl.multiple_of((cache_ptr + base2).to(gl.pointer_type(gl.int32)), [16, 16])
     async_copy.async_copy_global_to_shared(rows.slice(NR * RB, NR * RS), p2 + w2, mask=ok2 & (w2 >= 0))
 
 
+@gluon.constexpr_function
+def _stage_blocks(tt, block_size):
+    """How many block ids a ``tt``-token stage loads up front: 1 when a block holds whole stages, 2 when
+    a stage is two whole blocks (stages start on ``tt`` boundaries), else 0: each row loads its own (a
+    longer select chain costs ALU work and registers: 4 ids spilled in the m16 loop)."""
+    if block_size % tt == 0:
+        return 1
+    if tt == 2 * block_size:
+        return tt // block_size
+    return 0
+
+
 @gluon.jit
-def _run_rows(r, RUN: gl.constexpr, bt_row, t0, t_hi, stride_cb, stride_ch, blk, one_block: gl.constexpr,
+def _run_rows(r, RUN: gl.constexpr, bt_row, t0, t_hi, stride_cb, stride_ch, ids, NBL: gl.constexpr,
               inside, num_blocks, NW: gl.constexpr, WT: gl.constexpr, SLOT: gl.constexpr,
               BLOCK_SIZE: gl.constexpr):
     """Byte offsets in the cache of the stage rows ``r`` (row ``r`` = 128-byte piece ``r % RUN`` of run
     ``r // RUN``) and which rows to read (their run starts before ``t_hi`` and, unless ``inside``, its
-    block id is inside ``[0, num_blocks)``)."""
+    block id is inside ``[0, num_blocks)``). A row's block id is picked from the stage's ``ids``
+    (``NBL`` > 0, :func:`_stage_blocks`) or loaded per row."""
     q = r // RUN
     w = q % NW
-    tok = t0 + (q // NW) * (WT * 16) + (w % WT) * 16
+    dt = (q // NW) * (WT * 16) + (w % WT) * 16  # the run's first token, from the stage's
+    tok = t0 + dt
     ok = tok < t_hi
-    if not one_block:
-        blk = gl.load(bt_row + tok // BLOCK_SIZE, mask=ok, other=0).to(gl.int64)
-    ok = ok & (inside | ((blk >= 0) & (blk < num_blocks)))
-    base = (blk * stride_cb + (w // WT).to(gl.int64) * stride_ch
-            + ((tok % BLOCK_SIZE) * SLOT + (r % RUN) * 128).to(gl.int64))
+    if NBL == 0:
+        blk = gl.load(bt_row + tok // BLOCK_SIZE, mask=ok, other=0)
+        ok = ok & (inside | ((blk >= 0) & (blk < num_blocks)))
+        base = (blk.to(gl.int64) * stride_cb + (w // WT).to(gl.int64) * stride_ch
+                + ((tok % BLOCK_SIZE) * SLOT + (r % RUN) * 128).to(gl.int64))
+    else:
+        jl = dt // BLOCK_SIZE
+        blk = ids[0] + jl * 0
+        for j in gl.static_range(1, NBL):
+            blk = gl.where(jl == j, ids[j], blk)
+        ok = ok & (inside | ((blk >= 0) & (blk < num_blocks)))
+        # stages start on TT boundaries, so tok % BLOCK_SIZE = t0 % BLOCK_SIZE + dt % BLOCK_SIZE: the
+        # row's offset inside its page does not depend on the stage (the compiler keeps it)
+        inner = (w // WT).to(gl.int64) * stride_ch + (dt % BLOCK_SIZE) * SLOT + (r % RUN) * 128
+        base = blk.to(gl.int64) * stride_cb + (t0 % BLOCK_SIZE) * SLOT + inner
     return base, ok
 
 
@@ -542,6 +580,41 @@ def _run_pv(acc_e, acc_o, vc8, vw, vtop, vexp, p, nr, vgroup, NW: gl.constexpr, 
     return acc_e, acc_o
 
 
+@gluon.constexpr_function
+def _tile_shape(nw, bits):
+    """Shape ``[NW, h, g, j, b0 .. b{bits-1}]`` of the joined tiles (:func:`_partial_rows`)."""
+    return [nw, 2, 8, 8] + [2] * bits
+
+
+@gluon.constexpr_function
+def _tile_order(bits):
+    """Axis order taking ``[NW, h, g, j, b0 .. b{bits-1}]`` (joined tiles, tile index bits lowest first)
+    to ``[NW, j, g, tile, h]``: the partial's rows, then dims ``(D / 8) g + 2 tile + h``."""
+    return [0, 3, 2] + [4 + bits - 1 - k for k in range(bits)] + [1]
+
+
+@gluon.jit
+def _partial_rows(accs, NT: gl.constexpr, NW: gl.constexpr, ROWS: gl.constexpr, D: gl.constexpr,
+                  ROWS_IN_N: gl.constexpr):
+    """A warp's accumulator as ``[NW, ROWS, D]`` (query rows, dims in order) from its MMA tiles (rows in
+    N: tile t, row i of lane group g is dim ``(D / 8) g + 2 t + i // 8``; m16: even / odd dims
+    ``2 (8 (n % 8) + n // 8)``), by joins, permutes and reshapes (register renaming, no data moves)."""
+    if ROWS_IN_N:
+        xs = accs
+        LOG2NT: gl.constexpr = NT.bit_length() - 1
+        for _lvl in gl.static_range(LOG2NT):
+            ys = ()
+            for k in gl.static_range(NT // (2 << _lvl)):
+                ys = ys + (gl.join(xs[2 * k], xs[2 * k + 1]),)
+            xs = ys
+        x = gl.reshape(xs[0], _tile_shape(NW, LOG2NT).value)
+        rows = gl.reshape(gl.permute(x, _tile_order(LOG2NT).value), [NW, ROWS, D])
+    else:
+        x = gl.reshape(gl.join(accs[0], accs[1]), [NW, ROWS, 8, 8, 2])  # n = 8 a + b, dim 16 b + 2 a + e
+        rows = gl.reshape(gl.permute(x, [0, 1, 3, 2, 4]), [NW, ROWS, D])
+    return rows
+
+
 @gluon.jit
 def uq_decode_v8(q_ptr, cache_ptr, bt_ptr, seqlen_ptr, sinks_ptr, out_ptr, part_ptr, ml_ptr, counter_ptr, err_ptr,
                  scale, softcap, window, num_splits, num_blocks, bt_cols,
@@ -565,7 +638,7 @@ def uq_decode_v8(q_ptr, cache_ptr, bt_ptr, seqlen_ptr, sinks_ptr, out_ptr, part_
     G: gl.constexpr = D // 32
     TT: gl.constexpr = NSUB * WT * TW
     PAIR: gl.constexpr = NSUB  # runs per online-softmax update: the whole stage
-    MERGE: gl.constexpr = _merge_step(HK * GQA_PAD * D // (32 * NW))  # partials per merge step
+    MERGE: gl.constexpr = _merge_step(HK * GQA_PAD * D // (32 * NW), HK)  # partials per merge step
 
     # ---- layouts: warp = MMA batch
     MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[NW, 1, 1],
@@ -613,7 +686,7 @@ def uq_decode_v8(q_ptr, cache_ptr, bt_ptr, seqlen_ptr, sinks_ptr, out_ptr, part_
     kwb = words.slice(8, 8)._reinterpret(gl.int32, [E, NW, TW, SW2 // 8, 8], PKW)  # groups 2, 3
     kwc = words.slice(16, 16)._reinterpret(gl.int32, [E, NW, TW, SW2 // 8, 8], PKW)  # D=256: groups 4, 5
     kwd = words.slice(24, 8)._reinterpret(gl.int32, [E, NW, TW, SW2 // 8, 8], PKW)  # D=256: groups 6, 7
-    # V code words for _pv_tile: [NW, 16, 8, WPT, 2] views based at V words 0..WPT-1 (:func:`_vword_layout`)
+    # V code words for _pv_word: [NW, 16, 8, WPT, 2] views based at V words 0..WPT-1 (:func:`_vword_layout`)
     WPT: gl.constexpr = D // 64
     PVW: gl.constexpr = _vword_layout(NW, WPT, SLOT // 4)
     V0: gl.constexpr = (H + G) // 4
@@ -650,6 +723,15 @@ def uq_decode_v8(q_ptr, cache_ptr, bt_ptr, seqlen_ptr, sinks_ptr, out_ptr, part_
     t_hi = gl.minimum(t_lo + per, length)
     n_it = gl.cdiv(gl.maximum(t_hi - t_lo, 0), TT)
     bt_row = bt_ptr + b.to(gl.int64) * stride_btb
+    # ---- the query, loaded before the ring copies queue up ahead of it
+    qr = gl.arange(0, ROWS, gl.SliceLayout(0, gl.SliceLayout(2, QL)))
+    qc = gl.arange(0, D, gl.SliceLayout(0, gl.SliceLayout(1, QL)))
+    qw = gl.arange(0, NW, gl.SliceLayout(1, gl.SliceLayout(2, QL)))
+    qr3 = gl.expand_dims(gl.expand_dims(qr, 0), 2)
+    qc3 = gl.expand_dims(gl.expand_dims(qc, 0), 1)
+    qh3 = gl.expand_dims(gl.expand_dims(qw // WT, 1), 2)
+    qoff = (qh3 * GQA + qr3) * stride_qh + qc3
+    q_in = gl.load(q_ptr + b.to(gl.int64) * stride_qb + qoff, mask=(qr3 < GQA) & (qc3 < D), other=0.0)
     inside = _blocks_inside(bt_row, t_lo, t_hi, num_blocks, err_ptr, BLOCK_SIZE, NW)
 
     # ---- prologue: STAGES - 1 stages in flight
@@ -659,14 +741,7 @@ def uq_decode_v8(q_ptr, cache_ptr, bt_ptr, seqlen_ptr, sinks_ptr, out_ptr, part_
         async_copy.commit_group()
 
     # ---- query: rotate, scale, fp16 halves times a per-row power of two (as v7), once
-    qr = gl.arange(0, ROWS, gl.SliceLayout(0, gl.SliceLayout(2, QL)))
-    qc = gl.arange(0, D, gl.SliceLayout(0, gl.SliceLayout(1, QL)))
-    qw = gl.arange(0, NW, gl.SliceLayout(1, gl.SliceLayout(2, QL)))
-    qr3 = gl.expand_dims(gl.expand_dims(qr, 0), 2)
-    qc3 = gl.expand_dims(gl.expand_dims(qc, 0), 1)
-    qh3 = gl.expand_dims(gl.expand_dims(qw // WT, 1), 2)
-    qoff = (qh3 * GQA + qr3) * stride_qh + qc3
-    q = gl.load(q_ptr + b.to(gl.int64) * stride_qb + qoff, mask=(qr3 < GQA) & (qc3 < D), other=0.0).to(gl.float32)
+    q = q_in.to(gl.float32)
     if D == 128:
         q = _fwht_rows(q, NW, ROWS, D, LOG2D)
     else:
@@ -732,7 +807,7 @@ def uq_decode_v8(q_ptr, cache_ptr, bt_ptr, seqlen_ptr, sinks_ptr, out_ptr, part_
         rv = gl.expand_dims(gl.expand_dims(gl.expand_dims(gl.arange(0, 8, R3), 0), 1), 2)
         vgroup = gl.expand_dims(gv // 2, 3) + rv * 0
 
-    # accumulators: rows in N, 8 tiles [NW, 16 dims, 8 rows] (_pv_tile); m16, even / odd dims [NW, 16, 64]
+    # accumulators: rows in N, 8 tiles [NW, 16 dims, 8 rows] (_pv_word); m16, even / odd dims [NW, 16, 64]
     NT: gl.constexpr = D // 16 if ROWS_IN_N else 2
     ACC: gl.constexpr = _pick(ROWS_IN_N, [NW, 16, ROWS], [NW, ROWS, H])
     accs = ()
@@ -831,8 +906,10 @@ def uq_decode_v8(q_ptr, cache_ptr, bt_ptr, seqlen_ptr, sinks_ptr, out_ptr, part_
                             vwt = vwt + (_piece(vwc.index(cur + j + i), [NW, 16, ROWS], MMA, MMA),
                                          _piece(vwd.index(cur + j + i), [NW, 16, ROWS], MMA, MMA))
                         tiles = ()
-                        for t in gl.static_range(NT):  # tile t: byte t % 4 of the thread's V word t // 4
-                            tiles = tiles + (_pv_tile(accs[t], vwt[t // 4], rel, pfr, t % 4),)
+                        for v in gl.static_range(NT // 4):  # tile 4 v + k: byte k of the thread's V word v
+                            t0_, t1_, t2_, t3_ = _pv_word(accs[4 * v], accs[4 * v + 1], accs[4 * v + 2],
+                                                          accs[4 * v + 3], vwt[v], rel, pfr)
+                            tiles = tiles + (t0_, t1_, t2_, t3_)
                         accs = tiles
                     else:
                         acc_e, acc_o = _run_pv(accs[0], accs[1], vc8.index(cur + j + i), vws[i], vtops[i], vexps[i],
@@ -845,35 +922,39 @@ def uq_decode_v8(q_ptr, cache_ptr, bt_ptr, seqlen_ptr, sinks_ptr, out_ptr, part_
 
     pair0 = b * HK
     if MATH:
-        # ---- every warp's partial (acc * 2**run, m, l) to the workspace: slot ((b*HK + h)*S + sp)*WT + s
+        # ---- the program's partial of each kv head (acc * 2**run, m, l; its WT token groups combined
+        # here, across warps) to the workspace, coalesced: slot ((b*HK + h)*S + sp)*WT
         f = gl.expand_dims(gl.expand_dims(_pow2(gl.minimum(run, 127)), 1), TAX)
-        pw = _iota3(NW, 0, MMA)
-        slot3 = (((pair0 + pw // WT) * num_splits + sp) * WT + pw % WT).to(gl.int64)
-        if ROWS_IN_N:
-            ti = _iota3(16, 1, MMA)
-            prow = _iota3(ROWS, 2, MMA)
-            pmask = (prow < GQA) & (ti >= 0)
-            for t in gl.static_range(NT):  # tile t, row i of lane group g: dim (D / 8) g + 2 t + i // 8
-                pptr = part_ptr + slot3 * (ROWS * D) + prow * D + (D // 8) * (ti % 8) + 2 * t + ti // 8
-                gl.store(pptr, accs[t] * f, mask=pmask)
-        else:
-            prow = _iota3(ROWS, RAX, MMA)
-            nn = _iota3(H, TAX, MMA)
-            d_e = 2 * (8 * (nn % 8) + nn // 8)
-            pptr = part_ptr + slot3 * (ROWS * D) + prow * D + d_e
-            pmask = (prow < GQA) & (nn >= 0)
-            gl.store(pptr, accs[0] * f, mask=pmask)
-            gl.store(pptr + 1, accs[1] * f, mask=pmask)
-        pw1 = gl.arange(0, NW, gl.SliceLayout(1, QR))
-        mlw = (((pair0 + pw1 // WT) * num_splits + sp) * WT + pw1 % WT).to(gl.int64)
-        mlp = ml_ptr + gl.expand_dims(mlw, 1) * (2 * ROWS) + gl.expand_dims(rows, 0)
-        mlmask = gl.expand_dims(rows < GQA, 0)
-        gl.store(mlp, m_i, mask=mlmask)
-        gl.store(mlp + ROWS, l_i, mask=mlmask)
+        scaled = ()
+        for t in gl.static_range(NT):
+            scaled = scaled + (accs[t] * f,)
+        EP: gl.constexpr = gl.BlockedLayout([1, WT, 1, 4], [1, 1, 1, 32], [HK, 1, WT, 1], [3, 1, 2, 0])  # WT in-thread
+        E3: gl.constexpr = gl.SliceLayout(3, EP)
+        x4 = gl.convert_layout(gl.reshape(_partial_rows(scaled, NT, NW, ROWS, D, ROWS_IN_N), [HK, WT, ROWS, D]), EP)
+        m4 = gl.convert_layout(gl.reshape(m_i, [HK, WT, ROWS]), E3)
+        l4 = gl.convert_layout(gl.reshape(l_i, [HK, WT, ROWS]), E3)
+        m_c = gl.max(m4, axis=1)
+        m_z = gl.where(m_c == float("-inf"), 0.0, m_c)
+        sc = gl.exp2(m4 - gl.expand_dims(m_z, 1))
+        acc_c = gl.sum(x4 * gl.expand_dims(sc, 3), axis=1)
+        l_c = gl.sum(l4 * sc, axis=1)
+        P3: gl.constexpr = gl.SliceLayout(1, EP)
+        P2: gl.constexpr = gl.SliceLayout(1, E3)
+        ph = _iota3(HK, 0, P3)
+        pr = _iota3(ROWS, 1, P3)
+        pc = _iota3(D, 2, P3)
+        pslot = (((pair0 + ph) * num_splits + sp) * WT).to(gl.int64)
+        gl.store(part_ptr + pslot * (ROWS * D) + pr * D + pc, acc_c, mask=(pr < GQA) & (pc >= 0) & (ph >= 0))
+        ph2 = gl.expand_dims(gl.arange(0, HK, gl.SliceLayout(1, P2)), 1)
+        pr2 = gl.expand_dims(gl.arange(0, ROWS, gl.SliceLayout(0, P2)), 0)
+        mlp = ml_ptr + (((pair0 + ph2) * num_splits + sp) * WT).to(gl.int64) * (2 * ROWS) + pr2
+        mlmask = (pr2 < GQA) & (ph2 >= 0)
+        gl.store(mlp, m_c, mask=mlmask)
+        gl.store(mlp + ROWS, l_c, mask=mlmask)
         gl.thread_barrier()
         ticket = gl.atomic_add(counter_ptr + pair0, 1)
         if ticket == num_splits - 1:
-            # ---- last program of this request: merge every head's num_splits * WT partials
+            # ---- last program of this request: merge every head's num_splits partials (slot 0 of each)
             ML: gl.constexpr = gl.BlockedLayout([1, 1, 4], [1, 1, 32], [HK, 1, NW // HK], [2, 1, 0])
             mh = gl.expand_dims(gl.expand_dims(gl.arange(0, HK, gl.SliceLayout(1, gl.SliceLayout(2, ML))), 1), 2)
             mr = gl.expand_dims(gl.expand_dims(gl.arange(0, GQA_PAD, gl.SliceLayout(0, gl.SliceLayout(2, ML))), 0), 2)
@@ -884,7 +965,7 @@ def uq_decode_v8(q_ptr, cache_ptr, bt_ptr, seqlen_ptr, sinks_ptr, out_ptr, part_
             acc = gl.zeros([HK, GQA_PAD, D], gl.float32, ML)
             m_a = gl.full([HK, GQA_PAD], float("-inf"), gl.float32, M2)
             l_a = gl.zeros([HK, GQA_PAD], gl.float32, M2)
-            nparts = num_splits * WT
+            nparts = num_splits
             rmask3 = (mr < GQA) & (mc >= 0) & (mh >= 0)
             rmask2 = (mr2 < GQA) & (mh2 >= 0)
             for s0 in range(0, nparts, MERGE):  # MERGE partials per step: their loads overlap
@@ -893,8 +974,8 @@ def uq_decode_v8(q_ptr, cache_ptr, bt_ptr, seqlen_ptr, sinks_ptr, out_ptr, part_
                 ls2 = ()
                 for k in gl.static_range(MERGE):
                     s = s0 + k
-                    src3 = ((pair0 + mh) * nparts + s).to(gl.int64)
-                    src2 = ((pair0 + mh2) * nparts + s).to(gl.int64)
+                    src3 = (((pair0 + mh) * nparts + s) * WT).to(gl.int64)
+                    src2 = (((pair0 + mh2) * nparts + s) * WT).to(gl.int64)
                     accs2 = accs2 + (gl.load(part_ptr + src3 * (ROWS * D) + mr * D + mc, mask=rmask3 & (s < nparts),
                                              other=0.0, cache_modifier=".cg"),)
                     ms2 = ms2 + (gl.load(ml_ptr + src2 * (2 * ROWS) + mr2, mask=rmask2 & (s < nparts),
