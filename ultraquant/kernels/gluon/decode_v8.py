@@ -14,10 +14,12 @@ Math, per warp (warp ``w`` serves kv head ``w // WT`` and the ``w % WT``-th ``TW
 sub-tile; per-warp online softmax, no cross-warp traffic in the loop), as the Gluon experiment of
 commit 7c1c340 that passed every correctness case: batched 3-D ``mma_v2`` (the warp is the batch),
 the query rotated once in registers, FP4 codes decoded by inline PTX straight into the MMA operands
-(two fp16 per 32-bit op), K/V scales handled like v7 (per token's largest scale as a power of two on
-the score column / probability with a running reference exponent; V outliers 2^20 apart stay
-exact). Each warp leaves its (m, l, acc) in the workspace; the last program of a request (atomic
-ticket) merges them for all heads, folds the sinks and writes ``out``.
+(a code word's four fp16 pairs in 11 instructions, :func:`_word_pairs`), K scales after the MMA per
+32-element group, V scales like v7 (each token's largest scale on the probability with a running
+reference exponent; V outliers 2^20 apart stay exact). After the loop the WT warps of each kv head
+combine their (m, l, acc) inside the program and each program leaves one partial per kv head in the
+workspace; the last program of a request (atomic ticket) merges them for all heads, folds the sinks
+and writes ``out``.
 
 ``MATH=False`` compiles the no-math stream of exactly this grid, ring and page order (issue 14,
 gate 1): the copies, waits and barriers stay, the math is replaced by reading one word per slot.
