@@ -30,15 +30,16 @@ from ultraquant.kernels.specs import Specialization
 from .loader import Kernel
 from .selftest import register
 
-SELFTEST_VERSION = 5
+SELFTEST_VERSION = 6
 """Version of the self-test problems and pass criteria below, part of every cached verdict's key: bump
 it whenever this file changes what a self-test launches or accepts, so verdicts recorded with the old
 problems are not trusted. 1: the problems of sessions 1-2; 2: verdicts also bound to the manifest key;
 3: a problem accepts blobs whose key differs only in the alignment facts (``Specialization.runnable_as``);
 4: the decode problem's query blocks differ in scale and keys weigh K positions 16-63 (MFMA layouts);
-5: the decode v8 problem (head-major cache, several splits)."""
+5: the decode v8 problem (head-major cache, several splits); 6: a few-rows store blob is told by its
+target's spec (store v4: 8 rows on NVIDIA)."""
 
-PROBLEMS_SOURCE_SHA256 = "0a897174a91a8105b3b2e67245794ba0b009b06b61f910ad454eb9afedef76bf"
+PROBLEMS_SOURCE_SHA256 = "a7e5aa9214296fd356cb2fd19b7a6fa83d9c941bb62c8f11a77f659a5a13b8a6"
 """sha256 of this file with this line's hash blanked (see :func:`source_hash`); a test fails when the
 file changes and this is not updated, the reminder to bump :data:`SELFTEST_VERSION`."""
 
