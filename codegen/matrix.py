@@ -105,7 +105,7 @@ OPS: tuple[OpRow, ...] = (
           # few_rows: the layout of small stores (a decode step's tokens), chosen by plan_store at run time.
           features=tuple({"encoder": e, "slot_dtype": "i64", "few_rows": f}
                          for e in ("rne", "upstream", "mse") for f in (False, True)),
-          targeted=True,  # the launch shape: one warp of whole rows on NVIDIA (ultraquant.kernels.families.store.store_spec)
+          targeted=True,  # the launch shape per target (ultraquant.kernels.families.store.store_spec)
           grid="(cdiv(num_tokens * num_kv_heads, BLOCK_R), 1, 1)"),
     OpRow("dequant_kv", ("head_size", "block_size"),
           # fp32 for ultraquant.dequant_kv; bf16/fp16 for the dense prefill route (dequant + SDPA in the
