@@ -1,7 +1,6 @@
 """THE specialization matrix: which kernel variants ``make kernels`` compiles, and why some are skipped.
 
-This file is the one table of the AOT build (the issue's "op x head_size x GQA x block_size x
-features"). Each :class:`OpRow` names an op of ``ultraquant.kernels.catalog.OPS`` (or of a
+This file is the one table of the AOT build (op x head size x GQA x block size x features). Each :class:`OpRow` names an op of ``ultraquant.kernels.catalog.OPS`` (or of a
 backend's own specializers), the axes its config depends on, the feature sets it is compiled for and
 the launch rule text copied into the manifest. :data:`SKIPS` lists every config that is not built,
 with the reason; skipped configs are recorded in the manifest too, so the runtime can tell "this

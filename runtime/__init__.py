@@ -2,7 +2,8 @@
 
 Installed as ``ultraquant.runtime`` (the source lives in the top-level ``runtime/`` folder).
 The backend policy calls :func:`try_launch` per op call; :func:`warmup` loads a model's blobs before CUDA graph
-capture; :func:`verify_device` self-tests every blob of the GPU's arch (``ultraquant verify --device``).
+capture (``ultraquant.warmup`` expands model configs first); ``devcheck`` self-tests every blob of the GPU's arch
+(``ultraquant verify --device``).
 Importing this package imports neither Triton nor a GPU driver: the driver is bound on first use.
 """
 

@@ -57,7 +57,7 @@ problems are not trusted. 1: the problems of sessions 1-2; 2: verdicts also boun
 target's spec (8 rows on NVIDIA); 7: kernels renamed by design (``uq_decode_splitkv``,
 ``uq_decode_wholepage``: manifest keys changed)."""
 
-PROBLEMS_SOURCE_SHA256 = "b58e089923a697dc76ceeb8023a2a537b0d9019ce46f6cc07ffaefc433856d78"
+PROBLEMS_SOURCE_SHA256 = "b3931d0e381aa50c58cbeb76d7b3a23885428251d493b946d0ab31d2bfb9d6e1"
 """sha256 of this file with this line's hash blanked (see :func:`source_hash`); a test fails when the
 file changes and this is not updated, the reminder to bump :data:`SELFTEST_VERSION`."""
 
@@ -208,7 +208,7 @@ def _decode_check(kernel: Kernel, spec: Specialization, dev: Device, lens: list[
     hq = gqa * hk
     qd, od = _dtype(spec, "q_ptr"), _dtype(spec, "out_ptr")
     cache, table, seq_lens, _, _ = _paged(dev, lens, hk, d, bs, torch.float32, gen, key_weight(d))
-    if head_major:  # whole 16-token runs per kv head: what whole-page reads
+    if head_major:  # whole 16-token runs per kv head: what the whole-page decode reads
         paged, cache = cache, torch.empty((cache.shape[0], hk, bs, cache.shape[3]), dtype=cache.dtype,
                                           device=dev).transpose(1, 2)
         cache.copy_(paged)

@@ -119,3 +119,14 @@ def carved_cache(nblocks: int, bs: int, hk: int, slot_bytes: int, offset: int, s
                         generator=torch.Generator().manual_seed(seed)).to(device)
     shift = (-buf.data_ptr()) % 16 + offset
     return buf[shift: shift + nblocks * bs * hk * slot_bytes].view(nblocks, bs, hk, slot_bytes)
+
+
+def force_target(monkeypatch, target: str) -> None:
+    """Make every plan see ``target`` (``"cuda"``, ``"hip"``, ``"portable"``) as its device's code-generation
+    target: each module that plans launches imported ``target_of`` itself."""
+    from ultraquant import policy
+    from ultraquant.kernels import plans
+    from ultraquant.kernels.families import store
+
+    for module in (plans, store, policy):
+        monkeypatch.setattr(module, "target_of", lambda device: target)

@@ -14,6 +14,7 @@ import json
 import pytest
 import torch
 
+from tests.helpers import force_target
 from ultraquant import config, policy
 from ultraquant.format import slot_size
 from ultraquant.kernels import plans
@@ -40,7 +41,7 @@ def _plan(call, tuning=plans.NO_TUNING, **kw):
 
 @pytest.fixture
 def cuda_target(monkeypatch):
-    monkeypatch.setattr(plans, "target_of", lambda device: "cuda")
+    force_target(monkeypatch, "cuda")
 
 
 def test_cuda_target_takes_wholepage_where_covered(cuda_target):
@@ -67,12 +68,12 @@ def test_cuda_target_takes_wholepage_where_covered(cuda_target):
     ("3 kv heads", dict(hq=12, hk=3)),
     ("8-token blocks", dict(bs=8)),
 ])
-def test_cuda_target_keeps_v7_outside_the_rule(cuda_target, what, call):
+def test_cuda_target_keeps_splitkv_outside_the_rule(cuda_target, what, call):
     p = _plan(_call(**call))
     assert p.spec.kernel == "uq_decode_splitkv" and p.grid[1] == p.args[1].shape[2], what
 
 
-def test_v7_when_not_cuda_or_switched_off(cuda_target, monkeypatch):
+def test_splitkv_when_not_cuda_or_switched_off(cuda_target, monkeypatch):
     off = dataclasses.replace(plans.NO_TUNING, decode_wholepage=False)
     assert _plan(_call(), off).spec.kernel == "uq_decode_splitkv"
     monkeypatch.setenv("ULTRAQUANT_DECODE_WHOLEPAGE", "0")
@@ -82,7 +83,7 @@ def test_v7_when_not_cuda_or_switched_off(cuda_target, monkeypatch):
     assert _plan(_call()).spec.kernel == "uq_decode_splitkv"  # CPU tensors: target "portable"
 
 
-def test_misaligned_cache_keeps_v7(cuda_target):
+def test_misaligned_cache_keeps_splitkv(cuda_target):
     q, cache, bt, lens, out = _call()
     raw = torch.zeros(9 * 8 * 64 * SLOT + 8, dtype=torch.uint8)
     shifted = raw[8:].view(9, 8, 64, SLOT).transpose(1, 2)
@@ -96,11 +97,10 @@ def test_forced_splits_carry_over(cuda_target):
 
 
 def test_warmup_specs_follow_the_rule(cuda_target, monkeypatch):
-    from ultraquant.runtime import launch
 
     strides = _call()[1].stride()
     model = {"head_size": 128, "block_size": 64, "num_q_heads": 32, "num_kv_heads": 8, "ops": ["decode_attention"]}
-    monkeypatch.setattr(launch, "_torch_device", lambda device: torch.device("cpu"))
+    monkeypatch.setattr(policy, "_torch_device", lambda device: torch.device("cpu"))
     (wholepage,) = policy.model_specializations({**model, "cache_strides": list(strides)})
     (splitkv,) = policy.model_specializations(model)  # the dense (token-major) layout
     assert wholepage.kernel == "uq_decode_wholepage" and splitkv.kernel == "uq_decode_splitkv"
@@ -110,7 +110,7 @@ def test_warmup_specs_follow_the_rule(cuda_target, monkeypatch):
         {k: v for k, v in model.items() if k != "ops"})]
 
 
-def test_sm90_build_of_a_v8_config_is_the_plans_key(cuda_target, tmp_path, monkeypatch):
+def test_sm90_build_of_a_wholepage_config_is_the_plans_key(cuda_target, tmp_path, monkeypatch):
     pytest.importorskip("triton")
     from ultraquant.codegen import matrix
     from ultraquant.codegen.archs import get_arch
@@ -163,7 +163,7 @@ class ReferenceBlob:
             softcap=a["softcap"] if self.flags["HAS_SOFTCAP"] else None))
 
 
-def test_selftest_problem_of_v8():
+def test_selftest_problem_of_wholepage():
     """The whole-page self-test problem plans whole-page over a head-major cache with several splits, passes a kernel
     that computes the decode, fails one that drops the sinks, refuses a blob of another key."""
     from ultraquant.kernels.families.decode_wholepage import decode_wholepage_spec

@@ -17,7 +17,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 @pytest.mark.parametrize("args", [["gqa=4", "num_kv_heads=8", "block_size=64"],
                                   ["gqa=16", "num_kv_heads=1", "block_size=16", "has_window=true", "L=2048"],
                                   ["head_size=256", "gqa=8", "num_kv_heads=2", "block_size=64"]])
-def test_v8_ring_accesses_aligned_and_in_bounds(args):
+def test_wholepage_ring_accesses_aligned_and_in_bounds(args):
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     r = subprocess.run([sys.executable, os.path.join(ROOT, "tools", "wholepage_align_check.py"), *args], cwd=ROOT,
                        env=env, capture_output=True, text=True, timeout=600)

@@ -36,10 +36,10 @@ def test_spec_is_the_triton_decode_renamed():
 ])
 def test_unsupported_configs_say_why(bad, why):
     cfg = {**CONFIG, **bad}
-    assert why in fb.unsupported(cfg)
+    assert why in fam.unsupported(cfg)
     with pytest.raises(UltraQuantError, match="config"):
         fam.decode_flydsl_spec(**cfg)
-    assert fb.unsupported({**CONFIG, "block_size": 48, "gqa": 6}) == ""
+    assert fam.unsupported({**CONFIG, "block_size": 48, "gqa": 6}) == ""
 
 
 def test_mx_variant_is_its_own_key_with_the_same_launch():

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import ultraquant as uq
-from tests.helpers import carved_cache, make_paged
+from tests.helpers import carved_cache, force_target, make_paged
 from ultraquant import reference as R
 from ultraquant.bench.decode import STORE_VARIANTS, store_variant_launch
 from ultraquant.format import SlotLayout
@@ -162,7 +162,7 @@ def test_store_many_programs_and_unaligned_strides(triton_backend, monkeypatch, 
     """More rows than one program holds, and K/V row strides that are not multiples of 8 elements
     (views into wider tensors): the kernel's scalar-load branch must write the same bytes (also
     through NVIDIA's rows-over-lanes layout)."""
-    monkeypatch.setattr(plans, "target_of", lambda device: target)
+    force_target(monkeypatch, target)
     n, hk, bs = 70, 2, 16
     key, value = _random_kv(n, hk, d, torch.float32, seed=11)
     wide_k = torch.zeros(n, hk, d + 3)
@@ -193,7 +193,7 @@ def test_store_alignment_fallback(registry, monkeypatch, head_size, offset, extr
     """The plan bakes the slot alignment of the call's cache (base address and strides) into ALIGN;
     a cache aligned less than the dense layout plans another specialization, whose narrower stores
     write the same bytes (and nothing past each slot's own bytes)."""
-    monkeypatch.setattr(plans, "target_of", lambda device: target)
+    force_target(monkeypatch, target)
     n, hk, bs, nblocks = 37, 4, 16, 12
     key, value = _random_kv(n, hk, head_size, torch.bfloat16, seed=head_size + offset)
     got = carved_cache(nblocks, bs, hk, uq.slot_size(head_size) + extra, offset, seed=offset + extra)
@@ -232,7 +232,7 @@ def test_store_decision_points_exact(registry, monkeypatch, encoder, target, few
     """V groups whose absmax is 6 x 2**e (scale exactly 2**e) filled with every E2M1 decision point
     times 2**e, the float32 neighbours of each, zeros of both signs and subnormals, e from -126 to 120:
     the encoder's grid arithmetic must give the reference's V bytes exactly."""
-    monkeypatch.setattr(plans, "target_of", lambda device: target)
+    force_target(monkeypatch, target)
     gen = torch.Generator().manual_seed(17)
     n, hk, d = 40, 4, 128
     points = torch.tensor([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0, 6.0, 0.5, 1.0, 4.0, 3.0])

@@ -12,9 +12,10 @@ import pytest
 import torch
 
 import ultraquant as uq
+from tests.helpers import force_target
 from ultraquant import ops, policy
 from ultraquant.errors import UltraQuantError
-from ultraquant.kernels import heuristics, plans, registry
+from ultraquant.kernels import heuristics, registry
 
 MODELS = [
     {"head_size": 128, "num_q_heads": 32, "num_kv_heads": 8, "block_size": 16, "dtype": "bf16"},
@@ -70,7 +71,7 @@ def test_warmup_plans_the_target_the_device_implies(model, monkeypatch):
     assert ptx == {"uq_decode_splitkv": True, "uq_prefill": True}
     # The calls derive the target from their tensors' device through the same function: make CPU tensors
     # look like an NVIDIA GPU's and the calls plan exactly warmup's set for cuda:0.
-    monkeypatch.setattr(plans, "target_of", lambda device: "cuda")
+    force_target(monkeypatch, "cuda")
     assert planned_by_calls(model, monkeypatch) == {s.key() for s in want}
 
 

@@ -6,6 +6,10 @@ may differ; the listings (``cuobjdump -sass`` for cubins, ``llvm-objdump -d`` fo
 file-name header line dropped) may not.
 
     python tools/blob_disasm.py generated/sm_90 --compare /elsewhere/generated/sm_90
+
+A refactor that renames kernels or drops a constexpr compares with ``--rename OLD=NEW`` (applied to the
+other folder's keys and listings: symbol names) and ``--drop-constexpr NAME=VALUE`` (removed from the
+other folder's keys), e.g. ``--rename uq_decode_v8=uq_decode_wholepage --drop-constexpr MATH=True``.
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -32,11 +37,25 @@ def _listing(path: Path, arch: str) -> str:
     return "\n".join(line for line in out.splitlines() if str(path) not in line and "Fatbin" not in line)
 
 
-def hashes(folder: Path) -> dict[str, str]:
-    """Manifest key -> sha256 of the blob's disassembly listing."""
+def _renamed(text: str, renames: list[tuple[str, str]]) -> str:
+    for old, new in renames:
+        text = re.sub(rf"\b{re.escape(old)}\b", new, text)
+    return text
+
+
+def _dropped(key: str, drops: list[str]) -> str:
+    for item in drops:
+        key = re.sub(rf"(?<=[\[,]){re.escape(item)}(,|(?=\]))", "", key).replace(",]", "]")
+    return key
+
+
+def hashes(folder: Path, renames: list[tuple[str, str]] = (), drops: list[str] = ()) -> dict[str, str]:
+    """Manifest key -> sha256 of the blob's disassembly listing (keys and listings renamed, keys'
+    ``drops`` constexprs removed)."""
     manifest = json.loads((folder / "manifest.json").read_text())
     arch = manifest["arch"]
-    return {blob["key"]: hashlib.sha256(_listing(folder / blob["file"], arch).encode()).hexdigest()
+    return {_dropped(_renamed(blob["key"], renames), drops):
+            hashlib.sha256(_renamed(_listing(folder / blob["file"], arch), renames).encode()).hexdigest()
             for blob in manifest["blobs"]}
 
 
@@ -44,12 +63,17 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("folder", type=Path)
     ap.add_argument("--compare", type=Path, help="another generated/<arch>/ folder of the same selection")
+    ap.add_argument("--rename", action="append", default=[], metavar="OLD=NEW",
+                    help="a kernel renamed since the other folder was built (repeatable)")
+    ap.add_argument("--drop-constexpr", action="append", default=[], metavar="NAME=VALUE",
+                    help="a constexpr the other folder's keys have and this one's do not (repeatable)")
     args = ap.parse_args()
     mine = hashes(args.folder)
     if args.compare is None:
         json.dump(mine, sys.stdout, indent=1, sort_keys=True)
         return 0
-    theirs = hashes(args.compare)
+    renames = sorted((tuple(r.split("=", 1)) for r in args.rename), key=lambda r: -len(r[0]))
+    theirs = hashes(args.compare, renames, args.drop_constexpr)
     only = sorted(set(mine) ^ set(theirs))
     differ = sorted(k for k in set(mine) & set(theirs) if mine[k] != theirs[k])
     same = len(set(mine) & set(theirs)) - len(differ)

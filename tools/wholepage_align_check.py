@@ -33,7 +33,7 @@ import re
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from tools.v8_sass import compile_v8_kernel  # noqa: E402
+from tools.wholepage_sass import compile_wholepage_kernel  # noqa: E402
 
 from tools.sass_loop import _value  # noqa: E402
 from ultraquant.format import slot_size  # noqa: E402
@@ -227,7 +227,7 @@ def ring_copies(c: dict, nw: int, shared_bytes: int, B: int, L: int, hk: int, bl
 def main(argv: list[str]) -> int:
     config = {k: _value(v) for k, v in (p.split("=", 1) for p in argv)}
     shape = {k: config.pop(k) for k in ("B", "L", "sms") if k in config}
-    k, spec = compile_v8_kernel(dict(config))
+    k, spec = compile_wholepage_kernel(dict(config))
     c, nw = spec.constexprs, spec.num_warps
     ring_bytes = c["STAGES"] * c["NSUB"] * nw * 16 * slot_size(c["D"])
     print(f"{spec.kernel} {c} warps={nw} shared={k.metadata.shared} B ring={ring_bytes} B")

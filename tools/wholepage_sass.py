@@ -22,14 +22,14 @@ from tools.sass_loop import _value, cuobjdump, loops, opcode, sass_lines  # noqa
 TUNING_KEYS = ("warps", "rows_in_n", "nsub", "stages", "tw", "maxnreg")
 
 
-def compile_v8(config: dict) -> tuple[bytes, object, object]:
+def compile_wholepage(config: dict) -> tuple[bytes, object, object]:
     """(cubin, metadata, spec) of the whole-page decode for ``config`` (decode_wholepage_spec keywords +
     tuning keys)."""
-    k, spec = compile_v8_kernel(config)
+    k, spec = compile_wholepage_kernel(config)
     return k.asm["cubin"], k.metadata, spec
 
 
-def compile_v8_kernel(config: dict) -> tuple[object, object]:
+def compile_wholepage_kernel(config: dict) -> tuple[object, object]:
     """(compiled kernel: ``.asm`` holds ttgir/ptx/cubin, spec) of the whole-page decode for ``config``."""
     import triton
     from triton.backends.compiler import GPUTarget
@@ -51,7 +51,7 @@ def compile_v8_kernel(config: dict) -> tuple[object, object]:
 
 def main(argv: list[str]) -> None:
     config = {k: _value(v) for k, v in (p.split("=", 1) for p in argv)}
-    cubin, md, spec = compile_v8(dict(config))
+    cubin, md, spec = compile_wholepage(dict(config))
     ins = sass_lines(cubin)
     c = spec.constexprs
     print(f"{spec.kernel} {c} warps={spec.num_warps}")
@@ -61,7 +61,7 @@ def main(argv: list[str]) -> None:
     tokens = c["NSUB"] * c["TW"]
     for start, end in loops(ins)[:2]:
         body = [t for a, t in ins if start <= a <= end]
-        mix = collections.Counter(opcode(t) for t in body).most_common(int(os.environ.get("V8_MIX", "16")))
+        mix = collections.Counter(opcode(t) for t in body).most_common(int(os.environ.get("WHOLEPAGE_MIX", "16")))
         print(f"loop 0x{start:x}-0x{end:x}: {len(body)} instructions = {len(body) / tokens:.1f} per token-head; "
               + ", ".join(f"{o} {n}" for o, n in mix))
 

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 import ultraquant as uq
-from tests.helpers import carved_cache, make_paged
+from tests.helpers import carved_cache, force_target, make_paged
 from tests.test_kernels_store import ALIGNMENT_CASES
 from ultraquant import reference as R
 from ultraquant.bench.decode import STORE_VARIANTS
@@ -50,7 +50,7 @@ def fp4_path(request, monkeypatch) -> str:
     one on NVIDIA) and the plain-Triton one (``FP4_PTX=False``) AMD GPUs compile and every AMD blob
     falls back to, which the plan otherwise never picks on an NVIDIA GPU."""
     if request.param == "portable":
-        monkeypatch.setattr(plans, "target_of", lambda device: "portable")
+        force_target(monkeypatch, "portable")
     return request.param
 
 

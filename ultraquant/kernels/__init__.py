@@ -1,6 +1,7 @@
-"""UltraQuant kernels.
+"""UltraQuant kernels: every kernel source and its launch description (docs/architecture.md).
 
-``plan`` / ``plans`` describe launches without importing Triton (the AOT runtime uses them);
-``store``, ``dequant``, ``attention`` hold the Triton sources and ``registry`` maps kernel names to
-them. Nothing here imports Triton at package import time.
+``catalog`` lists the families; ``families/`` holds one module per family (parameters, spec, coverage
+rule, plan); ``triton/``, ``gluon/`` and ``flydsl/`` hold the sources; ``plans`` routes a call to its
+family; ``registry`` maps kernel names to Triton functions. Nothing here imports Triton at package
+import time (only ``registry`` and the sources do).
 """

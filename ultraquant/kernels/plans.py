@@ -23,16 +23,9 @@ NO_TUNING = Tuning()
 """The plans' own choices everywhere."""
 
 
-def takes_wholepage(
-    head_size: int,
-    gqa: int,
-    num_kv_heads: int | None,
-    block_size: int,
-    cache_strides: tuple[int, ...] | None,
-    device: torch.device,
-    tuning: Tuning = NO_TUNING,
-    cache_aligned: bool = True,
-) -> bool:
+def takes_wholepage(head_size: int, gqa: int, num_kv_heads: int | None, block_size: int,
+                    cache_strides: tuple[int, ...] | None, device: torch.device, tuning: Tuning = NO_TUNING,
+                    cache_aligned: bool = True) -> bool:
     """THE decode rule (docs/kernels.md, "Which decode runs"): the whole-page decode (Gluon, sm_90)
     where the target is ``"cuda"`` and its coverage rule holds for the call's cache (head-major pages,
     16-byte aligned), unless ``tuning.decode_wholepage`` is off; split-KV decode everywhere else."""
@@ -46,190 +39,65 @@ def wholepage_tuning(tuning: Tuning) -> WholePageTuning:
     return WholePageTuning(splits=tuning.decode_splits)
 
 
-def decode_call_spec(
-    head_size: int,
-    gqa: int,
-    block_size: int,
-    query_dtype: torch.dtype | str,
-    out_dtype: torch.dtype | str,
-    has_sinks: bool,
-    has_window: bool,
-    has_softcap: bool,
-    cache_strides: tuple[int, ...] | None,
-    device: torch.device,
-    tuning: Tuning = NO_TUNING,
-    num_kv_heads: int | None = None,
-) -> Specialization:
+def decode_call_spec(head_size: int, gqa: int, block_size: int, query_dtype: torch.dtype | str,
+                     out_dtype: torch.dtype | str, has_sinks: bool, has_window: bool, has_softcap: bool,
+                     cache_strides: tuple[int, ...] | None, device: torch.device, tuning: Tuning = NO_TUNING,
+                     num_kv_heads: int | None = None) -> Specialization:
     """The decode variant a call plans: whole-page by :func:`takes_wholepage` (needs ``num_kv_heads``),
     else split-KV with slot alignment from the cache strides (None: the dense layout), target from the
     device, tuning overrides. :func:`plan_decode` and warmup both use it (keys gain ``divisible`` at
     the launch)."""
     if takes_wholepage(head_size, gqa, num_kv_heads, block_size, cache_strides, device, tuning):
-        return decode_wholepage_spec(
-            head_size=head_size,
-            gqa=gqa,
-            num_kv_heads=num_kv_heads,
-            block_size=block_size,
-            query_dtype=query_dtype,
-            out_dtype=out_dtype,
-            has_sinks=has_sinks,
-            has_window=has_window,
-            has_softcap=has_softcap,
-            tuning=wholepage_tuning(tuning),
-        )
-    return decode_splitkv_spec(
-        head_size=head_size,
-        gqa=gqa,
-        block_size=block_size,
-        query_dtype=query_dtype,
-        out_dtype=out_dtype,
-        has_sinks=has_sinks,
-        has_window=has_window,
-        has_softcap=has_softcap,
-        align=slot_alignment(head_size, cache_strides),
-        target=target_of(device),
-        tile=tuning.decode_tile,
-        warps=tuning.decode_warps,
-        stages=tuning.decode_stages,
-        maxnreg=tuning.decode_maxnreg,
-    )
+        return decode_wholepage_spec(head_size=head_size, gqa=gqa, num_kv_heads=num_kv_heads, block_size=block_size,
+                                     query_dtype=query_dtype, out_dtype=out_dtype, has_sinks=has_sinks,
+                                     has_window=has_window, has_softcap=has_softcap, tuning=wholepage_tuning(tuning))
+    return decode_splitkv_spec(head_size=head_size, gqa=gqa, block_size=block_size, query_dtype=query_dtype,
+                               out_dtype=out_dtype, has_sinks=has_sinks, has_window=has_window, has_softcap=has_softcap,
+                               align=slot_alignment(head_size, cache_strides), target=target_of(device),
+                               tile=tuning.decode_tile, warps=tuning.decode_warps, stages=tuning.decode_stages,
+                               maxnreg=tuning.decode_maxnreg)
 
 
-def prefill_call_spec(
-    head_size: int,
-    gqa: int,
-    block_size: int,
-    query_dtype: torch.dtype | str,
-    key_dtype: torch.dtype | str,
-    out_dtype: torch.dtype | str,
-    has_sinks: bool,
-    has_window: bool,
-    has_softcap: bool,
-    cache_strides: tuple[int, ...] | None,
-    device: torch.device,
-) -> Specialization:
+def prefill_call_spec(head_size: int, gqa: int, block_size: int, query_dtype: torch.dtype | str,
+                      key_dtype: torch.dtype | str, out_dtype: torch.dtype | str, has_sinks: bool, has_window: bool,
+                      has_softcap: bool, cache_strides: tuple[int, ...] | None, device: torch.device) -> Specialization:
     """The prefill variant a call plans (see :func:`decode_call_spec`)."""
-    return prefill_family.prefill_spec(
-        head_size=head_size,
-        gqa=gqa,
-        block_size=block_size,
-        query_dtype=query_dtype,
-        key_dtype=key_dtype,
-        out_dtype=out_dtype,
-        has_sinks=has_sinks,
-        has_window=has_window,
-        has_softcap=has_softcap,
-        align=slot_alignment(head_size, cache_strides),
-        target=target_of(device),
-    )
+    return prefill_family.prefill_spec(head_size=head_size, gqa=gqa, block_size=block_size, query_dtype=query_dtype,
+                                       key_dtype=key_dtype, out_dtype=out_dtype, has_sinks=has_sinks,
+                                       has_window=has_window, has_softcap=has_softcap,
+                                       align=slot_alignment(head_size, cache_strides), target=target_of(device))
 
 
-def plan_decode(
-    query: torch.Tensor,
-    kv_cache: torch.Tensor,
-    block_table: torch.Tensor,
-    seq_lens: torch.Tensor,
-    scale: float,
-    sinks: torch.Tensor | None,
-    sliding_window: int | None,
-    softcap: float | None,
-    out: torch.Tensor,
-    tuning: Tuning = NO_TUNING,
-) -> LaunchPlan:
+def plan_decode(query: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tensor, seq_lens: torch.Tensor,
+                scale: float, sinks: torch.Tensor | None, sliding_window: int | None, softcap: float | None,
+                out: torch.Tensor, tuning: Tuning = NO_TUNING) -> LaunchPlan:
     """Launch of decode: whole-page or split-KV by :func:`takes_wholepage`, decided once per call."""
     b, hq, d = query.shape
     hk, bs = kv_cache.shape[2], kv_cache.shape[1]
     if takes_wholepage(
         d, hq // hk, hk, bs, tuple(kv_cache.stride()), query.device, tuning, kv_cache.data_ptr() % 16 == 0
     ):
-        return plan_decode_wholepage(
-            query,
-            kv_cache,
-            block_table,
-            seq_lens,
-            scale,
-            sinks,
-            sliding_window,
-            softcap,
-            out,
-            tuning=wholepage_tuning(tuning),
-        )
-    spec = decode_call_spec(
-        d,
-        hq // hk,
-        bs,
-        query.dtype,
-        out.dtype,
-        sinks is not None,
-        sliding_window is not None,
-        softcap is not None,
-        tuple(kv_cache.stride()[:3]),
-        query.device,
-        tuning,
-    )
+        return plan_decode_wholepage(query, kv_cache, block_table, seq_lens, scale, sinks, sliding_window, softcap, out,
+                                     tuning=wholepage_tuning(tuning))
+    spec = decode_call_spec(d, hq // hk, bs, query.dtype, out.dtype, sinks is not None, sliding_window is not None,
+                            softcap is not None, tuple(kv_cache.stride()[:3]), query.device, tuning)
     return plan_decode_splitkv(
         query, kv_cache, block_table, seq_lens, scale, sinks, sliding_window, softcap, out, spec, tuning.decode_splits
     )
 
 
-def plan_prefill(
-    query: torch.Tensor,
-    key: torch.Tensor,
-    value: torch.Tensor,
-    kv_cache: torch.Tensor,
-    block_table: torch.Tensor,
-    seq_lens: torch.Tensor,
-    query_start_loc: torch.Tensor,
-    scale: float,
-    sinks: torch.Tensor | None,
-    sliding_window: int | None,
-    softcap: float | None,
-    out: torch.Tensor,
-    tuning: Tuning = NO_TUNING,
-) -> LaunchPlan:
+def plan_prefill(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor,
+                 block_table: torch.Tensor, seq_lens: torch.Tensor, query_start_loc: torch.Tensor, scale: float,
+                 sinks: torch.Tensor | None, sliding_window: int | None, softcap: float | None, out: torch.Tensor,
+                 tuning: Tuning = NO_TUNING) -> LaunchPlan:
     """Launch of the chunked-prefill kernel; the grid bounds the tiles from N and B (no host sync)."""
     hk, bs = kv_cache.shape[2], kv_cache.shape[1]
-    spec = prefill_call_spec(
-        query.shape[2],
-        query.shape[1] // hk,
-        bs,
-        query.dtype,
-        key.dtype,
-        out.dtype,
-        sinks is not None,
-        sliding_window is not None,
-        softcap is not None,
-        tuple(kv_cache.stride()[:3]),
-        query.device,
-    )
-    return prefill_family.plan_prefill(
-        query,
-        key,
-        value,
-        kv_cache,
-        block_table,
-        seq_lens,
-        query_start_loc,
-        scale,
-        sinks,
-        sliding_window,
-        softcap,
-        out,
-        spec,
-        tuning.prefill_splits,
-    )
+    spec = prefill_call_spec(query.shape[2], query.shape[1] // hk, bs, query.dtype, key.dtype, out.dtype,
+                             sinks is not None, sliding_window is not None, softcap is not None,
+                             tuple(kv_cache.stride()[:3]), query.device)
+    return prefill_family.plan_prefill(query, key, value, kv_cache, block_table, seq_lens, query_start_loc, scale,
+                                       sinks, sliding_window, softcap, out, spec, tuning.prefill_splits)
 
 
-__all__ = [
-    "LaunchPlan",
-    "NO_TUNING",
-    "decode_call_spec",
-    "plan_decode",
-    "plan_dequant",
-    "plan_prefill",
-    "plan_store",
-    "prefill_call_spec",
-    "store_few_rows",
-    "takes_wholepage",
-    "wholepage_tuning",
-]
+__all__ = ["LaunchPlan", "NO_TUNING", "decode_call_spec", "plan_decode", "plan_dequant", "plan_prefill", "plan_store",
+           "prefill_call_spec", "store_few_rows", "takes_wholepage", "wholepage_tuning"]

@@ -63,14 +63,8 @@ ARG_DIVISOR = 16
 """The divisibility Triton's JIT specializes integer (and pointer) arguments on (``tt.divisibility``)."""
 
 
-DTYPE_NAMES: dict[torch.dtype, str] = {
-    torch.bfloat16: "bf16",
-    torch.float16: "fp16",
-    torch.float32: "fp32",
-    torch.int32: "i32",
-    torch.int64: "i64",
-    torch.uint8: "u8",
-}
+DTYPE_NAMES: dict[torch.dtype, str] = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32",
+                                       torch.int32: "i32", torch.int64: "i64", torch.uint8: "u8"}
 """Triton's type name of each tensor dtype the kernels take."""
 
 
