@@ -283,7 +283,11 @@ def prefill_spec(*, head_size: int, gqa: int, block_size: int, query_dtype: torc
     :func:`decode_spec`)."""
     d = check_head_size(head_size)
     gpad = pow2_at_least(int(gqa))
-    rows = max(16, gpad, 64 if d <= 128 else (32 if d <= 256 else 16))
+    # AMD: at most 32 rows at D <= 128. Triton 3.6's AMD lowering (ConvertBuiltinFuncToLLVM, whose
+    # aggressive block merging upstream later turned off) spends > 10 minutes per config on the
+    # 64-row tile's IR and ~1 s on 32 rows (benchmarks/NOTES.md, "Build robustness").
+    wide = 32 if target == "hip" else 64
+    rows = max(16, gpad, wide if d <= 128 else (32 if d <= 256 else 16))
     return Specialization(
         kernel="uq_prefill",
         signature=_signature(PREFILL_PARAMS, query=_tname(query_dtype), key=_tname(key_dtype or query_dtype),
