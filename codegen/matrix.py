@@ -16,6 +16,7 @@ OPS=...`` narrow or extend (any value may be given: out-of-range ones are skippe
 
 from __future__ import annotations
 
+import functools
 import itertools
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -270,6 +271,9 @@ class Selection:
     tp: tuple[int, ...] = ()
     notes: tuple[str, ...] = field(default=(), compare=False)
     """What the derivation left out (a model at a TP degree vLLM cannot shard it to); not recorded."""
+    cover: tuple[tuple[str, tuple[tuple[str, Any], ...]], ...] | None = None
+    """``MATRIX=cover`` (:func:`cover_selection`): the exact (op, config items) pairs to build, every
+    row; ``None``: no such list."""
 
     def values(self, axis: str) -> tuple[Any, ...]:
         return {"head_size": self.head_sizes, "gqa": self.gqa, "block_size": self.block_sizes,
@@ -277,6 +281,8 @@ class Selection:
 
     def admits(self, row: OpRow, config: Config) -> bool:
         """Whether ``config`` of ``row`` is one of the selected attention configs (always, without a list)."""
+        if self.cover is not None:
+            return (row.op, tuple(sorted(config.items()))) in self._cover_set
         if self.attention is None or "gqa" not in row.axes:
             return True
         return attention_key(config) in {attention_key(c) for c in self.attention}
@@ -291,7 +297,13 @@ class Selection:
         if self.attention is not None:
             out.update(models=list(self.models), tp=list(self.tp),
                        attention=[dict(sorted(c.items())) for c in self.attention])
+        if self.cover is not None:
+            out["cover"] = [[op, dict(items)] for op, items in self.cover]
         return out
+
+    @functools.cached_property
+    def _cover_set(self) -> frozenset:
+        return frozenset(self.cover or ())
 
 
 def attention_key(config: Config) -> tuple[Any, ...]:
@@ -369,3 +381,95 @@ def expand(rows: Sequence[OpRow], selection: Selection, arch: str, backends_for_
                 else:
                     points.append(MatrixPoint(row, config, arch))
     return points, skipped
+
+
+# --- The covering selection (MATRIX=cover): every axis value of every kernel, in few blobs ---------
+#
+# CI cannot build MATRIX=full (thousands of blobs), yet a spill, a compiler error or a verify failure
+# can hide in any corner of it. The cover builds, per op row, a small set of configs such that every
+# value of every axis (and every feature set) is built at least once, and every value pair of the
+# axis pairs that interact in the kernels (COVER_PAIRS) is built at least once. It is derived from
+# the table above (OPS, SKIPS and the axes' values), so a new axis value or feature set joins it.
+
+COVER_DTYPES: tuple[str, ...] = ("bf16", "fp16")
+"""Dtype values the cover builds: both the matrix accepts (``DEFAULT_DTYPES`` is bf16 only)."""
+
+FEATURES = "features"
+"""The pseudo-axis of a row's feature sets (each feature set of ``OpRow.features`` is one value);
+each key of a feature set (``few_rows``, ``has_window``...) is a pseudo-axis of its own for the pairs."""
+
+_ATTENTION_PAIRS = (("head_size", "gqa"), ("head_size", FEATURES))
+COVER_PAIRS: dict[str, tuple[tuple[str, str], ...]] = {
+    # Tile shapes (ROWS, GQA_PAD, warps) and register pressure follow head size x GQA; the feature
+    # code (sinks, window, soft cap) adds registers and every spill allowance is per head size.
+    "decode_attention": _ATTENTION_PAIRS,
+    "prefill_attention": _ATTENTION_PAIRS,
+    "decode_attention_flydsl": _ATTENTION_PAIRS,
+    "decode_attention_flydsl_mx": _ATTENTION_PAIRS,
+    # Decode v8: its row split (m16 path at GQA >= 9) and its spill allowance follow GQA x kv heads.
+    "decode_attention_v8": (("head_size", "gqa"), ("gqa", "num_kv_heads")),
+    # The dequant tile follows head size x block size (the D=64, block 64 spill on sm_90).
+    "dequant_kv": (("head_size", "block_size"),),
+    # The store's launch shape (LANES, the few-rows layout) and its spills follow head size; the
+    # encoders are arithmetic on the same layout (each built once).
+    "store_kv": (("head_size", "few_rows"),),
+}
+"""Per op: the axis pairs whose value pairs the cover builds (each pair once at least)."""
+
+
+def cover_universe(row: OpRow, arch: str, skips: Sequence[Skip] = SKIPS) -> list[tuple[Config, dict[str, Any]]]:
+    """Every buildable config of ``row`` on ``arch`` over the matrix's axis values (``DEFAULT_*``,
+    :data:`COVER_DTYPES`, :data:`V8_KV_HEADS`), each with its value per axis, per feature key and
+    per :data:`FEATURES` (the feature set's index): what the cover must represent."""
+    sel = Selection(dtypes=COVER_DTYPES)
+    out = []
+    for values in itertools.product(*(sel.values(a) for a in row.axes)):
+        for index, feats in enumerate(row.features):
+            config = {**{row.rename.get(a, a): v for a, v in zip(row.axes, values, strict=True)},
+                      **row.flag_defaults, **feats}
+            probe = {**config, "target": "cuda" if arch.startswith("sm_") else "hip"} if row.targeted else config
+            if not _skip_reason(skips, row.op, probe, arch):
+                out.append((config, {**feats, **dict(zip(row.axes, values, strict=True)), FEATURES: index}))
+    return out
+
+
+def cover_requirements(row: OpRow, axis_values: Iterable[dict[str, Any]]) -> set[tuple[Any, ...]]:
+    """What a set of configs (their axis values) represents: each (axis, value) and each value pair
+    of the row's :data:`COVER_PAIRS`."""
+    reqs: set[tuple[Any, ...]] = set()
+    pairs = COVER_PAIRS.get(row.op, ())
+    for v in axis_values:
+        reqs.update((a, v[a]) for a in (*row.axes, FEATURES))
+        reqs.update((a, v[a], b, v[b]) for a, b in pairs if a in v and b in v)
+    return reqs
+
+
+def cover_configs(row: OpRow, archs: Iterable[str], skips: Sequence[Skip] = SKIPS) -> list[Config]:
+    """A small set of ``row``'s configs meeting every requirement of its universe on each arch
+    (greedy set cover: each step takes the first config that meets the most unmet requirements)."""
+    chosen: list[Config] = []
+    for arch in archs:
+        universe = cover_universe(row, arch, skips)
+        have = cover_requirements(row, [v for c, v in universe if c in chosen])
+        todo = cover_requirements(row, [v for _, v in universe]) - have
+        while todo:
+            gains = [len(cover_requirements(row, [v]) & todo) for _, v in universe]
+            best = max(range(len(universe)), key=lambda i: (gains[i], -i))
+            chosen.append(universe[best][0])
+            todo -= cover_requirements(row, [universe[best][1]])
+    return chosen
+
+
+def cover_selection(rows: Sequence[OpRow] = OPS, ops: tuple[str, ...] | None = None,
+                    skips: Sequence[Skip] = SKIPS) -> Selection:
+    """``MATRIX=cover``: the union over arches of each row's :func:`cover_configs`, as a Selection."""
+    from .archs import ARCHS
+
+    cover = []
+    for row in rows:
+        if ops is not None and row.op not in ops:
+            continue
+        archs = [a for a in ARCHS if row.archs is None or a in row.archs]
+        cover += [(row.op, tuple(sorted(c.items()))) for c in cover_configs(row, archs, skips)]
+    return Selection(dtypes=COVER_DTYPES, ops=ops, preset="cover", cover=tuple(cover))
+

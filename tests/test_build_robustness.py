@@ -168,3 +168,52 @@ def test_amd_prefill_tile_matches_reference(monkeypatch, case):
     assert spec.constexprs["ROWS"] == 32 and not spec.constexprs["FP4_PTX"]
     assert plans.prefill_spec(head_size=d, gqa=hq // hk, block_size=bs).constexprs["ROWS"] == 64
     kt.test_prefill_matches_reference(monkeypatch, kt.PREFILL_CASES[case], "1")
+
+
+def _axis_values(row: matrix.OpRow, config: dict) -> dict:
+    """A config's value per axis of ``row``, per feature key, and its feature set (by index)."""
+    out = {a: config[row.rename.get(a, a)] for a in row.axes}
+    feats = [i for i, f in enumerate(row.features) if all(config.get(k) == v for k, v in f.items())
+             and all(config.get(k) == row.flag_defaults.get(k) for k in row.flag_defaults if k not in f)]
+    out[matrix.FEATURES] = feats[0]
+    out.update({k: config[k] for f in row.features for k in f})
+    return out
+
+
+@pytest.mark.parametrize("arch", ["gfx942", "gfx950", "sm_90"])
+def test_cover_selection_covers_every_axis_value(arch):
+    """Against the full product of the matrix's axes (its own expand, both dtypes): every value of
+    every axis and feature set, and every value pair of COVER_PAIRS, is built by MATRIX=cover."""
+    from ultraquant.codegen.models import make_selection
+
+    usable = ["triton"] + (["flydsl"] if arch.startswith("gfx") else [])
+    cover = make_selection(matrix_name="cover")
+    built, skipped = matrix.expand(matrix.OPS, cover, arch, usable)
+    assert not skipped
+    universe, _ = matrix.expand(matrix.OPS, matrix.Selection(dtypes=matrix.COVER_DTYPES), arch, usable)
+    rows = {p.row.op: p.row for p in universe}
+    assert rows.keys() == {p.row.op for p in built}
+    for op, row in rows.items():
+        want = [_axis_values(row, p.config) for p in universe if p.row.op == op]
+        got = [_axis_values(row, p.config) for p in built if p.row.op == op]
+        for axis in (*row.axes, matrix.FEATURES):
+            assert {v[axis] for v in got} == {v[axis] for v in want}, (op, axis)
+        for a, b in matrix.COVER_PAIRS[op]:
+            assert {(v[a], v[b]) for v in got} == {(v[a], v[b]) for v in want}, (op, a, b)
+    assert len(built) < len(universe) / 10  # a cover, not the product
+    assert set(matrix.COVER_PAIRS) == {r.op for r in matrix.OPS}
+
+
+def test_cover_cli(tmp_path):
+    from click.testing import CliRunner
+
+    from ultraquant.cli import main
+
+    res = CliRunner().invoke(main, ["build", "--arch", "gfx942", "--matrix", "cover", "--dry-run",
+                                    "--cache-dir", str(tmp_path)])
+    assert res.exit_code == 0, res.output
+    points, _ = matrix.expand(matrix.OPS, matrix.cover_selection(), "gfx942", ["triton", "flydsl"])
+    assert "selection cover:" in res.output and f"gfx942: {len(points)} blobs (" in res.output
+    res = CliRunner().invoke(main, ["build", "--arch", "gfx942", "--matrix", "cover", "--head-sizes", "64",
+                                    "--dry-run"])
+    assert res.exit_code != 0 and "only OPS narrows it" in res.output

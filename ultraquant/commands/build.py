@@ -72,6 +72,9 @@ def _preflight(archs, rows, ops) -> None:
 
 
 def _selection_summary(selection) -> str:
+    if selection.cover is not None:
+        return (f"selection cover: {len(selection.cover)} configs, every axis value of every kernel at least once "
+                "and the interacting axis pairs (codegen/matrix.py COVER_PAIRS)")
     n = len(selection.attention) if selection.attention is not None else None
     if selection.attention is not None:
         models = (f"{len(selection.models)} models" if selection.preset == "popular"
@@ -90,7 +93,9 @@ def _selection_summary(selection) -> str:
               help="Comma list of Hugging Face config.json files (or model folders), or 'popular' (the default "
                    "when no --matrix/--head-sizes/--gqa is given): build exactly what they need.")
 @click.option("--tp", default="", help="Tensor-parallel degrees for --model (default 1,2,4,8).")
-@click.option("--matrix", "matrix_name", default="", help="'full': every combination of the axes below.")
+@click.option("--matrix", "matrix_name", default="",
+              help="'full': every combination of the axes below; 'cover': each axis value and interacting pair "
+                   "once (what CI builds).")
 @click.option("--head-sizes", default="", help="Comma list (matrix default 64,128,256,512).")
 @click.option("--gqa", default="", help="Comma list of GQA ratios (matrix default 1,4,5,6,8,16).")
 @click.option("--block-sizes", default="", help="Comma list (models: 16, vLLM's default; matrix: 16,32,64,128).")
