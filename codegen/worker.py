@@ -27,7 +27,7 @@ without a broken kernel."""
 
 
 def _run_job(job: dict[str, Any], backends: dict[str, Any]) -> dict[str, Any]:
-    from ultraquant.kernels.specs import Specialization
+    from ultraquant.kernels.specialization import Specialization
 
     from .archs import get_arch
     from .backends import load_backend

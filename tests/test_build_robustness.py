@@ -166,7 +166,9 @@ def test_amd_prefill_tile_matches_reference(monkeypatch, case):
     spec = plans.prefill_call_spec(d, hq // hk, bs, "bf16", "bf16", "bf16", False, False, False, None,
                                    torch.device("cpu"))
     assert spec.constexprs["ROWS"] == 32 and not spec.constexprs["FP4_PTX"]
-    assert plans.prefill_spec(head_size=d, gqa=hq // hk, block_size=bs).constexprs["ROWS"] == 64
+    from ultraquant.kernels.families.prefill import prefill_spec
+
+    assert prefill_spec(head_size=d, gqa=hq // hk, block_size=bs).constexprs["ROWS"] == 64
     kt.test_prefill_matches_reference(monkeypatch, kt.PREFILL_CASES[case], "1")
 
 
