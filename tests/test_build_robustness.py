@@ -219,3 +219,56 @@ def test_cover_cli(tmp_path):
     res = CliRunner().invoke(main, ["build", "--arch", "gfx942", "--matrix", "cover", "--head-sizes", "64",
                                     "--dry-run"])
     assert res.exit_code != 0 and "only OPS narrows it" in res.output
+
+
+# --- error texts: the supported head sizes and the CPU engine's block sizes ---------------------------
+
+SERVED = ", ".join(map(str, (64, 128, 256, 512)))
+
+
+@pytest.mark.parametrize("d", [96, 32, 1024])
+def test_head_size_errors_name_the_served_sizes(d):
+    from ultraquant.errors import UltraQuantError
+    from ultraquant.format import SUPPORTED_HEAD_SIZES
+    from ultraquant.vllm import kv_cache_shape, served_head_size
+
+    assert ", ".join(map(str, SUPPORTED_HEAD_SIZES)) == SERVED
+    for call in (lambda: served_head_size(d), lambda: kv_cache_shape(4, 16, 2, d)):
+        with pytest.raises(UltraQuantError, match=f"serves head sizes {SERVED}, got {d}"):
+            call()
+    assert served_head_size(128) == 128
+
+
+def test_format_head_size_error_names_the_served_sizes():
+    from ultraquant.errors import UltraQuantError
+    from ultraquant.format import check_head_size
+
+    with pytest.raises(UltraQuantError, match=f"the kernels serve {SERVED}\\), got 96"):
+        check_head_size(96)
+
+
+def test_vllm_command_names_head_sizes_and_a_cpu_block_size(tmp_path):
+    from click.testing import CliRunner
+
+    from ultraquant.commands import vllm as cmd
+
+    res = CliRunner().invoke(cmd.command, ["--no-register", "--head-size", "96"])
+    assert res.exit_code != 0 and f"serves head sizes {SERVED}, got 96" in res.output
+    phi = tmp_path / "phi3" / "config.json"
+    phi.parent.mkdir()
+    phi.write_text(json.dumps({"model_type": "phi3", "hidden_size": 3072, "num_attention_heads": 32,
+                               "num_key_value_heads": 32, "torch_dtype": "bfloat16"}))
+    res = CliRunner().invoke(cmd.command, ["--no-register", "--model", str(phi)])
+    assert res.exit_code != 0 and "head size 96" in res.output and SERVED in res.output
+    llama = tmp_path / "llama" / "config.json"
+    llama.parent.mkdir()
+    llama.write_text(json.dumps({"model_type": "llama", "hidden_size": 4096, "num_attention_heads": 32,
+                                 "num_key_value_heads": 8, "torch_dtype": "bfloat16"}))
+    res = CliRunner().invoke(cmd.command, ["--no-register", "--model", str(llama)])
+    assert res.exit_code == 0, res.output
+    lines = {ln[:14].strip(): ln[14:].strip() for ln in res.output.splitlines()}
+    assert lines["serve (GPU)"].endswith("--block-size 16")  # the blobs' block size (make line: default 16)
+    assert "--block-size 128" in lines["serve (CPU)"]       # CPU_ATTN takes multiples of 32
+    assert "a CPU engine takes block sizes 32, 64, 128" in res.output
+    res = CliRunner().invoke(cmd.command, ["--no-register", "--model", str(llama), "--block-size", "64"])
+    assert "--block-size 64" in res.output.split("serve (CPU)")[1] and "a CPU engine takes" not in res.output
