@@ -354,19 +354,21 @@ def expand(rows: Sequence[OpRow], selection: Selection, arch: str, backends_for_
 #
 # CI cannot build MATRIX=full (thousands of blobs), yet a spill, a compiler error or a verify failure
 # can hide in any corner of it. The cover builds, per op row, a small set of configs such that every
-# value of every axis (and every feature set) is built at least once, and every value pair of the
-# axis pairs that interact in the kernels (COVER_PAIRS) is built at least once. It is derived from
-# the table above (OPS, SKIPS and the axes' values), so a new axis value or feature set joins it.
+# value of every axis (and every feature set) is built at least once, and every value combination of
+# the axes that interact in the kernels (COVER_INTERACTIONS: pairs, or a triple) is built at least
+# once. It is derived from the table above (OPS, SKIPS and the axes' values), so a new axis value or
+# feature set joins it.
 
 COVER_DTYPES: tuple[str, ...] = ("bf16", "fp16")
 """Dtype values the cover builds: both the matrix accepts (``DEFAULT_DTYPES`` is bf16 only)."""
 
 FEATURES = "features"
 """The pseudo-axis of a row's feature sets (each feature set of ``OpRow.features`` is one value);
-each key of a feature set (``few_rows``, ``has_window``...) is a pseudo-axis of its own for the pairs."""
+each key of a feature set (``few_rows``, ``has_window``...) is a pseudo-axis of its own for the
+interactions."""
 
 _ATTENTION_PAIRS = (("head_size", "gqa"), ("head_size", FEATURES))
-COVER_PAIRS: dict[str, tuple[tuple[str, str], ...]] = {
+COVER_INTERACTIONS: dict[str, tuple[tuple[str, ...], ...]] = {
     # Tile shapes (ROWS, GQA_PAD, warps) and register pressure follow head size x GQA; the feature
     # code (sinks, window, soft cap) adds registers and every spill allowance is per head size.
     "decode_attention": _ATTENTION_PAIRS,
@@ -375,13 +377,15 @@ COVER_PAIRS: dict[str, tuple[tuple[str, str], ...]] = {
     "decode_attention_flydsl_mx": _ATTENTION_PAIRS,
     # Whole-page decode: its row split (m16 path at GQA >= 9) and its spill allowance follow GQA x kv heads.
     "decode_attention_wholepage": (("head_size", "gqa"), ("gqa", "num_kv_heads")),
-    # The dequant tile follows head size x block size (the D=64, block 64 spill on sm_90).
-    "dequant_kv": (("head_size", "block_size"),),
+    # Dequant: every combination (48 blobs of ~1-2 s): the D=64 spill on sm_90 needed all three of
+    # head size 64, a block of >= 32 tokens and a 16-bit output.
+    "dequant_kv": (("head_size", "block_size", FEATURES),),
     # The store's launch shape (LANES, the few-rows layout) and its spills follow head size; the
     # encoders are arithmetic on the same layout (each built once).
     "store_kv": (("head_size", "few_rows"),),
 }
-"""Per op: the axis pairs whose value pairs the cover builds (each pair once at least)."""
+"""Per op: the axis combinations (pairs, or a triple) whose value combinations the cover builds, each
+at least once."""
 
 
 def cover_universe(row: OpRow, arch: str, skips: Sequence[Skip] = SKIPS) -> list[tuple[Config, dict[str, Any]]]:
@@ -401,13 +405,13 @@ def cover_universe(row: OpRow, arch: str, skips: Sequence[Skip] = SKIPS) -> list
 
 
 def cover_requirements(row: OpRow, axis_values: Iterable[dict[str, Any]]) -> set[tuple[Any, ...]]:
-    """What a set of configs (their axis values) represents: each (axis, value) and each value pair
-    of the row's :data:`COVER_PAIRS`."""
+    """What a set of configs (their axis values) represents: each ``((axis, value),)`` and each value
+    combination ``((axis, value), ...)`` of the row's :data:`COVER_INTERACTIONS`."""
     reqs: set[tuple[Any, ...]] = set()
-    pairs = COVER_PAIRS.get(row.op, ())
+    combos = COVER_INTERACTIONS.get(row.op, ())
     for v in axis_values:
-        reqs.update((a, v[a]) for a in (*row.axes, FEATURES))
-        reqs.update((a, v[a], b, v[b]) for a, b in pairs if a in v and b in v)
+        reqs.update(((a, v[a]),) for a in (*row.axes, FEATURES))
+        reqs.update(tuple((a, v[a]) for a in c) for c in combos if all(a in v for a in c))
     return reqs
 
 

@@ -79,7 +79,7 @@ def test_cli_build_with_a_failing_config_exits_nonzero(tmp_path):
     """The real dequant kernel for gfx942 at one head size and block size: 3 blobs, the fp16 one
     forced to fail; the CLI lists it, exits 1, and leaves the other two verified with a manifest."""
     pytest.importorskip("triton")
-    env = {**os.environ, "PYTHONPATH": str(ROOT), FAIL_ENV: "(fp16"}
+    env = {**os.environ, "PYTHONPATH": str(ROOT), FAIL_ENV: "fp16,fp16"}
     env.pop("TRITON_INTERPRET", None)
     out = tmp_path / "gen"
     res = subprocess.run([sys.executable, "-m", "ultraquant.cli", "build", "--arch", "gfx942", "--head-sizes", "64",
@@ -185,7 +185,7 @@ def _axis_values(row: matrix.OpRow, config: dict) -> dict:
 @pytest.mark.parametrize("arch", ["gfx942", "gfx950", "sm_90"])
 def test_cover_selection_covers_every_axis_value(arch):
     """Against the full product of the matrix's axes (its own expand, both dtypes): every value of
-    every axis and feature set, and every value pair of COVER_PAIRS, is built by MATRIX=cover."""
+    every axis and feature set, and every value combination of COVER_INTERACTIONS, is built by MATRIX=cover."""
     from ultraquant.codegen.models import make_selection
 
     usable = ["triton"] + (["flydsl"] if arch.startswith("gfx") else [])
@@ -200,10 +200,11 @@ def test_cover_selection_covers_every_axis_value(arch):
         got = [_axis_values(row, p.config) for p in built if p.row.op == op]
         for axis in (*row.axes, matrix.FEATURES):
             assert {v[axis] for v in got} == {v[axis] for v in want}, (op, axis)
-        for a, b in matrix.COVER_PAIRS[op]:
-            assert {(v[a], v[b]) for v in got} == {(v[a], v[b]) for v in want}, (op, a, b)
+        for combo in matrix.COVER_INTERACTIONS[op]:
+            assert ({tuple(v[a] for a in combo) for v in got}
+                    == {tuple(v[a] for a in combo) for v in want}), (op, combo)
     assert len(built) < len(universe) / 10  # a cover, not the product
-    assert set(matrix.COVER_PAIRS) == {r.op for r in matrix.OPS}
+    assert set(matrix.COVER_INTERACTIONS) == {r.op for r in matrix.OPS}
 
 
 def test_cover_cli(tmp_path):

@@ -74,7 +74,7 @@ def _preflight(archs, rows, ops) -> None:
 def _selection_summary(selection) -> str:
     if selection.cover is not None:
         return (f"selection cover: {len(selection.cover)} configs, every axis value of every kernel at least once "
-                "and the interacting axis pairs (codegen/matrix.py COVER_PAIRS)")
+                "and the interacting axis combinations (codegen/matrix.py COVER_INTERACTIONS)")
     n = len(selection.attention) if selection.attention is not None else None
     if selection.attention is not None:
         models = (f"{len(selection.models)} models" if selection.preset == "popular"
