@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests.test_runtime import rt  # noqa: F401  (the fake-driver runtime fixture)
 from ultraquant.codegen import matrix
 from ultraquant.codegen.build import FAIL_ENV, BuildError, build
 from ultraquant.codegen.verify import verify_dir
@@ -273,3 +274,30 @@ def test_vllm_command_names_head_sizes_and_a_cpu_block_size(tmp_path):
     assert "a CPU engine takes block sizes 32, 64, 128" in res.output
     res = CliRunner().invoke(cmd.command, ["--no-register", "--model", str(llama), "--block-size", "64"])
     assert "--block-size 64" in res.output.split("serve (CPU)")[1] and "a CPU engine takes" not in res.output
+
+
+@pytest.mark.usefixtures("rt")
+def test_a_failed_config_falls_back_and_require_aot_names_it(tmp_path, monkeypatch, caplog):
+    """Through the runtime's launch path (fake driver, tests/test_runtime.py): a config the build
+    recorded as failed is a miss whose reason names the failure; Triton (False) by default, an error
+    under ULTRAQUANT_REQUIRE_AOT=1."""
+    import logging
+
+    from tests import test_runtime as trt
+    from ultraquant.errors import UltraQuantError
+    from ultraquant.runtime import launch
+
+    good, bad = trt.spec(64), trt.spec(128)
+    d = trt.write_manifest(tmp_path / "gen", specs=[good])
+    m = json.loads((d / "manifest.json").read_text())
+    m["skipped"] = [{"op": "test", "config": {}, "key": bad.key(), "build_failed": True,
+                     "reason": "build failed: uses local memory {'local': 8}"}]
+    (d / "manifest.json").write_text(json.dumps(m))
+    caplog.set_level(logging.INFO, logger="ultraquant.runtime")
+    assert launch.try_launch(trt.plan(good), 0) is True
+    assert launch.try_launch(trt.plan(bad), 0) is False
+    assert any("its build failed (build failed: uses local memory" in r.getMessage() for r in caplog.records)
+    monkeypatch.setenv("ULTRAQUANT_REQUIRE_AOT", "1")
+    launch.reset()
+    with pytest.raises(UltraQuantError, match=r"REQUIRE_AOT=1: no usable blob.*its build failed"):
+        launch.try_launch(trt.plan(bad), 0)
