@@ -69,7 +69,6 @@ FAILURE_REASON_CHARS = 600
 """A failed config's reason in the manifest: the first line(s) of its error, at most this long."""
 
 
-
 @dataclass
 class BuildOptions:
     """What to build and where."""
