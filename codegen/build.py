@@ -572,7 +572,7 @@ def build(opts: BuildOptions) -> list[ArchResult]:
     for arch, jobs, skipped, header in plans:
         r = _assemble(opts, arch, jobs, skipped, header)
         r.cached = cached.get(arch.name, 0)
-        r.compiled = len(jobs) - r.cached - r.failed
+        r.compiled = sum(1 for j in to_compile if j.arch.name == arch.name and not j.error)
         results.append(r)
     failed = [j for _a, jobs, _s, _h in plans for j in jobs if j.error]
     if failed:

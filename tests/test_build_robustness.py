@@ -192,8 +192,10 @@ def test_cover_selection_covers_every_axis_value(arch):
     usable = ["triton"] + (["flydsl"] if arch.startswith("gfx") else [])
     cover = make_selection(matrix_name="cover")
     built, skipped = matrix.expand(matrix.OPS, cover, arch, usable)
-    assert not skipped
     universe, _ = matrix.expand(matrix.OPS, matrix.Selection(dtypes=matrix.COVER_DTYPES), arch, usable)
+    # the cover is one list for all arches: what it skips here is what SKIPS excludes on this arch
+    buildable = {(p.row.op, json.dumps(p.config, sort_keys=True)) for p in universe}
+    assert not [s for s in skipped if (s["op"], json.dumps(s["config"], sort_keys=True)) in buildable]
     rows = {p.row.op: p.row for p in universe}
     assert rows.keys() == {p.row.op for p in built}
     for op, row in rows.items():
