@@ -7,9 +7,13 @@
   successful compiles in the cache.
 - Deterministic: blob names derive from the config key, the manifest is canonical JSON, binaries
   carry no paths (see the backends), and the output folder is assembled from the cache in key order.
-- Strict: a worker that dies, a compile that raises, any ``error:`` in a compiler's output, a
-  duplicate key, a parameter layout the binary does not confirm, or a blob ``verify`` would reject
-  fails the build (every failure listed, the output folder left as it was).
+- Strict, and failures isolated: a worker that dies, a compile that raises or runs past its
+  timeout, any ``error:`` in a compiler's output, a parameter layout the binary does not confirm, or
+  a blob ``verify`` would reject fails *that config*: it is recorded in the manifest's ``skipped``
+  list (``build_failed: true``, its reason; the runtime falls back to Triton and names it), every
+  good blob is kept and each manifest written, and :func:`build` then raises :class:`BuildError`
+  listing the failures (the CLI exits non-zero). A matrix error (a config the specializer refuses,
+  a duplicate key) is a bug in the table and stops the build before anything compiles.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -40,7 +45,7 @@ from .backends import Backend, load_backend
 from .elf import read_code_object
 from .matrix import OPS, SKIPS, Config, MatrixPoint, OpRow, Selection, Skip, expand
 from .verify import check_blob
-from .worker import RESULT_FD_ENV
+from .worker import FAIL_ENV, RESULT_FD_ENV  # noqa: F401  (FAIL_ENV: the test hook)
 
 ERROR_RE = re.compile(r"error:", re.IGNORECASE)
 """Any match in a compiler's output fails that compile (FlyDSL/LLVM print errors and go on)."""
@@ -50,7 +55,18 @@ _INFO_KEYS = {"symbol", "threads", "num_warps", "num_stages", "num_ctas", "share
 
 
 class BuildError(UltraQuantError):
-    """The build failed; the message lists every failing config."""
+    """The build failed; the message lists every failing config. ``results`` holds what was built
+    and written anyway (empty for a matrix error, which stops the build before compiling)."""
+
+    def __init__(self, message: str, results: list[ArchResult] | None = None,
+                 failures: list[dict[str, Any]] | None = None) -> None:
+        super().__init__(message)
+        self.results = list(results or [])
+        self.failures = list(failures or [])
+
+
+FAILURE_REASON_CHARS = 600
+"""A failed config's reason in the manifest: the first line(s) of its error, at most this long."""
 
 
 @dataclass
@@ -72,8 +88,9 @@ class BuildOptions:
     extra_env: dict[str, str] = field(default_factory=dict)
     timings: Path | None = None
     """If set, one JSON line per compile (arch, op, key, seconds, ok) is appended to this file."""
-    progress: Callable[[int, str], Any] | None = None
-    """Called with (total, label) once, then returns an update(n) callable; None = silent."""
+    progress: Callable[[str], Any] | None = None
+    """Called with one line per finished compile (count, arch, op, config, seconds, ok/FAILED) and
+    a line before the first; None = silent."""
 
 
 @dataclass
@@ -87,6 +104,8 @@ class ArchResult:
     cached: int
     skipped: int
     bytes: int
+    failed: int = 0
+    """Configs whose compile or check failed (in the manifest's ``skipped`` with ``build_failed``)."""
 
 
 @dataclass
@@ -183,6 +202,31 @@ class _Worker:
         return json.loads(line), ""
 
 
+def _first_line(text: str, limit: int = 200) -> str:
+    line = next((ln.strip() for ln in text.splitlines() if ln.strip()), "")
+    return line if len(line) <= limit else line[: limit - 3] + "..."
+
+
+def describe(config: Config) -> str:
+    """Short text of a matrix config for progress lines (``D=128 GQA=4 bs=16 bf16 sinks``)."""
+    names = {"head_size": "D", "gqa": "GQA", "block_size": "bs", "num_kv_heads": "kvh"}
+    parts = [f"{names[k]}={config[k]}" for k in names if k in config]
+    parts += [str(config[k]) for k in ("query_dtype", "key_dtype", "out_dtype", "encoder") if k in config]
+    parts += [k.removeprefix("has_") for k in ("has_sinks", "has_window", "has_softcap") if config.get(k)]
+    if config.get("few_rows"):
+        parts.append("few_rows")
+    return " ".join(parts)
+
+
+def failure_reason(error: str) -> str:
+    """The manifest's reason for a failed config: ``build failed:`` + the start of its error."""
+    lines = [ln.strip() for ln in error.splitlines() if ln.strip()]
+    text = " | ".join(lines[:3])
+    if len(text) > FAILURE_REASON_CHARS:
+        text = text[: FAILURE_REASON_CHARS - 3] + "..."
+    return f"build failed: {text}"
+
+
 def _tail(path: Path, n: int = 1500) -> str:
     try:
         text = Path(path).read_text(errors="replace")
@@ -270,11 +314,20 @@ def make_entry(job: _Job, file_name: str) -> dict[str, Any]:
 
 # --- the build --------------------------------------------------------------------------------------
 
-def _plan_arch(opts: BuildOptions, arch: Arch, backends: dict[str, Backend],
-               errors: list[str]) -> tuple[list[_Job], list[dict[str, Any]], dict[str, Any]]:
+def _plan_arch(opts: BuildOptions, arch: Arch, backends: dict[str, Backend], errors: list[str],
+               missing: dict[str, str] | None = None) -> tuple[list[_Job], list[dict[str, Any]], dict[str, Any]]:
+    """The jobs of one arch. With ``missing`` (a dry run), a backend whose compiler is not installed
+    gets no toolchain versions: its jobs carry no ``build_hash`` and ``missing[backend]`` says why."""
     usable = [n for n, b in backends.items() if b.targets(arch)]
     points, skipped = expand(opts.rows, opts.selection, arch.name, usable, opts.skips)
-    toolchain = {n: backends[n].toolchain(arch) for n in sorted({p.row.backend for p in points})}
+    toolchain: dict[str, dict[str, str]] = {}
+    for n in sorted({p.row.backend for p in points}):
+        try:
+            toolchain[n] = backends[n].toolchain(arch)
+        except (ImportError, OSError, RuntimeError, UltraQuantError) as exc:
+            if missing is None:
+                raise
+            missing[n] = f"{n}: {type(exc).__name__}: {exc}"
     sources = {n: backends[n].source_hash() for n in toolchain}
     jobs: list[_Job] = []
     seen: dict[str, Config] = {}
@@ -290,6 +343,9 @@ def _plan_arch(opts: BuildOptions, arch: Arch, backends: dict[str, Backend],
             errors.append(f"{arch.name}: duplicate key {key} from configs {seen[key]} and {point.config}")
             continue
         seen[key] = point.config
+        if backend.name not in toolchain:  # dry run without this backend's compiler: no cache key
+            jobs.append(_Job(arch, point, spec, backend, ""))
+            continue
         build_hash = hashlib.sha256(_canonical({
             "schema": mf.SCHEMA_VERSION, "backend": backend.name, "options": backend.options,
             "toolchain": toolchain[backend.name], "source": sources[backend.name], "arch": arch.name,
@@ -384,17 +440,21 @@ def _compile_all(opts: BuildOptions, jobs: list[_Job], tmp: Path) -> None:
     threads = [threading.Thread(target=serve, args=(k,), daemon=True) for k in range(n_workers)]
     for t in threads:
         t.start()
-    update = opts.progress(len(jobs), "compiling") if opts.progress else None
+    if opts.progress:
+        opts.progress(f"compiling {len(jobs)} blobs on {n_workers} worker(s)")
+    start = time.monotonic()
     try:
-        for _ in range(len(jobs)):
+        for n in range(1, len(jobs) + 1):
             j = jobs[done.get()]
             if timings:
                 timings.write(json.dumps({"arch": j.arch.name, "op": j.point.row.op, "key": j.spec.key(),
                                           "seconds": j.seconds, "ok": not j.error,
                                           "bytes": len(j.binary or b"")}) + "\n")
                 timings.flush()
-            if update:
-                update(1)
+            if opts.progress:
+                status = "ok" if not j.error else "FAILED: " + _first_line(j.error)
+                opts.progress(f"[{n}/{len(jobs)} {time.monotonic() - start:6.0f} s] {j.arch.name} {j.point.row.op} "
+                              f"{describe(j.point.config)}: {j.seconds:.1f} s {status}")
     finally:
         if timings:
             timings.close()
@@ -402,10 +462,21 @@ def _compile_all(opts: BuildOptions, jobs: list[_Job], tmp: Path) -> None:
         t.join()
 
 
+def failure_row(job: _Job) -> dict[str, Any]:
+    """The manifest ``skipped`` row of a config whose compile or check failed."""
+    return {"op": job.point.row.op, "backend": job.backend.name, "config": job.point.config,
+            "key": job.spec.key(), "reason": failure_reason(job.error), "build_failed": True}
+
+
 def _assemble(opts: BuildOptions, arch: Arch, jobs: list[_Job], skipped: list[dict[str, Any]],
               header: dict[str, Any]) -> ArchResult:
+    """Write ``out/<arch>/``: the good blobs, stale ones removed, and the manifest (failed configs
+    in ``skipped``)."""
     out = Path(opts.out_dir) / arch.name
     out.mkdir(parents=True, exist_ok=True)
+    failed = [failure_row(j) for j in jobs if j.error]
+    skipped = [*skipped, *failed]
+    jobs = [j for j in jobs if not j.error]
     entries = []
     files = set()
     total = 0
@@ -434,7 +505,7 @@ def _assemble(opts: BuildOptions, arch: Arch, jobs: list[_Job], skipped: list[di
         "skipped": sorted(skipped, key=_canonical),
     }
     mf.write(out, manifest)
-    return ArchResult(arch.name, out, len(entries), 0, 0, len(skipped), total)
+    return ArchResult(arch.name, out, len(entries), 0, 0, len(skipped) - len(failed), total, len(failed))
 
 
 def _load_backends(opts: BuildOptions) -> dict[str, Backend]:
@@ -447,21 +518,27 @@ def _load_backends(opts: BuildOptions) -> dict[str, Backend]:
 
 def dry_run(opts: BuildOptions) -> list[dict[str, Any]]:
     """What :func:`build` would do, without compiling: per arch the configs per op, how many the
-    cache already holds, and the skipped configs grouped by reason."""
+    cache already holds, and the skipped configs grouped by reason.
+
+    Needs no compiler: it reads the selection and the matrix. Where a backend's compiler is missing
+    (no Triton, no FlyDSL) its cache hits cannot be told (they hash the toolchain's versions):
+    ``cached`` is then None and ``cache_note`` says why."""
     backends = _load_backends(opts)
     errors: list[str] = []
     out = []
     for arch in opts.archs:
-        jobs, skipped, _header = _plan_arch(opts, arch, backends, errors)
+        missing: dict[str, str] = {}
+        jobs, skipped, _header = _plan_arch(opts, arch, backends, errors, missing)
         per_op: dict[str, int] = {}
         for j in jobs:
             per_op[j.point.row.op] = per_op.get(j.point.row.op, 0) + 1
         reasons: dict[str, int] = {}
         for s in skipped:
             reasons[s["reason"]] = reasons.get(s["reason"], 0) + 1
-        cached = sum(1 for j in jobs if _load_cached(opts, j))
+        cached = None if missing else sum(1 for j in jobs if _load_cached(opts, j))
+        note = "no compiler here for " + "; ".join(missing.values()) if missing else ""
         out.append({"arch": arch.name, "blobs": len(jobs), "per_op": per_op, "cached": cached,
-                    "skipped": reasons})
+                    "cache_note": note, "skipped": reasons})
     if errors:
         raise BuildError("matrix errors:\n  " + "\n  ".join(errors))
     return out
@@ -491,17 +568,21 @@ def build(opts: BuildOptions) -> list[ArchResult]:
                     make_entry(job, blob_file_name(job.spec, job.arch))
                 except UltraQuantError as exc:
                     job.error = str(exc)
-    failed = [j for _a, jobs, _s, _h in plans for j in jobs if j.error]
-    if failed:
-        lines = [f"{j.arch.name} {j.spec.key()}:\n    " + j.error.replace("\n", "\n    ") for j in failed]
-        total = sum(len(p[1]) for p in plans)
-        raise BuildError(f"{len(failed)} of {total} blobs failed:\n" + "\n".join(lines))
     results = []
     for arch, jobs, skipped, header in plans:
         r = _assemble(opts, arch, jobs, skipped, header)
         r.cached = cached.get(arch.name, 0)
-        r.compiled = len(jobs) - r.cached
+        r.compiled = sum(1 for j in to_compile if j.arch.name == arch.name and not j.error)
         results.append(r)
+    failed = [j for _a, jobs, _s, _h in plans for j in jobs if j.error]
+    if failed:
+        lines = [f"{j.arch.name} {j.point.row.op} {describe(j.point.config)}\n    {j.spec.key()}:\n    "
+                 + j.error.replace("\n", "\n    ") for j in failed]
+        total = sum(len(p[1]) for p in plans)
+        kept = sum(r.blobs for r in results)
+        raise BuildError(f"{len(failed)} of {total} blobs failed ({kept} good blobs kept, each manifest written "
+                         "with the failures in its skipped list; the runtime falls back to Triton for them):\n"
+                         + "\n".join(lines), results, [failure_row(j) for j in failed])
     return results
 
 

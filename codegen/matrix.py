@@ -1,6 +1,7 @@
 """THE specialization matrix: which kernel variants ``make kernels`` compiles, and why some are skipped.
 
-This file is the one table of the AOT build (op x head size x GQA x block size x features). Each :class:`OpRow` names an op of ``ultraquant.kernels.catalog.OPS`` (or of a
+This file is the one table of the AOT build (op x head size x GQA x block size x features). Each
+:class:`OpRow` names an op of ``ultraquant.kernels.catalog.OPS`` (or of a
 backend's own specializers), the axes its config depends on, the feature sets it is compiled for and
 the launch rule text copied into the manifest. :data:`SKIPS` lists every config that is not built,
 with the reason; skipped configs are recorded in the manifest too, so the runtime can tell "this
@@ -15,6 +16,7 @@ OPS=...`` narrow or extend (any value may be given: out-of-range ones are skippe
 
 from __future__ import annotations
 
+import functools
 import itertools
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -163,6 +165,9 @@ SKIPS: tuple[Skip, ...] = (
          "block size must be a power of two (Triton tiles are powers of two)"),
     Skip(("decode_attention_wholepage",), lambda c, a: wholepage_family.unsupported(c),
          "outside the whole-page decode's rule (its family's unsupported() gives the exact reason)"),
+    Skip(("decode_attention_flydsl",), lambda c, a: a == "gfx950" and c.get("head_size") == 512,
+         "the gfx942-style FlyDSL decode on gfx950 at D=512 spills 2 VGPRs in some configs (GQA 1 window, "
+         "GQA 16; found by MATRIX=cover 2026-12-02); the gfx950 row decode_attention_flydsl_mx serves them first"),
     Skip(("decode_attention_flydsl", "decode_attention_flydsl_mx"), lambda c, a: flydsl_family.unsupported(c),
          "outside the FlyDSL decode's limits (its family's unsupported() gives the exact reason)"),
 )
@@ -181,8 +186,15 @@ SPILLS_ALLOWED: tuple[SpillAllowance, ...] = (
     SpillAllowance(("prefill_attention",), lambda c, a: _gfx(a) and c["head_size"] >= 256,
                    "CDNA prefill at D>=256 exceeds 256 arch VGPRs: 364-684 B (D=256) / 1204-1408 B (D=512) "
                    "scratch per lane measured", 2560),
+    # Found by MATRIX=cover (2026-12-02, benchmarks/NOTES.md "Build robustness"): D=512 on sm_90.
+    SpillAllowance(("store_kv",), lambda c, a: a == "sm_90" and c["head_size"] >= 512,
+                   "ptxas local frame of the store kernel on sm_90 at D=512: rne 440-632 B, upstream 1712-1800 B, "
+                   "mse 3264 B measured", 4096),
+    SpillAllowance(("decode_attention",), lambda c, a: a == "sm_90" and c["head_size"] >= 512,
+                   "ptxas local frame of the split-KV decode on sm_90 at D=512: 432-456 B (GQA 1), 592-752 B "
+                   "(GQA 8-16) measured", 1024),
     SpillAllowance(("store_kv",), lambda c, a: a == "sm_90",
-                   "ptxas local frame of the store kernel on sm_90: 8-16 B, 440-632 B at D=512 measured", 1024),
+                   "ptxas local frame of the store kernel on sm_90: 8-16 B measured", 1024),
     SpillAllowance(("decode_attention",), lambda c, a: a == "sm_90",
                    "ptxas local frame of decode on sm_90: 8 B measured", 256),
     SpillAllowance(("prefill_attention",), lambda c, a: a == "sm_90",
@@ -236,6 +248,9 @@ class Selection:
     tp: tuple[int, ...] = ()
     notes: tuple[str, ...] = field(default=(), compare=False)
     """What the derivation left out (a model at a TP degree vLLM cannot shard it to); not recorded."""
+    cover: tuple[tuple[str, tuple[tuple[str, Any], ...]], ...] | None = None
+    """``MATRIX=cover`` (:func:`cover_selection`): the exact (op, config items) pairs to build, every
+    row; ``None``: no such list."""
 
     def values(self, axis: str) -> tuple[Any, ...]:
         return {"head_size": self.head_sizes, "gqa": self.gqa, "block_size": self.block_sizes,
@@ -243,6 +258,8 @@ class Selection:
 
     def admits(self, row: OpRow, config: Config) -> bool:
         """Whether ``config`` of ``row`` is one of the selected attention configs (always, without a list)."""
+        if self.cover is not None:
+            return (row.op, tuple(sorted(config.items()))) in self._cover_set
         if self.attention is None or "gqa" not in row.axes:
             return True
         return attention_key(config) in {attention_key(c) for c in self.attention}
@@ -257,7 +274,13 @@ class Selection:
         if self.attention is not None:
             out.update(models=list(self.models), tp=list(self.tp),
                        attention=[dict(sorted(c.items())) for c in self.attention])
+        if self.cover is not None:
+            out["cover"] = [[op, dict(items)] for op, items in self.cover]
         return out
+
+    @functools.cached_property
+    def _cover_set(self) -> frozenset:
+        return frozenset(self.cover or ())
 
 
 def attention_key(config: Config) -> tuple[Any, ...]:
@@ -335,3 +358,99 @@ def expand(rows: Sequence[OpRow], selection: Selection, arch: str, backends_for_
                 else:
                     points.append(MatrixPoint(row, config, arch))
     return points, skipped
+
+
+# --- The covering selection (MATRIX=cover): every axis value of every kernel, in few blobs ---------
+#
+# CI cannot build MATRIX=full (thousands of blobs), yet a spill, a compiler error or a verify failure
+# can hide in any corner of it. The cover builds, per op row, a small set of configs such that every
+# value of every axis (and every feature set) is built at least once, and every value combination of
+# the axes that interact in the kernels (COVER_INTERACTIONS: pairs, or a triple) is built at least
+# once. It is derived from the table above (OPS, SKIPS and the axes' values), so a new axis value or
+# feature set joins it.
+
+COVER_DTYPES: tuple[str, ...] = ("bf16", "fp16")
+"""Dtype values the cover builds: both the matrix accepts (``DEFAULT_DTYPES`` is bf16 only)."""
+
+FEATURES = "features"
+"""The pseudo-axis of a row's feature sets (each feature set of ``OpRow.features`` is one value);
+each key of a feature set (``few_rows``, ``has_window``...) is a pseudo-axis of its own for the
+interactions."""
+
+_ATTENTION_PAIRS = (("head_size", "gqa"), ("head_size", FEATURES))
+COVER_INTERACTIONS: dict[str, tuple[tuple[str, ...], ...]] = {
+    # Tile shapes (ROWS, GQA_PAD, warps) and register pressure follow head size x GQA; the feature
+    # code (sinks, window, soft cap) adds registers and every spill allowance is per head size.
+    "decode_attention": _ATTENTION_PAIRS,
+    "prefill_attention": _ATTENTION_PAIRS,
+    "decode_attention_flydsl": _ATTENTION_PAIRS,
+    "decode_attention_flydsl_mx": _ATTENTION_PAIRS,
+    # Whole-page decode: its row split (m16 path at GQA >= 9) and its spill allowance follow GQA x kv heads.
+    "decode_attention_wholepage": (("head_size", "gqa"), ("gqa", "num_kv_heads")),
+    # Dequant: every combination (48 blobs of ~1-2 s): the D=64 spill on sm_90 needed all three of
+    # head size 64, a block of >= 32 tokens and a 16-bit output.
+    "dequant_kv": (("head_size", "block_size", FEATURES),),
+    # The store's launch shape (LANES, the few-rows layout) and its spills follow head size; the
+    # encoders are arithmetic on the same layout (each built once).
+    "store_kv": (("head_size", "few_rows"),),
+}
+"""Per op: the axis combinations (pairs, or a triple) whose value combinations the cover builds, each
+at least once."""
+
+
+def cover_universe(row: OpRow, arch: str, skips: Sequence[Skip] = SKIPS) -> list[tuple[Config, dict[str, Any]]]:
+    """Every buildable config of ``row`` on ``arch`` over the matrix's axis values (``DEFAULT_*``,
+    :data:`COVER_DTYPES`, :data:`WHOLEPAGE_KV_HEADS`), each with its value per axis, per feature key and
+    per :data:`FEATURES` (the feature set's index): what the cover must represent."""
+    sel = Selection(dtypes=COVER_DTYPES)
+    out = []
+    for values in itertools.product(*(sel.values(a) for a in row.axes)):
+        for index, feats in enumerate(row.features):
+            config = {**{row.rename.get(a, a): v for a, v in zip(row.axes, values, strict=True)},
+                      **row.flag_defaults, **feats}
+            probe = {**config, "target": "cuda" if arch.startswith("sm_") else "hip"} if row.targeted else config
+            if not _skip_reason(skips, row.op, probe, arch):
+                out.append((config, {**feats, **dict(zip(row.axes, values, strict=True)), FEATURES: index}))
+    return out
+
+
+def cover_requirements(row: OpRow, axis_values: Iterable[dict[str, Any]]) -> set[tuple[Any, ...]]:
+    """What a set of configs (their axis values) represents: each ``((axis, value),)`` and each value
+    combination ``((axis, value), ...)`` of the row's :data:`COVER_INTERACTIONS`."""
+    reqs: set[tuple[Any, ...]] = set()
+    combos = COVER_INTERACTIONS.get(row.op, ())
+    for v in axis_values:
+        reqs.update(((a, v[a]),) for a in (*row.axes, FEATURES))
+        reqs.update(tuple((a, v[a]) for a in c) for c in combos if all(a in v for a in c))
+    return reqs
+
+
+def cover_configs(row: OpRow, archs: Iterable[str], skips: Sequence[Skip] = SKIPS) -> list[Config]:
+    """A small set of ``row``'s configs meeting every requirement of its universe on each arch
+    (greedy set cover: each step takes the first config that meets the most unmet requirements)."""
+    chosen: list[Config] = []
+    for arch in archs:
+        universe = cover_universe(row, arch, skips)
+        have = cover_requirements(row, [v for c, v in universe if c in chosen])
+        todo = cover_requirements(row, [v for _, v in universe]) - have
+        while todo:
+            gains = [len(cover_requirements(row, [v]) & todo) for _, v in universe]
+            best = max(range(len(universe)), key=lambda i: (gains[i], -i))
+            chosen.append(universe[best][0])
+            todo -= cover_requirements(row, [universe[best][1]])
+    return chosen
+
+
+def cover_selection(rows: Sequence[OpRow] = OPS, ops: tuple[str, ...] | None = None,
+                    skips: Sequence[Skip] = SKIPS) -> Selection:
+    """``MATRIX=cover``: the union over arches of each row's :func:`cover_configs`, as a Selection."""
+    from .archs import ARCHS
+
+    cover = []
+    for row in rows:
+        if ops is not None and row.op not in ops:
+            continue
+        archs = [a for a in ARCHS if row.archs is None or a in row.archs]
+        cover += [(row.op, tuple(sorted(c.items()))) for c in cover_configs(row, archs, skips)]
+    return Selection(dtypes=COVER_DTYPES, ops=ops, preset="cover", cover=tuple(cover))
+

@@ -282,6 +282,7 @@ def describe(facts: ModelFacts, tp: Sequence[int] = DEFAULT_TP) -> str:
 
 
 FULL = "full"
+COVER = "cover"
 """``MATRIX=full``: every combination of the matrix axes (``codegen/matrix.py`` defaults)."""
 
 
@@ -300,8 +301,12 @@ def make_selection(*, models: str = "", tp: str = "", matrix_name: str = "", hea
     hks = matrix.parse_int_list(kv_heads, "KV_HEADS", matrix.WHOLEPAGE_KV_HEADS)
     axes_given = bool(head_sizes.strip() or gqa.strip())
     op_list = matrix.parse_str_list(ops, "OPS", None)
+    if matrix_name.strip() == COVER:  # every axis value once, interacting pairs once (matrix.cover_selection)
+        if any(x.strip() for x in (models, tp, head_sizes, gqa, block_sizes, dtypes, kv_heads)):
+            raise UltraQuantError("MATRIX=cover is derived from the matrix table: only OPS narrows it")
+        return matrix.cover_selection(ops=op_list)
     if matrix_name.strip() and matrix_name.strip() != FULL:
-        raise UltraQuantError(f"MATRIX: only 'full' is known, got {matrix_name!r}")
+        raise UltraQuantError(f"MATRIX: only 'full' and 'cover' are known, got {matrix_name!r}")
     if matrix_name.strip() or (axes_given and not models.strip()):
         if models.strip() or tp.strip():
             raise UltraQuantError("MATRIX=full builds the axes' product: MODELS/TP do not apply to it")

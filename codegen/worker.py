@@ -20,6 +20,10 @@ import traceback
 from typing import Any
 
 RESULT_FD_ENV = "ULTRAQUANT_CODEGEN_RESULT_FD"
+FAIL_ENV = "ULTRAQUANT_CODEGEN_FAIL"
+"""Test hook (:data:`ultraquant.codegen.build.FAIL_ENV`): comma-separated substrings; a job whose
+key contains one raises instead of compiling, so the build's failure isolation can be tested
+without a broken kernel."""
 
 
 def _run_job(job: dict[str, Any], backends: dict[str, Any]) -> dict[str, Any]:
@@ -32,6 +36,9 @@ def _run_job(job: dict[str, Any], backends: dict[str, Any]) -> dict[str, Any]:
     if key not in backends:
         backends[key] = load_backend(job["backend"], job.get("backend_options", {}))
     spec = Specialization(**job["spec"])
+    forced = [n for n in os.environ.get(FAIL_ENV, "").split(",") if n and n in spec.key()]
+    if forced:
+        raise RuntimeError(f"forced failure ({FAIL_ENV} matches {forced[0]!r})")
     binary, info = backends[key].compile(spec, get_arch(job["arch"]))
     tmp = job["out"] + ".tmp"
     with open(tmp, "wb") as f:

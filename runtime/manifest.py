@@ -272,7 +272,8 @@ class ManifestIndex:
         return tuple(k for _, k in sorted(found, reverse=True))
 
     def skipped_reason(self, arch: str, key: str) -> str | None:
-        """Why the build deliberately skipped ``key`` for ``arch`` (manifest ``skipped``), if it did.
+        """Why the build skipped ``key`` for ``arch`` (manifest ``skipped``: by design, or because its
+        compile or check failed, ``build_failed``), if it did.
 
         Skipped rows carry the op and matrix config; their keys come from the same specializers the
         plans use (computed once per arch, only when a miss asks)."""
@@ -287,7 +288,12 @@ class ManifestIndex:
                         continue
                     k = s.get("key") or _skipped_key(s)
                     if isinstance(k, str) and k:
-                        table.setdefault(k, str(s.get("reason", "skipped by the build matrix")))
+                        reason = str(s.get("reason", "skipped by the build matrix"))
+                        if s.get("build_failed"):  # the build tried and failed (codegen/build.py)
+                            reason = f"its build failed ({reason}); rebuild with `make kernels` after a fix"
+                        else:
+                            reason = f"by design: {reason}"
+                        table.setdefault(k, reason)
             self._skipped[arch] = table
         return self._skipped[arch].get(key)
 
@@ -303,7 +309,7 @@ class ManifestIndex:
         if e is None:
             skipped = self.skipped_reason(arch, key)
             if skipped:
-                return None, f"config {key} is not built for {arch} by design: {skipped}"
+                return None, f"config {key} is not built for {arch} {skipped}"
             return None, f"no {arch} blob for config {key} ({len(table)} blobs for this arch)"
         return e, ""
 

@@ -172,7 +172,9 @@ def test_compiler_failures_fail_the_build(tmp_path, op, needle):
         build(_opts(tmp_path, archs="gfx942", rows=fixture.BAD_ROWS[op],
                     selection=matrix.Selection(head_sizes=(64,))))
     assert needle in str(exc.value)
-    assert not (tmp_path / "gfx942" / "manifest.json").exists()
+    # the failed config is recorded (no blob), the manifest written (tests/test_build_robustness.py)
+    manifest = _manifest(tmp_path / "gfx942")
+    assert manifest["blobs"] == [] and [s["build_failed"] for s in manifest["skipped"]] == [True]
 
 
 def test_duplicate_keys_fail_the_build(tmp_path):

@@ -84,7 +84,8 @@ SUPPORTED_HEAD_SIZES: tuple[int, ...] = (64, 128, 256, 512)
 def check_head_size(head_size: int, name: str = "head_size") -> int:
     """Raise unless ``head_size`` is a power of two and a multiple of 32."""
     if not isinstance(head_size, int) or head_size < GROUP or head_size & (head_size - 1):
-        raise UltraQuantError(f"{name}: expected a power of two multiple of {GROUP}, got {head_size!r}")
+        raise UltraQuantError(f"{name}: expected a power of two multiple of {GROUP} (the kernels serve "
+                              f"{', '.join(map(str, SUPPORTED_HEAD_SIZES))}), got {head_size!r}")
     return head_size
 
 

@@ -21,16 +21,9 @@ import click
 from ultraquant.errors import UltraQuantError
 
 
-def _progress(total: int, label: str):
-    bar = click.progressbar(length=total, label=label, file=sys.stderr, show_pos=True, show_eta=True)
-    bar.__enter__()
-
-    def update(n: int) -> None:
-        bar.update(n)
-        if bar.pos >= bar.length:
-            bar.__exit__(None, None, None)
-
-    return update
+def _progress(line: str) -> None:
+    """One line per finished compile (and one before the first), on stderr: the build's progress."""
+    click.echo(line, err=True)
 
 
 def _rows_in_use(archs, rows, ops) -> list:
@@ -79,6 +72,9 @@ def _preflight(archs, rows, ops) -> None:
 
 
 def _selection_summary(selection) -> str:
+    if selection.cover is not None:
+        return (f"selection cover: {len(selection.cover)} configs, every axis value of every kernel at least once "
+                "and the interacting axis combinations (codegen/matrix.py COVER_INTERACTIONS)")
     n = len(selection.attention) if selection.attention is not None else None
     if selection.attention is not None:
         models = (f"{len(selection.models)} models" if selection.preset == "popular"
@@ -97,7 +93,9 @@ def _selection_summary(selection) -> str:
               help="Comma list of Hugging Face config.json files (or model folders), or 'popular' (the default "
                    "when no --matrix/--head-sizes/--gqa is given): build exactly what they need.")
 @click.option("--tp", default="", help="Tensor-parallel degrees for --model (default 1,2,4,8).")
-@click.option("--matrix", "matrix_name", default="", help="'full': every combination of the axes below.")
+@click.option("--matrix", "matrix_name", default="",
+              help="'full': every combination of the axes below; 'cover': each axis value and interacting pair "
+                   "once (what CI builds).")
 @click.option("--head-sizes", default="", help="Comma list (matrix default 64,128,256,512).")
 @click.option("--gqa", default="", help="Comma list of GQA ratios (matrix default 1,4,5,6,8,16).")
 @click.option("--block-sizes", default="", help="Comma list (models: 16, vLLM's default; matrix: 16,32,64,128).")
@@ -137,30 +135,43 @@ def command(arch_list: str, models: str, tp: str, matrix_name: str, head_sizes: 
                        + ("" if dry_run else " (--dry-run lists them)"), err=True)
             for note in shown:
                 click.echo(f"  left out: {note}", err=True)
-        if install_deps or install_system_deps:
-            _install_deps(archs, matrix.OPS, selection.ops, install_system_deps)
-        if deps_only:
-            return
-        _preflight(archs, matrix.OPS, selection.ops)
-        from ultraquant.codegen.build import BuildOptions, build
+        from ultraquant.codegen.build import BuildError, BuildOptions, build
         from ultraquant.codegen.build import dry_run as plan
 
         opts = BuildOptions(archs=archs, selection=selection, out_dir=out_dir,
                             cache_dir=None if no_cache else cache_dir, jobs=jobs, timings=timings,
                             progress=_progress)
-        if dry_run:
+        if dry_run:  # reads the selection only: no compiler, no tool check, nothing installed
             for r in plan(opts):
                 per_op = ", ".join(f"{k} {v}" for k, v in r["per_op"].items())
-                click.echo(f"{r['arch']}: {r['blobs']} blobs ({per_op}); {r['cached']} in the cache")
+                cached = (f"{r['cached']} in the cache" if r["cached"] is not None
+                          else f"cache not checked ({r['cache_note']})")
+                click.echo(f"{r['arch']}: {r['blobs']} blobs ({per_op}); {cached}")
                 for reason, n in r["skipped"].items():
                     click.echo(f"  skipped {n}: {reason}")
             return
+        if install_deps or install_system_deps:
+            _install_deps(archs, matrix.OPS, selection.ops, install_system_deps)
+        if deps_only:
+            return
+        _preflight(archs, matrix.OPS, selection.ops)
         start = time.monotonic()
-        results = build(opts)
+        try:
+            results = build(opts)
+        except BuildError as exc:
+            _report(exc.results)
+            if exc.results:
+                click.echo(f"build finished in {time.monotonic() - start:.1f} s with failures", err=True)
+            raise
     except UltraQuantError as exc:
         raise click.ClickException(str(exc)) from None
     elapsed = time.monotonic() - start
-    for r in results:
-        click.echo(f"{r.arch}: {r.blobs} blobs ({r.compiled} compiled, {r.cached} cached, "
-                   f"{r.skipped} configs skipped), {r.bytes / 1e6:.2f} MB in {r.directory}")
+    _report(results)
     click.echo(f"built in {elapsed:.1f} s")
+
+
+def _report(results) -> None:
+    for r in results:
+        failed = f", {r.failed} FAILED (in the manifest's skipped list)" if r.failed else ""
+        click.echo(f"{r.arch}: {r.blobs} blobs ({r.compiled} compiled, {r.cached} cached, "
+                   f"{r.skipped} configs skipped{failed}), {r.bytes / 1e6:.2f} MB in {r.directory}")

@@ -21,6 +21,7 @@ from ultraquant.errors import UltraQuantError
 from ultraquant.vllm import (
     BACKEND_CLASS,
     BACKEND_NAME,
+    CPU_BLOCK_SIZES,
     CPU_PLATFORM_ENV,
     KV_CACHE_DTYPE,
     SUPPORTED_BLOCK_SIZES,
@@ -83,9 +84,17 @@ def status(head_size: int, num_kv_heads: int, block_size: int, register: bool) -
         "bytes_per_token": num_kv_heads * shape[-1],
         "serve": (f"vllm serve MODEL --kv-cache-dtype {KV_CACHE_DTYPE} --attention-backend {BACKEND_NAME} "
                   f"--block-size {block_size}"),
+        "cpu_block_sizes": list(CPU_BLOCK_SIZES),
         "serve_cpu": (f"python -m vllm.entrypoints.openai.api_server --model MODEL --kv-cache-dtype "
-                      f"{KV_CACHE_DTYPE} --block-size {block_size}"),
+                      f"{KV_CACHE_DTYPE} --block-size {cpu_block_size(block_size)}"),
     }
+
+
+def cpu_block_size(block_size: int) -> int:
+    """The block size of the CPU serve line: ``block_size`` when a CPU engine accepts it
+    (:data:`ultraquant.vllm.CPU_BLOCK_SIZES`), else vLLM's CPU default 128 (the CPU ops read any
+    block size; no blob is involved)."""
+    return block_size if block_size in CPU_BLOCK_SIZES else 128
 
 
 def make_line(model: str, tp: int, block_size: int, arch: str) -> str:
@@ -167,3 +176,6 @@ def command(model_path: Path | None, tp: int, arch: str | None, head_size: int, 
         click.echo(f"build          {st['make']}")
     click.echo(f"serve (GPU)    {st['serve']}")
     click.echo(f"serve (CPU)    {st['serve_cpu']}")
+    if cpu_block_size(block_size) != block_size:
+        click.echo(f"  note         a CPU engine takes block sizes {', '.join(map(str, st['cpu_block_sizes']))} "
+                   f"(vLLM's bf16 layers run CPU_ATTN, a multiple of 32), not {block_size} (docs/vllm.md)")

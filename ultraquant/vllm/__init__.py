@@ -27,6 +27,7 @@ from ..format import SUPPORTED_HEAD_SIZES
 from .spec import (
     BACKEND_CLASS,
     BACKEND_NAME,
+    CPU_BLOCK_SIZES,
     CPU_PLATFORM_CLASS,
     CPU_PLATFORM_ENV,
     CPU_PLATFORM_PLUGIN,
@@ -36,6 +37,7 @@ from .spec import (
     VLLM_ENGINE_VERSION,
     VLLM_VERSION,
     kv_cache_shape,
+    served_head_size,
     vllm_version_supported,
 )
 
@@ -44,6 +46,7 @@ __all__ = [
     "BACKEND_NAME",
     "CPU_PLATFORM_CLASS",
     "CPU_PLATFORM_ENV",
+    "CPU_BLOCK_SIZES",
     "CPU_PLATFORM_PLUGIN",
     "KV_CACHE_DTYPE",
     "SUPPORTED_BLOCK_SIZES",
@@ -53,6 +56,7 @@ __all__ = [
     "VLLM_VERSION",
     "cpu_platform_plugin",
     "kv_cache_shape",
+    "served_head_size",
     "register",
     "vllm_version_supported",
 ]

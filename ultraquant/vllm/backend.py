@@ -40,6 +40,7 @@ from .spec import (
     kv_cache_shape,
     layer_metadata,
     ops_cache_view,
+    served_head_size,
 )
 
 __all__ = ["UltraQuantBackend", "UltraQuantImpl", "UltraQuantMetadataBuilder", "UltraQuantVllmMetadata"]
@@ -87,6 +88,7 @@ class UltraQuantImpl(AttentionImpl[UltraQuantVllmMetadata]):
             raise NotImplementedError("UltraQuant attention: cross-layer KV sharing is not supported")
         if kv_cache_dtype != KV_CACHE_DTYPE:
             raise ValueError(f"kv_cache_dtype: UltraQuant serves {KV_CACHE_DTYPE!r}, got {kv_cache_dtype!r}")
+        served_head_size(head_size)
         self.num_heads = num_heads
         self.head_size = head_size
         self.scale = float(scale)
@@ -206,7 +208,7 @@ class UltraQuantBackend(AttentionBackend):
         mode = getattr(spec, "kv_quant_mode", None)
         if spec.state_content_bytes is not None or not getattr(mode, "is_ultraquant", False):
             return spec
-        return replace(spec, state_content_bytes=slot_size(spec.head_size))
+        return replace(spec, state_content_bytes=slot_size(served_head_size(spec.head_size)))
 
     @staticmethod
     def get_kv_cache_shape(num_blocks: int, block_size: int, num_kv_heads: int, head_size: int,

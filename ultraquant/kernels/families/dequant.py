@@ -32,6 +32,10 @@ def dequant_spec(
                     "ORIGINAL_SPACE": bool(original_space)},
         num_warps=4,
         num_stages=1,
+        # sm_90: at D=64 with a bf16/fp16 output and blocks >= 32 ptxas keeps 64 registers and spills
+        # one 64-bit value (8 B local); capped at 96 it takes 77 and spills none (benchmarks/NOTES.md,
+        # "Build robustness"). Ignored on AMD.
+        maxnreg=96 if d == 64 else None,
         divisible=alignable("uq_dequant_kv"),
     )
 

@@ -46,7 +46,11 @@ def prefill_spec(*, head_size: int, gqa: int, block_size: int, query_dtype: torc
     :func:`~.decode_splitkv.decode_splitkv_spec`)."""
     d = check_head_size(head_size)
     gpad = pow2_at_least(int(gqa))
-    rows = max(16, gpad, 64 if d <= 128 else (32 if d <= 256 else 16))
+    # AMD: at most 32 rows at D <= 128. Triton 3.6's AMD lowering (ConvertBuiltinFuncToLLVM, whose
+    # aggressive block merging upstream later turned off) spends > 8 CPU-minutes per config on the
+    # 64-row tile's IR and ~6 s on 32 rows (benchmarks/NOTES.md, "Build robustness").
+    wide = 32 if target == "hip" else 64
+    rows = max(16, gpad, wide if d <= 128 else (32 if d <= 256 else 16))
     return Specialization(
         kernel="uq_prefill",
         signature=signature_of(PREFILL_PARAMS, query=type_name(query_dtype), key=type_name(key_dtype or query_dtype),
