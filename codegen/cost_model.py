@@ -543,3 +543,105 @@ def v8_time_us(prof: KernelProfile, constexprs: dict[str, Any], seq_lens: list[i
             "warps_per_scheduler": warps_per_sched, "programs_per_sm": progs_per_sm,
             "prologue_cycles": pro, "epilogue_cycles": epi, "tokens_per_iteration_per_warp": tokens_per_iter,
             "bytes": total_bytes, "little_tbs": little_tbs, "programs": len(durations)}
+
+
+# --------------------------------------------------------------------------------------------------
+# Launch composition: the FlyDSL decode on CDNA
+
+
+def cdna_waves_per_simd(vgpr: int, agpr: int = 0, lds_bytes: int = 0, waves_per_block: int = 1,
+                        machine: Machine = MI300X) -> int:
+    """Resident waves per SIMD: registers (unified VGPR+AGPR file of 512 per lane, granules of 8, at most
+    8 waves: AMD CDNA3 ISA guide) and LDS (blocks per CU by LDS x waves per block / 4 SIMDs)."""
+    total = -(-max(8, vgpr, agpr) // 8) * 8
+    by_regs = min(machine.max_waves_per_scheduler, machine.regs_per_scheduler // total)
+    if lds_bytes:
+        blocks = machine.lds_bytes // lds_bytes
+        by_lds = max(1, blocks * waves_per_block // machine.schedulers_per_unit)
+        return max(1, min(by_regs, by_lds))
+    return max(1, by_regs)
+
+
+def flydsl_estimate(ops: list[Op], machine: Machine, head_size: int, vgpr: int, agpr: int, lds_bytes: int,
+                    waves_per_block: int, latency_ns: float | None = None, tile_tokens: int = 16) -> dict[str, Any]:
+    """Bandwidth estimate of the FlyDSL decode (one wave = one split of one (request, kv head), one loop
+    iteration = ``tile_tokens`` tokens): the hot loop simulated on one SIMD with its resident waves
+    (vector memory results after ``latency_ns``), the grid assumed large enough to fill every SIMD.
+    TB/s counts the cache bytes read (``tile_tokens`` slots of K and V per iteration per wave)."""
+    from ultraquant.format import slot_size
+
+    lat_ns = machine.dram_latency_ns if latency_ns is None else latency_ns
+    lat = int(lat_ns * machine.clock_ghz)
+    body = [dataclasses.replace(o, latency=lat) if o.sets == "vm" else o for o in hot_loop(ops)]
+    waves = cdna_waves_per_simd(vgpr, agpr, lds_bytes, waves_per_block, machine)
+    sim = simulate(body, waves, iterations=6, multi_issue=True)
+    single = simulate(body, 1, iterations=4, multi_issue=True)
+    cyc = sim["cycles_per_iteration"]  # one iteration of every resident wave
+    tile_bytes = tile_tokens * slot_size(head_size)
+    per_simd_gbs = waves * tile_bytes / (cyc / machine.clock_ghz)  # bytes per ns = GB/s
+    kernel_tbs = per_simd_gbs * machine.schedulers_per_unit * machine.units / 1000.0
+    busy = Counter()
+    for o in body:
+        busy[o.pipe] += o.occupancy
+    vm_bytes = sum(_cdna_load_bytes(o.opcode) for o in body if o.sets == "vm") * machine.wave
+    inflight_cu = vm_bytes * waves * machine.schedulers_per_unit
+    little_tbs = inflight_cu * machine.units / (lat_ns * 1e-9) / 1e12
+    est = min(kernel_tbs, machine.hbm_tbs)
+    issue_only = max(busy.values(), default=0) * waves
+    bound = "memory" if est == machine.hbm_tbs else ("issue" if cyc <= 1.15 * issue_only else "latency")
+    return {"census": census(body, tile_tokens), "waves_per_simd": waves, "cycles_per_tile": cyc / 1.0,
+            "cycles_per_tile_one_wave": single["cycles_per_iteration"], "pipe_cycles_per_tile": dict(busy),
+            "issue_bound_cycles_all_waves": issue_only, "tile_bytes": tile_bytes, "latency_ns": lat_ns,
+            "bytes_in_flight_per_cu_max": inflight_cu, "little_tbs": little_tbs,
+            "kernel_tbs": kernel_tbs, "estimate_tbs": est, "fraction_of_spec": est / machine.hbm_tbs,
+            "bound": bound}
+
+
+def _cdna_load_bytes(mnem: str) -> int:
+    """Bytes per lane of one CDNA vector load (``global_load_dwordx4`` -> 16)."""
+    width = {"ubyte": 1, "sbyte": 1, "ushort": 2, "short": 2, "dword": 4, "dwordx2": 8, "dwordx3": 12,
+             "dwordx4": 16, "b32": 4, "b64": 8, "b96": 12, "b128": 16, "u8": 1, "u16": 2}
+    if "_load_" not in mnem:
+        return 0
+    return width.get(mnem.split("_load_")[1].split("_")[0], 4)
+
+
+def drop_valu(ops: list[Op], keep: int) -> list[Op]:
+    """What-if: the hot loop of ``ops`` with its VALU instructions thinned evenly to ``keep`` (every other
+    instruction, the waits and the memory operations unchanged); the rest of the kernel is dropped.
+    Used to ask how many VALU per tile a target bandwidth allows, not to predict a kernel."""
+    body = hot_loop(ops)
+    valu = [i for i, o in enumerate(body) if o.cls == "valu"]
+    if keep >= len(valu):
+        return body
+    chosen = {valu[int(k * len(valu) / keep)] for k in range(keep)} if keep > 0 else set()
+    out = [o for i, o in enumerate(body) if o.cls != "valu" or i in chosen]
+    # keep the loop closed: hot_loop() looks for the backward branch again
+    return out
+
+
+def valu_budget(ops: list[Op], machine: Machine, head_size: int, vgpr: int, agpr: int, lds_bytes: int,
+                waves_per_block: int, target_tbs: float, latency_ns: float | None = None,
+                waves: int | None = None) -> int | None:
+    """The largest VALU count per tile (same loop otherwise, :func:`drop_valu`) whose estimate reaches
+    ``target_tbs``; None when even zero VALU does not (latency or memory bound first). ``waves``
+    overrides the resident waves (what fewer registers would allow)."""
+    n = sum(o.cls == "valu" for o in hot_loop(ops))
+    regs = vgpr if waves is None else machine.regs_per_scheduler // max(1, waves)
+
+    def tbs(keep: int) -> float:
+        return flydsl_estimate(drop_valu(ops, keep), machine, head_size, regs, 0 if waves else agpr,
+                               0 if waves else lds_bytes, waves_per_block, latency_ns)["estimate_tbs"]
+
+    if tbs(0) < target_tbs:
+        return None
+    lo, hi = 0, n
+    if tbs(n) >= target_tbs:
+        return n
+    while hi - lo > 4:
+        mid = (lo + hi) // 2
+        if tbs(mid) >= target_tbs:
+            lo = mid
+        else:
+            hi = mid
+    return lo

@@ -125,39 +125,74 @@ def census_cmd(path: Path, arch: str) -> None:
     print(json.dumps(cm.census(body), indent=1))
 
 
-def flydsl(out: Path) -> list[dict]:
-    """Build the FlyDSL decodes like the backend does and estimate them on MI300X / MI355X."""
+TARGETS = {("gfx942", 128): 3.5, ("gfx942", 256): 3.2, ("gfx950", 128): 6.0}
+"""Issue 26's estimated-bandwidth gates (TB/s)."""
+
+
+def _amd_cases() -> list[tuple[str, str, int, bool]]:
+    """(backend, arch, head size, mx) of every AMD decode the tool estimates."""
+    fly = [("flydsl", "gfx942", d, False) for d in (128, 256, 512)]
+    fly += [("flydsl", "gfx950", d, mx) for mx in (False, True) for d in (128, 256, 512)]
+    tri = [("triton", a, d, False) for a in ("gfx942", "gfx950") for d in (128, 256)]
+    return fly + tri
+
+
+def flydsl(out: Path, budgets: bool = False) -> list[dict]:
+    """Build the AMD decodes (FlyDSL, and the Triton fallback) like the backends do (GQA 8, block 16,
+    bf16, no features) and estimate them on MI300X / MI355X at two loaded latencies; with ``budgets``
+    also the VALU per tile each gate allows (:func:`codegen.cost_model.valu_budget`)."""
     from ultraquant.codegen.archs import get_arch
     from ultraquant.codegen.elf import read_code_object
     from ultraquant.codegen.flydsl import backend as fb
     from ultraquant.codegen.flydsl import isa
+    from ultraquant.codegen.triton_backend import TritonBackend
     from ultraquant.errors import UltraQuantError
 
     rows = []
-    backend = fb.FlyDSLBackend()
-    for arch, d, mx in [("gfx942", d, False) for d in (128, 256, 512)] + [
-            ("gfx950", d, mx) for mx in (False, True) for d in (128, 256, 512)]:
-        spec = backend.specialize(fb.OP_MX if mx else fb.OP, {"head_size": d, "gqa": 8, "block_size": 16,
-                                                               "query_dtype": "bf16"})
+    backends = {"flydsl": fb.FlyDSLBackend(), "triton": TritonBackend()}
+    for kind, arch, d, mx in _amd_cases():
+        backend = backends[kind]
+        op = (fb.OP_MX if mx else fb.OP) if kind == "flydsl" else "decode_attention"
+        config = {"head_size": d, "gqa": 8, "block_size": 16, "query_dtype": "bf16"}
+        if kind == "triton":
+            config["target"] = "hip"
+        spec = backend.specialize(op, config)
         try:
             binary, info = backend.compile(spec, get_arch(arch))
         except UltraQuantError as exc:
             rows.append({"arch": arch, "kernel": spec.kernel, "head_size": d, "error": str(exc)})
             continue
         res = read_code_object(binary).kernels[spec.kernel].resources
+        waves_per_block = int(info.get("num_warps", spec.num_warps))
+        tile = 16 if kind == "flydsl" else spec.constexprs["TILE"] // spec.num_warps
         ops = cm.parse_amdgpu(isa.disassemble(binary, arch))
-        est = cm.flydsl_estimate(ops, cm.MACHINES[arch], d, int(res["vgpr"]), int(res.get("agpr", 0)),
-                                 int(res.get("lds_static", 0)), int(info["num_warps"]))
-        row = {"arch": arch, "gpu": cm.MACHINES[arch].name, "kernel": spec.kernel, "head_size": d, "mx": mx,
-               "vgpr": res["vgpr"], "agpr": res.get("agpr", 0), "lds": res.get("lds_static", 0), **est}
+        vgpr, agpr, lds = int(res["vgpr"]), int(res.get("agpr", 0)), int(res.get("lds_static", 0))
+        m = cm.MACHINES[arch]
+        est = {f"{int(lat)}ns": cm.flydsl_estimate(ops, m, d, vgpr, agpr, lds, waves_per_block, lat, tile)
+               for lat in (1000.0, 500.0)}
+        row = {"arch": arch, "gpu": m.name, "backend": kind, "kernel": spec.kernel, "head_size": d, "mx": mx,
+               "vgpr": vgpr, "agpr": agpr, "lds": lds, "scratch": res.get("private_segment_fixed_size"),
+               "tile_tokens_per_wave": tile, "estimate": est}
+        target = TARGETS.get((arch, d))
+        if budgets and target and kind == "flydsl":
+            row["gate_tbs"] = target
+            row["valu_budget"] = {f"{int(lat)}ns_{w or 'built'}_waves": cm.valu_budget(
+                ops, m, d, vgpr, agpr, lds, waves_per_block, target, lat, w)
+                for lat in (1000.0, 500.0) for w in (None, 4, 8)}
         rows.append(row)
-        print(f"{arch} {spec.kernel} D={d}: {row['vgpr']} VGPR, {est['waves_per_simd']} waves/SIMD, loop "
-              f"{est['census']['instructions']} instr ({est['census']['classes']}), "
-              f"{est['cycles_per_tile']:.0f} cyc per 16-token tile per SIMD, estimate {est['estimate_tbs']:.2f} TB/s "
-              f"({est['bound']} bound)")
+        e = est["1000ns"]
+        print(f"{arch} {kind} {spec.kernel} D={d}: {vgpr} VGPR, {e['waves_per_simd']} waves/SIMD, loop "
+              f"{e['census']['instructions']} instr ({e['census']['classes']}), {e['cycles_per_tile']:.0f} cycles "
+              f"per iteration of the SIMD's waves; estimate {e['estimate_tbs']:.2f} TB/s at 1 us "
+              f"({e['bound']}), {est['500ns']['estimate_tbs']:.2f} at 0.5 us"
+              + (f"; VALU budget for {target} TB/s: {row['valu_budget']}" if "valu_budget" in row else ""),
+              flush=True)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"machines": {k: vars(v) for k, v in cm.MACHINES.items()}, "kernels": rows},
-                              indent=1, default=str) + "\n")
+    out.write_text(json.dumps({"model": "codegen/cost_model.py (flydsl_estimate, valu_budget)",
+                               "config": "GQA 8, block 16, bf16, no features; grid large enough to fill the GPU",
+                               "machines": {k: vars(v) for k, v in cm.MACHINES.items()},
+                               "latencies": {"cdna": cm.CDNA_LATENCY, "note": "vm latency = the row's ns x clock"},
+                               "kernels": rows}, indent=1, default=str) + "\n")
     return rows
 
 
@@ -177,7 +212,8 @@ def main() -> None:
     p.add_argument("blob", type=Path)
     p.add_argument("--arch", default="sm_90")
     p = sub.add_parser("flydsl")
-    p.add_argument("--out", type=Path, default=Path("benchmarks/results/isa_cost_flydsl.json"))
+    p.add_argument("--out", type=Path, default=Path("benchmarks/results/isa_cost_amd.json"))
+    p.add_argument("--budgets", action="store_true", help="also the VALU per tile each gate allows (slow)")
     a = ap.parse_args()
     if a.cmd == "build":
         build(a.out, a.jobs)
@@ -199,7 +235,7 @@ def main() -> None:
     elif a.cmd == "census":
         census_cmd(a.blob, a.arch)
     elif a.cmd == "flydsl":
-        flydsl(a.out)
+        flydsl(a.out, a.budgets)
 
 
 if __name__ == "__main__":
