@@ -1,6 +1,6 @@
 """The backend seam of the generator: one class per compiler (Triton now, FlyDSL from codegen/flydsl/).
 
-A backend turns a matrix config into a :class:`~ultraquant.kernels.specs.Specialization` (in the
+A backend turns a matrix config into a :class:`~ultraquant.kernels.specialization.Specialization` (in the
 build process) and a Specialization into a binary (inside a worker subprocess, see
 :mod:`ultraquant.codegen.worker`). Everything else (matrix, subprocesses, caching, ELF checks,
 manifest, verify) is shared, so a new backend only implements :class:`Backend`.
@@ -21,7 +21,7 @@ from ultraquant.errors import UltraQuantError
 from .archs import Arch
 
 if TYPE_CHECKING:  # verify imports this module in installs that may lack the kernels package
-    from ultraquant.kernels.specs import Specialization
+    from ultraquant.kernels.specialization import Specialization
 
 BACKENDS: dict[str, str] = {
     "triton": "ultraquant.codegen.triton_backend:TritonBackend",

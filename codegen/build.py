@@ -32,7 +32,7 @@ from typing import Any
 
 from ultraquant.errors import UltraQuantError
 from ultraquant.kernels.abi import type_size
-from ultraquant.kernels.specs import Specialization
+from ultraquant.kernels.specialization import Specialization
 
 from . import manifest as mf
 from .archs import Arch

@@ -1,7 +1,7 @@
 """THE specialization matrix: which kernel variants ``make kernels`` compiles, and why some are skipped.
 
 This file is the one table of the AOT build (the issue's "op x head_size x GQA x block_size x
-features"). Each :class:`OpRow` names an op of ``ultraquant.kernels.plans.SPECIALIZERS`` (or of a
+features"). Each :class:`OpRow` names an op of ``ultraquant.kernels.catalog.OPS`` (or of a
 backend's own specializers), the axes its config depends on, the feature sets it is compiled for and
 the launch rule text copied into the manifest. :data:`SKIPS` lists every config that is not built,
 with the reason; skipped configs are recorded in the manifest too, so the runtime can tell "this
@@ -22,16 +22,19 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ultraquant.errors import UltraQuantError
+from ultraquant.format import SUPPORTED_HEAD_SIZES
+from ultraquant.kernels.families import decode_flydsl as flydsl_family
+from ultraquant.kernels.families import decode_wholepage as wholepage_family
 
-DEFAULT_HEAD_SIZES: tuple[int, ...] = (64, 128, 256, 512)
+DEFAULT_HEAD_SIZES: tuple[int, ...] = SUPPORTED_HEAD_SIZES
 DEFAULT_GQA: tuple[int, ...] = (1, 4, 5, 6, 8, 16)
 DEFAULT_BLOCK_SIZES: tuple[int, ...] = (16, 32, 64, 128)
 DEFAULT_DTYPES: tuple[str, ...] = ("bf16",)
 """Query/key/value/output dtype; fp16 is available (``DTYPES=bf16,fp16``) but not built by default."""
 
 AXES: tuple[str, ...] = ("head_size", "gqa", "block_size", "dtype", "num_kv_heads")
-"""The matrix axes, in the order configs are enumerated (and their names in a config dict); only decode v8
-has a ``num_kv_heads`` axis (``KV_HEADS=``, default :data:`V8_KV_HEADS`)."""
+"""The matrix axes, in the order configs are enumerated (and their names in a config dict); only the whole-page decode
+has a ``num_kv_heads`` axis (``KV_HEADS=``, default :data:`WHOLEPAGE_KV_HEADS`)."""
 
 Config = dict[str, Any]
 
@@ -45,8 +48,8 @@ SOFTCAP_SLIDING: Config = {"has_softcap": True, "has_window": True}  # Gemma-2 l
 ATTENTION_FEATURES: tuple[Config, ...] = (PLAIN, GPT_OSS_FULL, GPT_OSS_SLIDING, SLIDING, SOFTCAP,
                                           SOFTCAP_SLIDING)
 ATTENTION_FLAGS: Config = {"has_sinks": False, "has_window": False, "has_softcap": False}
-V8_KV_HEADS: tuple[int, ...] = (1, 2, 4, 8)
-"""Kv-head counts decode v8 serves (``ultraquant.kernels.decode_v8_plan.v8_supports``); a v8 blob is per count."""
+WHOLEPAGE_KV_HEADS: tuple[int, ...] = wholepage_family.KV_HEADS
+"""Kv-head counts the whole-page decode serves; one blob per count."""
 """Every feature flag defaults to off; a feature set only names the ones it turns on."""
 
 
@@ -102,7 +105,7 @@ OPS: tuple[OpRow, ...] = (
           # few_rows: the layout of small stores (a decode step's tokens), chosen by plan_store at run time.
           features=tuple({"encoder": e, "slot_dtype": "i64", "few_rows": f}
                          for e in ("rne", "upstream", "mse") for f in (False, True)),
-          targeted=True,  # the launch shape: one warp of whole rows on NVIDIA (ultraquant.kernels.specs.store_spec)
+          targeted=True,  # the launch shape per target (ultraquant.kernels.families.store.store_spec)
           grid="(cdiv(num_tokens * num_kv_heads, BLOCK_R), 1, 1)"),
     OpRow("dequant_kv", ("head_size", "block_size"),
           # fp32 for ultraquant.dequant_kv; bf16/fp16 for the dense prefill route (dequant + SDPA in the
@@ -113,13 +116,14 @@ OPS: tuple[OpRow, ...] = (
           features=ATTENTION_FEATURES, flag_defaults=ATTENTION_FLAGS, targeted=True,
           grid="(num_seqs, num_kv_heads, num_splits); num_splits fixed from static shapes "
                "(ultraquant.kernels.plans.decode_splits), so graphs replay for any seq_lens"),
-    # Decode v8 (Gluon, sm_90): its own kernel, LaunchPlan and grid (ultraquant.kernels.plans.plan_decode
-    # picks it by takes_v8); one blob per kv-head count (the program holds all kv heads of a page).
-    OpRow("decode_attention_v8", ("head_size", "gqa", "block_size", "dtype", "num_kv_heads"),
+    # The whole-page decode (Gluon, sm_90): its own kernel, LaunchPlan and grid (ultraquant.kernels.plans.plan_decode
+    # picks it by takes_wholepage); one blob per kv-head count (the program holds all kv heads of a page).
+    OpRow("decode_attention_wholepage", ("head_size", "gqa", "block_size", "dtype", "num_kv_heads"),
           rename={"dtype": "query_dtype"}, features=ATTENTION_FEATURES, flag_defaults=ATTENTION_FLAGS,
           archs=("sm_90",),
           grid="(num_seqs, 1, num_splits); num_splits fixed from static shapes "
-               "(ultraquant.kernels.decode_v8_plan.v8_splits); head-major caches only (takes_v8)"),
+               "(ultraquant.kernels.families.decode_wholepage.wholepage_splits); head-major caches only "
+               "(takes_wholepage)"),
     OpRow("prefill_attention", ("head_size", "gqa", "block_size", "dtype"), rename={"dtype": "query_dtype"},
           features=ATTENTION_FEATURES, flag_defaults=ATTENTION_FLAGS, targeted=True,
           grid="(cdiv(num_tokens, ROWS // GQA_PAD) + num_seqs, num_kv_heads, 1)"),
@@ -127,12 +131,12 @@ OPS: tuple[OpRow, ...] = (
     # grid and workspace), one 64-lane wave per block; key = the Triton key with uq_decode_flydsl.
     OpRow("decode_attention_flydsl", ("head_size", "gqa", "block_size", "dtype"),
           rename={"dtype": "query_dtype"}, features=ATTENTION_FEATURES, flag_defaults=ATTENTION_FLAGS,
-          backend="flydsl", archs=("gfx942", "gfx950"), alternate_of="uq_decode", priority=1,
+          backend="flydsl", archs=("gfx942", "gfx950"), alternate_of="uq_decode_splitkv", priority=1,
           grid="(num_seqs, num_kv_heads, num_splits) as decode_attention; 64 threads"),
     # gfx950 variant: QK by the scaled FP4 x FP8 MFMA, V by the FP4 -> bf16 conversion instruction.
     OpRow("decode_attention_flydsl_mx", ("head_size", "gqa", "block_size", "dtype"),
           rename={"dtype": "query_dtype"}, features=ATTENTION_FEATURES, flag_defaults=ATTENTION_FLAGS,
-          backend="flydsl", archs=("gfx950",), alternate_of="uq_decode", priority=2,
+          backend="flydsl", archs=("gfx950",), alternate_of="uq_decode_splitkv", priority=2,
           grid="(num_seqs, num_kv_heads, num_splits) as decode_attention; 64 threads"),
 )
 """The op rows. A row's ``axes`` must be exactly the non-feature keywords its specializer takes."""
@@ -146,47 +150,9 @@ def _pow2(n: int) -> bool:
     return n >= 1 and n & (n - 1) == 0
 
 
-FLYDSL_HEAD_SIZES = (128, 256, 512)
-FLYDSL_MAX_GQA = 16
-FLYDSL_DTYPES = ("bf16", "fp16")
-
-
-def flydsl_unsupported(config: Config) -> str:
-    """Why the FlyDSL decode does not serve ``config`` (matrix keys), or ``""``: its limits."""
-    d, g, bs = config.get("head_size"), config.get("gqa", 1), config.get("block_size", 16)
-    dtype = config.get("query_dtype", config.get("dtype", "bf16"))
-    if d not in FLYDSL_HEAD_SIZES:
-        return (f"FlyDSL decode is built for head sizes {FLYDSL_HEAD_SIZES} (below 128 a lane group would "
-                "hold no whole scale group of the QK layout)")
-    if not 1 <= g <= FLYDSL_MAX_GQA:
-        return f"FlyDSL decode serves 1..{FLYDSL_MAX_GQA} query heads per kv head (one 16-column MFMA tile)"
-    if bs < 16 or bs % 16:
-        return "FlyDSL decode tiles are 16 tokens inside one page: block size must be a multiple of 16"
-    if str(dtype) not in FLYDSL_DTYPES:
-        return f"FlyDSL decode reads bf16/fp16 queries, not {dtype}"
-    return ""
-
-
 def _bad_head_size(c: Config, arch: str) -> bool:
     d = c.get("head_size", 32)
     return d < 32 or not _pow2(d)
-
-
-def v8_unsupported(config: Config) -> str:
-    """Why decode v8 does not serve ``config`` (matrix keys), or ``""`` (its rule: ``v8_supports``; the
-    cache layout is a run-time fact, head-major assumed here)."""
-    from ultraquant.kernels.decode_v8_plan import v8_supports
-
-    dtype = config.get("query_dtype", config.get("dtype", "bf16"))
-    if str(dtype) not in ("bf16", "fp16"):
-        return f"decode v8 reads bf16/fp16 queries, not {dtype}"
-    if not v8_supports(head_size=config.get("head_size", 0), gqa=config.get("gqa", 0),
-                       num_kv_heads=config.get("num_kv_heads", 0), block_size=config.get("block_size", 0),
-                       runs=True, target="cuda"):
-        return ("decode v8 serves D=128 with GQA 1-16 and D=256 with GQA 1-8, 1/2/4/8 kv heads, blocks of a "
-                "multiple of 16 tokens "
-                "(v8_supports); v7 serves the rest")
-    return ""
 
 
 SKIPS: tuple[Skip, ...] = (
@@ -196,10 +162,10 @@ SKIPS: tuple[Skip, ...] = (
          "GQA ratio must be at least 1"),
     Skip(("dequant_kv", *ATTENTION_OPS), lambda c, a: not _pow2(c.get("block_size", 1)),
          "block size must be a power of two (Triton tiles are powers of two)"),
-    Skip(("decode_attention_v8",), lambda c, a: v8_unsupported(c),
-         "outside decode v8's rule (v8_unsupported gives the exact reason)"),
-    Skip(("decode_attention_flydsl", "decode_attention_flydsl_mx"), lambda c, a: flydsl_unsupported(c),
-         "outside the FlyDSL decode's limits (flydsl_unsupported gives the exact reason)"),
+    Skip(("decode_attention_wholepage",), lambda c, a: wholepage_family.unsupported(c),
+         "outside the whole-page decode's rule (its family's unsupported() gives the exact reason)"),
+    Skip(("decode_attention_flydsl", "decode_attention_flydsl_mx"), lambda c, a: flydsl_family.unsupported(c),
+         "outside the FlyDSL decode's limits (its family's unsupported() gives the exact reason)"),
 )
 """Every config that is deliberately not built, with why. Nothing else may drop a config."""
 
@@ -222,12 +188,13 @@ SPILLS_ALLOWED: tuple[SpillAllowance, ...] = (
                    "ptxas local frame of decode on sm_90: 8 B measured", 256),
     SpillAllowance(("prefill_attention",), lambda c, a: a == "sm_90",
                    "ptxas spills of prefill on sm_90 at 255 registers: 64-256 B per thread measured", 1024),
-    SpillAllowance(("decode_attention_v8",),
+    SpillAllowance(("decode_attention_wholepage",),
                    lambda c, a: (c.get("num_kv_heads", 8) <= 2 and c["gqa"] >= 5) or c["gqa"] >= 9,
-                   "decode v8 with 1-2 kv heads and GQA 5-16: 8-80 B measured, outside the hot loop but for a few "
+                   "the whole-page decode with 1-2 kv heads and GQA 5-16: 8-80 B measured, outside the hot loop but "
+                   "for a few "
                    "loads (the last program's merge, whose layout replicates a partial at 1 kv head); the 16-row "
                    "(m16) path at GQA 9-16 with 4 kv heads: 32 B, 4-5 local loads in a 3333-instruction loop "
-                   "(tools/v8_sass.py)", 512),
+                   "(tools/wholepage_sass.py)", 512),
 )
 """Configs whose scratch/spills/local memory are accepted, each with the measured figures and a byte
 budget; every other blob must use none (the build and ``ultraquant verify`` enforce both)."""
@@ -258,8 +225,8 @@ class Selection:
     block_sizes: tuple[int, ...] = DEFAULT_BLOCK_SIZES
     dtypes: tuple[str, ...] = DEFAULT_DTYPES
     ops: tuple[str, ...] | None = None
-    kv_heads: tuple[int, ...] = V8_KV_HEADS
-    """Kv-head counts of the decode v8 blobs (its only per-count axis)."""
+    kv_heads: tuple[int, ...] = WHOLEPAGE_KV_HEADS
+    """Kv-head counts of the whole-page decode blobs (its only per-count axis)."""
     attention: tuple[Config, ...] | None = None
     """Model builds (codegen/models.py): the exact attention configs to build, each ``{head_size, gqa,
     block_size, dtype, has_sinks, has_window, has_softcap}``; rows with a ``gqa`` axis build only these.
@@ -286,7 +253,7 @@ class Selection:
         out = {"head_sizes": list(self.head_sizes), "gqa": list(self.gqa),
                "block_sizes": list(self.block_sizes), "dtypes": list(self.dtypes),
                "ops": list(self.ops) if self.ops is not None else None, "preset": self.preset}
-        if self.kv_heads != V8_KV_HEADS:
+        if self.kv_heads != WHOLEPAGE_KV_HEADS:
             out["kv_heads"] = list(self.kv_heads)
         if self.attention is not None:
             out.update(models=list(self.models), tp=list(self.tp),

@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from ultraquant.errors import UltraQuantError
+from ultraquant.format import SUPPORTED_HEAD_SIZES
 
 from . import matrix
 
@@ -47,8 +48,8 @@ DEFAULT_TP: tuple[int, ...] = (1, 2, 4, 8)
 VLLM_BLOCK_SIZE = 16
 """vLLM's default ``--block-size`` (tokens per cache block): the block size built unless told otherwise."""
 
-SERVED_HEAD_SIZES: tuple[int, ...] = (64, 128, 256, 512)
-"""Head sizes the format and the vLLM backend serve (``ultraquant.vllm.SUPPORTED_HEAD_SIZES``)."""
+SERVED_HEAD_SIZES: tuple[int, ...] = SUPPORTED_HEAD_SIZES
+"""Head sizes a model may have (:data:`ultraquant.format.SUPPORTED_HEAD_SIZES`)."""
 
 _DTYPES = {"bfloat16": "bf16", "float16": "fp16", "float32": "bf16", "half": "fp16", "float": "bf16"}
 
@@ -293,10 +294,10 @@ def make_selection(*, models: str = "", tp: str = "", matrix_name: str = "", hea
     - ``MATRIX=full`` (optionally narrowed by ``HEAD_SIZES= GQA= BLOCK_SIZES= DTYPES=``): the product of axes;
     - ``HEAD_SIZES=``/``GQA=`` alone: that hand-picked product (preset ``custom``);
     - nothing: ``MODELS=popular``.
-    ``OPS=`` and ``KV_HEADS=`` (decode v8's kv-head counts) narrow every mode. Nothing is widened
+    ``OPS=`` and ``KV_HEADS=`` (the whole-page decode's kv-head counts) narrow every mode. Nothing is widened
     silently: conflicting knobs raise.
     """
-    hks = matrix.parse_int_list(kv_heads, "KV_HEADS", matrix.V8_KV_HEADS)
+    hks = matrix.parse_int_list(kv_heads, "KV_HEADS", matrix.WHOLEPAGE_KV_HEADS)
     axes_given = bool(head_sizes.strip() or gqa.strip())
     op_list = matrix.parse_str_list(ops, "OPS", None)
     if matrix_name.strip() and matrix_name.strip() != FULL:

@@ -26,6 +26,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
+from ultraquant import config
 from ultraquant.errors import UltraQuantError
 
 MIN_LLD = 19
@@ -96,7 +97,7 @@ def _first(name: str, min_version: int, env_var: str,
            versions: tuple[int, ...]) -> tuple[Tool | None, list[str]]:
     """The first candidate of ``name`` at least ``min_version``; also what was rejected and why."""
     rejected: list[str] = []
-    explicit = os.environ.get(env_var)
+    explicit = config.tool_path(env_var)
     cands = ([(explicit, f"${env_var}")] if explicit else []) + list(_candidates(name, versions))
     seen: set[str] = set()
     for path, origin in cands:
@@ -167,7 +168,7 @@ def install_hint(what: str, rejected: Iterable[str] = ()) -> str:
 
 def find_lld(python: str = sys.executable, *, allow_triton: bool = True) -> Tool:
     """An ``ld.lld`` FlyDSL can use (LLVM >= 19), else Triton's linker behind a wrapper, else raise."""
-    if os.environ.get("ULTRAQUANT_LLD") == TRITON_LLD:  # forced: Triton's linker even when another exists
+    if config.tool_path("ULTRAQUANT_LLD") == TRITON_LLD:  # forced: Triton's linker even when another exists
         if not _triton_linker(python):
             raise ToolchainError(install_hint("Triton's in-process linker (ULTRAQUANT_LLD=triton), which "
                                               f"{python} lacks"))

@@ -1,13 +1,14 @@
 """Triton backend: compiles the JIT path's own ``@triton.jit`` sources to HSACO / cubin, offline.
 
-Specializations come from ``ultraquant.kernels.plans.SPECIALIZERS`` (no Triton import) and kernels
-from ``ultraquant.kernels.registry`` (kernel name -> JITFunction), so the AOT blobs and the JIT path
-cannot disagree about a config. Both module names are options (the tests point them at a fixture).
+Specializations come from ``ultraquant.kernels.catalog.specializer`` (no Triton import) and kernels
+from ``ultraquant.kernels.registry.get_kernel`` (kernel name -> JITFunction), so the AOT blobs and the JIT
+path cannot disagree about a config. Both module names are options (the tests point them at a fixture
+with the same two names).
 
 Choices that shape the bytes:
 - ``triton.compile(ASTSource(fn, signature, constexprs, attrs), target=GPUTarget(...))`` with the
   Specialization's ``num_warps``/``num_stages``; every other option at Triton's default (as the JIT).
-  Gluon kernels (``fn.is_gluon()``: decode v8) go through ``GluonASTSource``, as Gluon's JIT does;
+  Gluon kernels (``fn.is_gluon()``: the whole-page decode) go through ``GluonASTSource``, as Gluon's JIT does;
   they take the same two hidden scratch pointers.
 - Pointer parameters carry ``tt.divisibility=16`` (what the JIT assumes for a 16-byte aligned tensor,
   the usual case), and so do the integer parameters the Specialization names in ``divisible`` (the
@@ -28,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from ultraquant.errors import UltraQuantError
-from ultraquant.kernels.specs import ARG_DIVISOR, Specialization
+from ultraquant.kernels.specialization import ARG_DIVISOR, Specialization
 
 from .archs import Arch
 from .backends import Backend
@@ -65,7 +66,7 @@ class TritonBackend(Backend):
     name = "triton"
     hidden_params = HIDDEN
 
-    def __init__(self, plans: str = "ultraquant.kernels.specs",
+    def __init__(self, plans: str = "ultraquant.kernels.catalog",
                  registry: str = "ultraquant.kernels.registry", **options: Any) -> None:
         super().__init__(plans=plans, registry=registry, **options)
         self.plans_module = plans
@@ -95,29 +96,18 @@ class TritonBackend(Backend):
         return sorted(files.items())
 
     def specialize(self, op: str, config: dict[str, Any]) -> Specialization:
-        table = importlib.import_module(self.plans_module).SPECIALIZERS
-        if op not in table:
-            raise UltraQuantError(f"op {op!r}: no specializer in {self.plans_module}.SPECIALIZERS "
-                                  f"(has: {', '.join(sorted(table))})")
         try:
-            return table[op](**config)
+            fn = importlib.import_module(self.plans_module).specializer(op)
+        except KeyError:
+            raise UltraQuantError(f"op {op!r}: no specializer in {self.plans_module}") from None
+        try:
+            return fn(**config)
         except TypeError as exc:
             raise UltraQuantError(f"op {op!r}: the matrix config {config} does not fit its specializer "
                                   f"({exc}); fix the row in codegen/matrix.py") from exc
 
     def _kernel(self, name: str):
-        reg = importlib.import_module(self.registry_module)
-        for attr in ("KERNELS", "REGISTRY"):
-            table = getattr(reg, attr, None)
-            if isinstance(table, dict):
-                if name not in table:
-                    raise UltraQuantError(f"kernel {name!r} is not in {self.registry_module}.{attr}")
-                return table[name]
-        for attr in ("get_kernel", "get"):
-            fn = getattr(reg, attr, None)
-            if callable(fn):
-                return fn(name)
-        raise UltraQuantError(f"{self.registry_module} has no KERNELS dict or get_kernel()")
+        return importlib.import_module(self.registry_module).get_kernel(name)
 
     def compile(self, spec: Specialization, arch: Arch) -> tuple[bytes, dict[str, Any]]:
         import triton
@@ -133,7 +123,7 @@ class TritonBackend(Backend):
         if bad:
             raise UltraQuantError(f"{spec.kernel}: divisible names {bad}, which are not integer parameters")
         source = ASTSource
-        if fn.is_gluon():  # a Gluon kernel (decode v8): Gluon's front end, the same compile after it
+        if fn.is_gluon():  # a Gluon kernel (the whole-page decode): Gluon's front end, the same compile after it
             from triton.experimental.gluon._runtime import GluonASTSource as source
         src = source(fn, dict(spec.signature), dict(spec.constexprs), compile_attrs(spec, names))
         target = GPUTarget(arch.vendor, arch.triton_arch, arch.warp_size)

@@ -23,7 +23,7 @@ RESULT_FD_ENV = "ULTRAQUANT_CODEGEN_RESULT_FD"
 
 
 def _run_job(job: dict[str, Any], backends: dict[str, Any]) -> dict[str, Any]:
-    from ultraquant.kernels.specs import Specialization
+    from ultraquant.kernels.specialization import Specialization
 
     from .archs import get_arch
     from .backends import load_backend

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ultraquant.kernels.specs import Specialization
+from ultraquant.kernels.specialization import Specialization
 
 from . import launch, selftest
 from .loader import BlobError, get_kernel

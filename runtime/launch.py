@@ -31,8 +31,9 @@ from typing import Any
 
 from ultraquant import config
 from ultraquant.errors import UltraQuantError
+from ultraquant.kernels.catalog import alignable
 from ultraquant.kernels.plans import LaunchPlan
-from ultraquant.kernels.specs import ALIGNABLE, ARG_DIVISOR, Specialization
+from ultraquant.kernels.specialization import ARG_DIVISOR, Specialization
 
 from . import selftest
 from .driver import DeviceInfo, device_info
@@ -173,8 +174,8 @@ def resolve(spec: Specialization, dev: int, *, allow_selftest: bool = True) -> K
 
 
 def _divisibility_hint(spec: Specialization, arch: str) -> str:
-    """Why a call missed a blob that exists for the usual strides (``ALIGNABLE``), or ``""``."""
-    usual = replace(spec, divisible=tuple(n for n in spec.signature if n in ALIGNABLE.get(spec.kernel, ())))
+    """Why a call missed a blob that exists for the usual strides (the family's ``alignable`` strides), or ``""``."""
+    usual = replace(spec, divisible=tuple(n for n in spec.signature if n in alignable(spec.kernel)))
     if usual.divisible == spec.divisible or index().lookup(arch, usual.key())[0] is None:
         return ""
     odd = [n for n in usual.divisible if n not in spec.divisible]
@@ -214,10 +215,6 @@ def plan_device(plan: LaunchPlan) -> int | None:
     return None
 
 
-def _strict(cfg: config.Config) -> bool:
-    return cfg.backend == "aot" or cfg.require_aot
-
-
 def try_launch(plan: LaunchPlan, device: Any = None) -> bool:
     """Launch ``plan`` from an AOT blob if the manifest has exactly this config for the device's arch.
 
@@ -234,10 +231,10 @@ def launch_prepared(spec: Specialization, skey: StateKey | None, dev: int | None
     """:func:`try_launch` of a plan whose device and :func:`state_key` the caller already knows (the
     ops cache both per call signature): the per-call work is one dict lookup and the launch."""
     cfg = config.get()
-    if cfg.backend == "triton" or cfg.backend == "reference":
+    if not cfg.uses_blobs:
         return False
     if dev is None:
-        if _strict(cfg):
+        if cfg.strict:
             raise UltraQuantError(f"ULTRAQUANT_BACKEND={cfg.backend}/REQUIRE_AOT: {spec.kernel} was called "
                                   "with tensors that are not on a GPU; blobs run on GPUs only")
         return False
@@ -250,7 +247,7 @@ def launch_prepared(spec: Specialization, skey: StateKey | None, dev: int | None
             return True
         except MisalignedArgument as exc:
             st = _note_miss(dev, f"{spec.key()} (alignment)", str(exc), warn=False)
-    if _strict(cfg):
+    if cfg.strict:
         raise UltraQuantError(f"ULTRAQUANT_BACKEND={cfg.backend}, REQUIRE_AOT={int(cfg.require_aot)}: no usable blob "
                               f"on cuda:{dev}: {st.reason}")
     return False
@@ -287,115 +284,33 @@ class Prepared:
 
 
 def warmup(configs: Iterable[Any], device: Any = None) -> dict[str, str]:
-    """Load (and self-test) every blob a model needs on ``device`` before CUDA graph capture.
+    """Load (and self-test) the blobs of ``configs`` on ``device`` before CUDA graph capture.
 
-    ``configs`` holds :class:`~ultraquant.kernels.specs.Specialization` or
-    :class:`~ultraquant.kernels.plans.LaunchPlan` objects, or dicts of model parameters that
-    :func:`model_specializations` turns into exactly the variants the calls on ``device`` plan. Returns config key ->
-    ``"aot"`` or the miss reason. Under ``ULTRAQUANT_REQUIRE_AOT=1`` a miss raises."""
+    ``configs`` holds :class:`~ultraquant.kernels.specialization.Specialization` or
+    :class:`~ultraquant.kernels.specialization.LaunchPlan` objects (``ultraquant.warmup`` also takes
+    model-config dicts: :func:`ultraquant.policy.warmup`). Returns config key -> ``"aot"`` or the miss
+    reason. Under ``ULTRAQUANT_REQUIRE_AOT=1`` a miss raises."""
     dev = device_of(device)
     report: dict[str, str] = {}
-    for spec in _specs(configs, dev):
+    for spec in _specs(configs):
         st = resolve(spec, dev)
         report[spec.key()] = "aot" if isinstance(st, Kernel) else st.reason
         cfg = config.get()
-        if _strict(cfg) and isinstance(st, Miss):
+        if cfg.strict and isinstance(st, Miss):
             raise UltraQuantError(f"ULTRAQUANT_BACKEND={cfg.backend}, REQUIRE_AOT={int(cfg.require_aot)}: no "
                                   f"usable blob on cuda:{dev}: {st.reason}")
     return report
 
 
-def _specs(configs: Iterable[Any], dev: int) -> Iterable[Specialization]:
+def _specs(configs: Iterable[Any]) -> Iterable[Specialization]:
     for c in configs:
         if isinstance(c, Specialization):
             yield c
         elif isinstance(c, LaunchPlan):
             yield c.spec
-        elif isinstance(c, dict):
-            yield from model_specializations(c, dev)
         else:
             raise UltraQuantError("configs: expected Specialization, LaunchPlan or dict, got "
                                   f"{type(c).__name__}")
-
-
-MODEL_KEYS = ("head_size", "block_size", "gqa", "num_q_heads", "num_kv_heads", "dtype", "query_dtype", "key_dtype",
-              "out_dtype", "slot_dtype", "has_sinks", "has_window", "has_softcap", "encoder", "cache_strides", "ops")
-"""Keys a model-config dict of :func:`warmup` may hold."""
-
-
-def _torch_device(device: Any) -> Any:
-    import torch
-
-    if device is None:
-        return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
-    if isinstance(device, int):
-        return torch.device("cuda", device)
-    return torch.device(device)
-
-
-def _dtype_name(value: Any, what: str) -> str:
-    from ultraquant.kernels.specs import DTYPE_NAMES
-
-    name = DTYPE_NAMES.get(value, value)
-    if name not in ("bf16", "fp16", "fp32"):
-        raise UltraQuantError(f"configs: {what} {value!r} is not one of bf16, fp16, fp32 (or a torch dtype)")
-    return name
-
-
-def model_specializations(model: dict[str, Any], device: Any = None) -> list[Specialization]:
-    """Every kernel variant the public ops plan for a model config on ``device`` (default: the current
-    GPU): the same spec functions the calls use, so warmup loads exactly what they will launch.
-
-    ``model``: ``head_size``, ``block_size``, ``gqa`` (or ``num_q_heads`` and ``num_kv_heads``),
-    ``dtype`` (or ``query_dtype``/``key_dtype``/``out_dtype``), optional ``slot_dtype`` (default int64,
-    vLLM's), ``has_sinks``/``has_window``/``has_softcap``, ``encoder``, ``cache_strides`` (the cache's
-    first three strides when it is not the dense layout) and ``ops`` (default: all four). Stores get
-    both layouts (a decode step's few rows, a prefill's many), the device's target and the strides'
-    slot alignment; dequant the query dtype (the dense prefill route's); decode/prefill the device's
-    target and ``ULTRAQUANT_DECODE_*`` tuning; decode v8
-    where the plan's rule takes it (``num_kv_heads`` and head-major ``cache_strides`` given)."""
-    from ultraquant.kernels import plans, specs
-
-    unknown = sorted(set(model) - set(MODEL_KEYS))
-    if unknown:
-        raise UltraQuantError(f"configs: unknown model keys {unknown} (known: {', '.join(MODEL_KEYS)})")
-    ops = tuple(model.get("ops", (op for op in specs.SPECIALIZERS if op != "decode_attention_v8")))
-    for op in ops:
-        if op not in specs.SPECIALIZERS:
-            raise UltraQuantError(f"configs: unknown op {op!r} (ops are {', '.join(specs.SPECIALIZERS)})")
-    dtype = model.get("dtype", "bf16")
-    q = _dtype_name(model.get("query_dtype", dtype), "query_dtype")
-    k = _dtype_name(model.get("key_dtype", q), "key_dtype")
-    o = _dtype_name(model.get("out_dtype", q), "out_dtype")
-    flags = tuple(bool(model.get(f, False)) for f in ("has_sinks", "has_window", "has_softcap"))
-    strides = model.get("cache_strides")
-    strides = None if strides is None else tuple(int(x) for x in strides)
-    dev = _torch_device(device)
-    out: list[Specialization] = []
-    for op in ops:
-        try:
-            d = int(model["head_size"])
-            if op == "store_kv":
-                out += [specs.store_spec(head_size=d, key_dtype=k, slot_dtype=model.get("slot_dtype", "i64"),
-                                         encoder=model.get("encoder", "rne"), few_rows=few,
-                                         align=None if strides is None else specs.slot_alignment(d, strides),
-                                         target=specs.target_of(dev)) for few in (True, False)]
-                continue
-            bs = int(model["block_size"])
-            if op == "dequant_kv":
-                out.append(specs.dequant_spec(head_size=d, block_size=bs, out_dtype=q))
-                continue
-            gqa = int(model["gqa"]) if "gqa" in model else int(model["num_q_heads"]) // int(model["num_kv_heads"])
-            if op in ("decode_attention", "decode_attention_v8"):  # the plan's rule picks v8 or v7
-                hk = int(model["num_kv_heads"]) if "num_kv_heads" in model else None
-                out.append(plans.decode_call_spec(d, gqa, bs, q, o, *flags, strides, dev, config.get().tuning, hk))
-            else:
-                out.append(plans.prefill_call_spec(d, gqa, bs, q, k, o, *flags, strides, dev))
-        except KeyError as exc:
-            raise UltraQuantError(f"configs: {op} needs more of the model config (missing {exc})") from None
-        except (TypeError, ValueError) as exc:
-            raise UltraQuantError(f"configs: {op}: bad model config ({exc})") from None
-    return out
 
 
 def state() -> dict[tuple[int, str], Kernel | Miss]:

@@ -106,12 +106,12 @@ class Entry:
     global_scratch: int = 0
     num_ctas: int = 1
     alternate_of: str = ""
-    """Kernel whose LaunchPlan this blob takes in its stead (e.g. a FlyDSL decode for ``uq_decode``)."""
+    """Kernel whose LaunchPlan this blob takes in its stead (e.g. a FlyDSL decode for ``uq_decode_splitkv``)."""
     priority: int = 0
 
     @property
     def signature(self) -> dict[str, str]:
-        """Visible parameters name -> Triton type, as in :class:`~ultraquant.kernels.specs.Specialization`."""
+        """Visible parameters name -> Triton type, as in :class:`~ultraquant.kernels.specialization.Specialization`."""
         return {p.name: p.type for p in self.params if not p.hidden}
 
     @property
@@ -215,15 +215,15 @@ def parse_entry(raw: dict[str, Any], arch: str, directory: Path) -> Entry:
 def _skipped_key(row: dict[str, Any]) -> str | None:
     """Config key of a manifest ``skipped`` row (op + matrix config), or None if it has none."""
     try:
-        from ultraquant.kernels.specs import SPECIALIZERS
+        from ultraquant.kernels.catalog import specializer
 
-        return SPECIALIZERS[row["op"]](**row.get("config", {})).key()
+        return specializer(row["op"])(**row.get("config", {})).key()
     except Exception:  # an invalid config (the reason it was skipped) has no key
         return None
 
 
 def _spec_key(kernel: str, constexprs: dict[str, Any], signature: dict[str, str]) -> str:
-    from ultraquant.kernels.specs import Specialization
+    from ultraquant.kernels.specialization import Specialization
 
     return Specialization(kernel=kernel, signature=signature, constexprs=constexprs).key()
 

@@ -23,28 +23,46 @@ import torch
 
 from ultraquant import reference
 from ultraquant.format import SlotLayout, hadamard, slot_size
-from ultraquant.kernels import plans, specs
+from ultraquant.kernels import plans, specialization
+from ultraquant.kernels.families import store as store_family
 from ultraquant.kernels.plans import LaunchPlan
-from ultraquant.kernels.specs import Specialization
+from ultraquant.kernels.specialization import Specialization
 
 from .loader import Kernel
-from .selftest import register
 
-SELFTEST_VERSION = 6
+Problem = Callable[[Kernel, Specialization, int], tuple[bool, str]]
+"""(kernel under test, its specialization, device index) -> (passed, detail)."""
+
+PROBLEMS: dict[str, Problem] = {}
+"""Kernel name -> its self-test problem (:func:`register`); :mod:`.selftest` runs them."""
+
+
+def register(kernel_name: str) -> Callable[[Problem], Problem]:
+    """Decorator: the self-test problem for blobs of kernel ``kernel_name``."""
+
+    def deco(fn: Problem) -> Problem:
+        PROBLEMS[kernel_name] = fn
+        return fn
+
+    return deco
+
+
+SELFTEST_VERSION = 7
 """Version of the self-test problems and pass criteria below, part of every cached verdict's key: bump
 it whenever this file changes what a self-test launches or accepts, so verdicts recorded with the old
 problems are not trusted. 1: the problems of sessions 1-2; 2: verdicts also bound to the manifest key;
 3: a problem accepts blobs whose key differs only in the alignment facts (``Specialization.runnable_as``);
 4: the decode problem's query blocks differ in scale and keys weigh K positions 16-63 (MFMA layouts);
-5: the decode v8 problem (head-major cache, several splits); 6: a few-rows store blob is told by its
-target's spec (store v4: 8 rows on NVIDIA)."""
+5: the whole-page decode problem (head-major cache, several splits); 6: a few-rows store blob is told by its
+target's spec (8 rows on NVIDIA); 7: kernels renamed by design (``uq_decode_splitkv``,
+``uq_decode_wholepage``: manifest keys changed)."""
 
-PROBLEMS_SOURCE_SHA256 = "a7e5aa9214296fd356cb2fd19b7a6fa83d9c941bb62c8f11a77f659a5a13b8a6"
+PROBLEMS_SOURCE_SHA256 = "b58e089923a697dc76ceeb8023a2a537b0d9019ce46f6cc07ffaefc433856d78"
 """sha256 of this file with this line's hash blanked (see :func:`source_hash`); a test fails when the
 file changes and this is not updated, the reminder to bump :data:`SELFTEST_VERSION`."""
 
-_DTYPES = {name: dtype for dtype, name in specs.DTYPE_NAMES.items()}
-_ENCODERS = {i: name for name, i in specs.ENCODER_IDS.items()}
+_DTYPES = {name: dtype for dtype, name in specialization.DTYPE_NAMES.items()}
+_ENCODERS = {i: name for name, i in store_family.ENCODER_IDS.items()}
 TIE_VALUES = (6.0, 0.75, 1.75, 2.5, 3.5, 5.0, 0.25, 1.25)
 """A group with absmax 6 has scale 1, so these land exactly on E2M1 decision points: encoders that
 break ties differently (rne vs upstream) write different codes for them."""
@@ -123,7 +141,7 @@ def store_problem(kernel: Kernel, spec: Specialization, dev: Device) -> tuple[bo
     poison = torch.randint(0, 256, (nblocks, bs, hk, slot_size(d)), dtype=torch.uint8, generator=gen)
     key, value, slots, ours = (t.to(dev) for t in (key, value, slots, poison))
     want = ours.clone()
-    few = specs.store_spec(head_size=d, encoder=encoder, few_rows=True,
+    few = store_family.store_spec(head_size=d, encoder=encoder, few_rows=True,
                            target=plans.target_of(key.device)).constexprs["BLOCK_R"] == c["BLOCK_R"]
     why = _launch(kernel, plans.plan_store(key, value, ours, slots, encoder, few_rows=few), dev)
     if why:
@@ -164,21 +182,21 @@ def key_weight(d: int) -> torch.Tensor:
     return torch.where((pos >= 16) & (pos < 64), 4.0, 1.0)
 
 
-@register("uq_decode")
+@register("uq_decode_splitkv")
 def decode_problem(kernel: Kernel, spec: Specialization, dev: Device) -> tuple[bool, str]:
     """3 requests (300, 1, 45 tokens) x 2 kv heads: at least two KV splits, one single-token request;
     a block-scaled query (:func:`block_scaled_query`) against keys weighted by :func:`key_weight`."""
     return _decode_check(kernel, spec, dev, [300, 1, 45], 2, False, plans.plan_decode)
 
 
-@register("uq_decode_v8")
-def decode_v8_problem(kernel: Kernel, spec: Specialization, dev: Device) -> tuple[bool, str]:
-    """Decode v8 over a head-major copy of a paged cache: 3 requests (1100, 1, 45 tokens) x the blob's
+@register("uq_decode_wholepage")
+def decode_wholepage_problem(kernel: Kernel, spec: Specialization, dev: Device) -> tuple[bool, str]:
+    """The whole-page decode over a head-major copy of a paged cache: 3 requests (1100, 1, 45 tokens) x the blob's
     kv heads, so the longest takes several splits (512 tokens each at least) and the ring's last stage
     is partial; the block-scaled query and weighted keys of :func:`decode_problem`."""
-    from ultraquant.kernels.decode_v8_plan import plan_decode_v8
+    from ultraquant.kernels.families.decode_wholepage import plan_decode_wholepage
 
-    return _decode_check(kernel, spec, dev, [1100, 1, 45], spec.constexprs["HK"], True, plan_decode_v8)
+    return _decode_check(kernel, spec, dev, [1100, 1, 45], spec.constexprs["HK"], True, plan_decode_wholepage)
 
 
 def _decode_check(kernel: Kernel, spec: Specialization, dev: Device, lens: list[int], hk: int, head_major: bool,
@@ -190,7 +208,7 @@ def _decode_check(kernel: Kernel, spec: Specialization, dev: Device, lens: list[
     hq = gqa * hk
     qd, od = _dtype(spec, "q_ptr"), _dtype(spec, "out_ptr")
     cache, table, seq_lens, _, _ = _paged(dev, lens, hk, d, bs, torch.float32, gen, key_weight(d))
-    if head_major:  # whole 16-token runs per kv head: what v8 reads
+    if head_major:  # whole 16-token runs per kv head: what whole-page reads
         paged, cache = cache, torch.empty((cache.shape[0], hk, bs, cache.shape[3]), dtype=cache.dtype,
                                           device=dev).transpose(1, 2)
         cache.copy_(paged)

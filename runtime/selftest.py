@@ -6,7 +6,7 @@ Why: a blob built on a CPU machine was never run before it reaches the user's GP
 computes garbage there (a toolchain bug, a driver quirk, a corrupted-but-consistent file) is disabled
 with a warning and the Triton JIT path takes over, instead of silently serving wrong attention.
 
-Problems are registered per kernel name (``PROBLEMS``); each builds inputs that match the blob's
+Problems are registered per kernel name (:data:`.problems.PROBLEMS`); each builds inputs that match the blob's
 constexprs, gets the launch from the same plan functions the ops use, launches *this* blob, and
 compares with :mod:`ultraquant.reference`. A kernel with no registered problem passes with a note.
 """
@@ -16,10 +16,11 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
-from ultraquant.kernels.specs import Specialization
+from ultraquant.kernels.specialization import Specialization
 
+from . import problems
 from .driver import DeviceInfo
 from .loader import Kernel
 from .manifest import Entry
@@ -28,22 +29,7 @@ from .verdicts import Verdict, VerdictCache
 CACHE = VerdictCache()
 """The process-wide verdict cache (its file follows ``ULTRAQUANT_CACHE_DIR`` when it changes)."""
 
-Problem = Callable[[Kernel, Specialization, int], tuple[bool, str]]
-"""(kernel under test, its specialization, device index) -> (passed, detail)."""
-
-PROBLEMS: dict[str, Problem] = {}
-
 _TLS = threading.local()
-
-
-def register(kernel_name: str) -> Callable[[Problem], Problem]:
-    """Decorator: the self-test problem for blobs of Triton kernel ``kernel_name``."""
-
-    def deco(fn: Problem) -> Problem:
-        PROBLEMS[kernel_name] = fn
-        return fn
-
-    return deco
 
 
 def running() -> bool:
@@ -62,10 +48,8 @@ def _running() -> Iterator[None]:
 
 def run(kernel: Kernel, spec: Specialization, dev: DeviceInfo, *, record: bool = True) -> Verdict:
     """Self-test ``kernel`` on ``dev`` now and (by default) record the verdict in :data:`CACHE`."""
-    from . import problems  # registers the built-in problems (imports the reference)
-
     # a stand-in kernel (manifest ``alternate_of``) takes its original's plan, hence its problem
-    problem = PROBLEMS.get(kernel.entry.alternate_of or kernel.entry.kernel)
+    problem = problems.PROBLEMS.get(kernel.entry.alternate_of or kernel.entry.kernel)
     t0 = time.perf_counter()
     if problem is None:
         ok, detail = True, f"no self-test problem for kernel {kernel.entry.kernel}"
@@ -84,6 +68,4 @@ def run(kernel: Kernel, spec: Specialization, dev: DeviceInfo, *, record: bool =
 def cached(entry: Entry, dev: DeviceInfo) -> Verdict | None:
     """The recorded verdict of ``entry``'s blob tested as ``entry.key`` with the current self-test
     version on ``dev``, if any."""
-    from . import problems
-
     return CACHE.get(entry.key, entry.sha256, problems.SELFTEST_VERSION, dev)

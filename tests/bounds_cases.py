@@ -1,6 +1,6 @@
 """Garbage slot_mapping / block_table / seq_lens through store, decode, prefill and dequant (issue 17).
 
-Shared by tests/gpu/test_bounds_gpu.py and tools/h200_sanitize.py (compute-sanitizer memcheck). The
+Shared by tests/gpu/test_bounds_gpu.py and tests/gpu/sanitize.py (compute-sanitizer memcheck). The
 cache sits in the middle of a larger poisoned buffer, value checks are off (GPU tensors), and the
 values include negatives, ids just past the end and the int32 extremes (2**31-1, -2**31; 2**32+5 in
 an int64 slot_mapping). Each case checks: guard bytes unchanged, cache bytes unchanged except the

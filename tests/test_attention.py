@@ -9,7 +9,6 @@ import torch
 from tests.helpers import layer_batch
 from ultraquant import UltraQuantError, ops, reference
 from ultraquant.attention import (
-    DEFAULT_CONTINUATION_THRESHOLD,
     AttentionMetadata,
     UltraQuantAttention,
     continuation_threshold,
@@ -65,17 +64,13 @@ def test_prefill_runs_groups_runs_of_one_kind() -> None:
 
 
 def test_threshold_follows_the_kernels_constant(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(ops, "CONTINUATION_THRESHOLD", 7, raising=False)
+    from ultraquant.kernels import heuristics
+
+    assert continuation_threshold() == heuristics.CONTINUATION_THRESHOLD
+    monkeypatch.setattr(heuristics, "CONTINUATION_THRESHOLD", 7)
     assert continuation_threshold() == 7
     assert UltraQuantAttention(HQ, HK, D, 0.1).threshold == 7
     assert UltraQuantAttention(HQ, HK, D, 0.1, continuation_threshold=2).threshold == 2
-    monkeypatch.setattr(ops, "CONTINUATION_THRESHOLD", "bad", raising=False)
-    try:
-        from ultraquant.kernels import heuristics
-        expected = heuristics.CONTINUATION_THRESHOLD
-    except (ImportError, AttributeError):
-        expected = DEFAULT_CONTINUATION_THRESHOLD
-    assert continuation_threshold() == expected
 
 
 def _batch(seed: int = 0, dtype: torch.dtype = torch.float32, q_lens=(1, 1, 5, 2, 6), seq=(6, 2, 5, 9, 11)):

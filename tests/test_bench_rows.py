@@ -17,7 +17,7 @@ def test_aot_vs_jit_times_both_backends_and_restores_the_switch(monkeypatch, aot
     def fake_decode(p, d):
         seen.append(config.get().backend)
         if config.get().backend == "aot" and not aot_serves:
-            raise UltraQuantError("no sm_90 blob for config uq_decode[...]")
+            raise UltraQuantError("no sm_90 blob for config uq_decode_splitkv[...]")
         return {"triton": 100.0, "aot": 101.5}[config.get().backend]
 
     monkeypatch.setattr(bench, "bench_decode", fake_decode)

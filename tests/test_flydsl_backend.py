@@ -13,18 +13,20 @@ import pytest
 from ultraquant.codegen.flydsl import backend as fb
 from ultraquant.codegen.flydsl import isa
 from ultraquant.errors import UltraQuantError
-from ultraquant.kernels.specs import DECODE_PARAMS, decode_spec
+from ultraquant.kernels.families import decode_flydsl as fam
+from ultraquant.kernels.families.decode_splitkv import DECODE_PARAMS
+from ultraquant.kernels.families.decode_splitkv import decode_splitkv_spec as decode_spec
 
 CONFIG = {"head_size": 128, "gqa": 8, "block_size": 16, "query_dtype": "bf16"}
 
 
 def test_spec_is_the_triton_decode_renamed():
     tri = decode_spec(**CONFIG, has_window=True)
-    fly = fb.flydsl_spec(**CONFIG, has_window=True)
-    assert fly.kernel == "uq_decode_flydsl" and tri.kernel == "uq_decode"
+    fly = fam.decode_flydsl_spec(**CONFIG, has_window=True)
+    assert fly.kernel == "uq_decode_flydsl" and tri.kernel == "uq_decode_splitkv"
     assert list(fly.signature) == [name for name, _ in DECODE_PARAMS]  # same LaunchPlan args
     assert fly.signature == tri.signature and fly.constexprs == tri.constexprs
-    assert fb.flydsl_key(tri) == fly.key() != tri.key()
+    assert fam.flydsl_key(tri) == fly.key() != tri.key()
 
 
 @pytest.mark.parametrize("bad, why", [
@@ -36,15 +38,15 @@ def test_unsupported_configs_say_why(bad, why):
     cfg = {**CONFIG, **bad}
     assert why in fb.unsupported(cfg)
     with pytest.raises(UltraQuantError, match="config"):
-        fb.flydsl_spec(**cfg)
+        fam.decode_flydsl_spec(**cfg)
     assert fb.unsupported({**CONFIG, "block_size": 48, "gqa": 6}) == ""
 
 
 def test_mx_variant_is_its_own_key_with_the_same_launch():
     tri = decode_spec(**CONFIG)
     mx = fb.FlyDSLBackend().specialize(fb.OP_MX, CONFIG)
-    assert mx.kernel == fb.KERNEL_MX and mx.signature == tri.signature and mx.constexprs == tri.constexprs
-    assert fb.flydsl_key(tri, fb.KERNEL_MX) == mx.key() != fb.flydsl_key(tri)
+    assert mx.kernel == fam.KERNEL_MX and mx.signature == tri.signature and mx.constexprs == tri.constexprs
+    assert fam.flydsl_key(tri, fam.KERNEL_MX) == mx.key() != fam.flydsl_key(tri)
     assert isa.expected_mfma("gfx950", 256, mx=True) == {isa.FP4_CVT: 32, isa.BF16_MFMA: 16, isa.SCALED_MFMA: 4}
 
 
@@ -122,7 +124,7 @@ def test_offline_compile_in_a_subprocess(arch, cfg, mx, tmp_path: Path):
     from ultraquant.codegen.elf import read_code_object
     from ultraquant.codegen.flydsl.compile_kernel import run
 
-    waves = fb.waves_for(cfg["head_size"])
+    waves = fam.waves_for(cfg["head_size"])
     data = run({"arch": arch, "name": "uq_decode_flydsl", "config": cfg, "mx": mx, "waves": waves},
                tmp_path / "k.hsaco", python=sys.executable)
     obj = read_code_object(data)

@@ -118,12 +118,12 @@ def test_gfx942_bad_block_ids_and_lengths_stay_inside_the_cache():
 
 
 class _InterpretedBlob:
-    """Looks like a loaded FlyDSL mx blob (a stand-in of ``uq_decode``) to the runtime self-test, but
+    """Looks like a loaded FlyDSL mx blob (a stand-in of ``uq_decode_splitkv``) to the runtime self-test, but
     runs the kernel's IR here."""
 
     def __init__(self, kernel: simt.Kernel, key: str, name: str) -> None:
         self.kernel = kernel
-        self.entry = type("Entry", (), {"key": key, "kernel": name, "alternate_of": "uq_decode"})()
+        self.entry = type("Entry", (), {"key": key, "kernel": name, "alternate_of": "uq_decode_splitkv"})()
 
     def launch(self, args, grid) -> None:
         self.kernel.launch_tensors(tuple(grid), list(args))
@@ -134,20 +134,20 @@ def test_self_test_problem_fails_the_old_mx_kernel_and_passes_the_fixed_one():
     query, keys weighted at K positions 16-63), run through the interpreter with the scaled MFMA's
     operand maps from AMD's sources, fails the old mx kernel (FP8 query packed like FP4) and passes
     the fixed one."""
-    from ultraquant.codegen.flydsl import backend as fb
     from ultraquant.codegen.flydsl.compiler import compile_decode
-    from ultraquant.kernels import specs
+    from ultraquant.kernels.families import decode_flydsl as fam
+    from ultraquant.kernels.families import decode_splitkv as splitkv_family
     from ultraquant.kernels.flydsl import operand_maps as om
     from ultraquant.runtime import problems
 
     cfg = {"head_size": 128, "gqa": 4, "block_size": 16}
-    spec = specs.decode_spec(**cfg, query_dtype="bf16")
-    key = fb.flydsl_key(spec, fb.KERNEL_MX)
+    spec = splitkv_family.decode_splitkv_spec(**cfg, query_dtype="bf16")
+    key = fam.flydsl_key(spec, fam.KERNEL_MX)
     verdicts = {}
     for name, qmap in (("fixed", om.FP8), ("old", om.FP4)):
         ir = simt.lowered_ir(lambda qmap=qmap: compile_decode("gfx950", "k", cfg, mx=True, need_linker=False,
                                                               waves=W, mx_query_map=qmap))
-        blob = _InterpretedBlob(simt.Kernel(ir, lanes=64 * W), key, fb.KERNEL_MX)
+        blob = _InterpretedBlob(simt.Kernel(ir, lanes=64 * W), key, fam.KERNEL_MX)
         verdicts[name] = problems.decode_problem(blob, spec, "cpu")
     print(verdicts)
     assert verdicts["fixed"][0], verdicts

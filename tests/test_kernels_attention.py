@@ -13,7 +13,12 @@ import torch
 import ultraquant as uq
 from tests.helpers import make_paged
 from ultraquant import reference as R
-from ultraquant.kernels import plans, specs, workspace
+from ultraquant.kernels import catalog, plans, workspace
+from ultraquant.kernels.families import decode_splitkv as splitkv_family
+from ultraquant.kernels.families import decode_wholepage as wholepage_family
+from ultraquant.kernels.families import dequant as dequant_family
+from ultraquant.kernels.families import prefill as prefill_family
+from ultraquant.kernels.families import store as store_family
 from ultraquant.kernels.interpret import interpreted_registry
 
 MAX_REL = 1e-2
@@ -167,14 +172,14 @@ def test_plans_match_kernel_parameters():
     """plans.py's parameter lists and constexprs name exactly the kernels' parameters, in order."""
     registry = interpreted_registry()
     cfg = dict(head_size=128, gqa=4, block_size=16)
-    for op, spec in [("store_kv", specs.store_spec(head_size=128)),
-                     ("dequant_kv", specs.dequant_spec(head_size=128, block_size=16)),
-                     ("decode_attention", specs.decode_spec(**cfg)),
-                     ("prefill_attention", specs.prefill_spec(**cfg)),
-                     ("decode_attention_v8", specs.decode_v8_spec(**cfg, num_kv_heads=2))]:
+    for op, spec in [("store_kv", store_family.store_spec(head_size=128)),
+                     ("dequant_kv", dequant_family.dequant_spec(head_size=128, block_size=16)),
+                     ("decode_attention", splitkv_family.decode_splitkv_spec(**cfg)),
+                     ("prefill_attention", prefill_family.prefill_spec(**cfg)),
+                     ("decode_attention_wholepage", wholepage_family.decode_wholepage_spec(**cfg, num_kv_heads=2))]:
         names = registry.KERNELS[spec.kernel].arg_names
         assert names == list(spec.signature) + list(spec.constexprs), op
-        assert specs.SPECIALIZERS[op] is not None
+        assert catalog.specializer(op) is not None
 
 
 def test_decode_grid_is_static(monkeypatch):

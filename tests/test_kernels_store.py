@@ -15,7 +15,8 @@ from tests.helpers import carved_cache, make_paged
 from ultraquant import reference as R
 from ultraquant.bench.decode import STORE_VARIANTS, store_variant_launch
 from ultraquant.format import SlotLayout
-from ultraquant.kernels import plans, specs
+from ultraquant.kernels import plans
+from ultraquant.kernels.families import store as store_family
 from ultraquant.kernels.interpret import interpreted_registry
 
 
@@ -202,7 +203,7 @@ def test_store_alignment_fallback(registry, monkeypatch, head_size, offset, extr
     slots[5] = -1
     plan = plans.plan_store(key, value, got, slots, few_rows=few_rows)
     assert plan.spec.constexprs["ALIGN"] == align
-    dense = specs.store_spec(head_size=head_size, few_rows=few_rows, target=target)
+    dense = store_family.store_spec(head_size=head_size, few_rows=few_rows, target=target)
     assert (plan.spec.key() == dense.key()) == (align == dense.constexprs["ALIGN"])
     registry.jit_launch(plan)
     R.store_kv(key, value, ref, slots)

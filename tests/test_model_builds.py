@@ -77,13 +77,14 @@ def test_expand_builds_exactly_the_model_configs(configs) -> None:
         got = {(c["head_size"], c["gqa"], c["has_sinks"], c["has_window"]) for c in by_op[op]}
         assert got == want and len(by_op[op]) == 3
     assert len(by_op["store_kv"]) == 2 * 6 and len(by_op["dequant_kv"]) == 2 * 3  # per head size
-    # decode v8: Llama's config once per kv-head count; gpt-oss (D=64) is v7's, skipped with the reason
-    assert {(c["head_size"], c["gqa"], c["num_kv_heads"]) for c in by_op["decode_attention_v8"]} == {
-        (128, 4, hk) for hk in matrix.V8_KV_HEADS} and len(by_op["decode_attention_v8"]) == 4
-    assert {s["op"] for s in skipped} == {"decode_attention_v8"} and len(skipped) == 2 * 4
+    # the whole-page decode: Llama's config once per kv-head count; gpt-oss (D=64) is split-KV decode's, skipped
+    # with the reason
+    assert {(c["head_size"], c["gqa"], c["num_kv_heads"]) for c in by_op["decode_attention_wholepage"]} == {
+        (128, 4, hk) for hk in matrix.WHOLEPAGE_KV_HEADS} and len(by_op["decode_attention_wholepage"]) == 4
+    assert {s["op"] for s in skipped} == {"decode_attention_wholepage"} and len(skipped) == 2 * 4
     # the full matrix is untouched by the filter
     full_points, _ = matrix.expand(matrix.OPS, models.make_selection(matrix_name="full"), "sm_90", ["triton"])
-    # v8: D=128 x 6 GQA and D=256 x 5 GQA (<= 8) x 4 blocks x 4 kv heads x 6 features
+    # whole-page: D=128 x 6 GQA and D=256 x 5 GQA (<= 8) x 4 blocks x 4 kv heads x 6 features
     assert len(full_points) == 24 + 48 + 2 * 576 + 576 + 480
 
 
@@ -92,11 +93,11 @@ def test_build_dry_run_cli(configs) -> None:
     res = CliRunner().invoke(main, ["build", "--arch", "sm_90", "--model", str(a), "--tp", "1", "--dry-run",
                                     "--no-cache"])
     assert res.exit_code == 0, res.output
-    assert ("sm_90: 15 blobs (store_kv 6, dequant_kv 3, decode_attention 1, decode_attention_v8 4, "
+    assert ("sm_90: 15 blobs (store_kv 6, dequant_kv 3, decode_attention 1, decode_attention_wholepage 4, "
             "prefill_attention 1)") in res.output
     res = CliRunner().invoke(main, ["build", "--arch", "sm_90", "--model", str(a), "--tp", "1", "--dry-run",
                                     "--no-cache", "--kv-heads", "8"])
-    assert "decode_attention_v8 1," in res.output, res.output
+    assert "decode_attention_wholepage 1," in res.output, res.output
     assert "selection models: llama; TP 1" in res.output
     res = CliRunner().invoke(main, ["build", "--arch", "sm_90", "--model", str(a), "--gqa", "4", "--dry-run"])
     assert res.exit_code != 0 and "derived from MODELS" in res.output and "Traceback" not in res.output
@@ -153,7 +154,8 @@ def test_info_lists_configs(tmp_path, monkeypatch, configs) -> None:
     res = CliRunner().invoke(main, ["info"])
     assert res.exit_code == 0, res.output
     assert "sm_90: 28 in" in res.output and "built for  models" in res.output and "llama, gpt-oss.json" in res.output
-    assert ("configs    D=128 block 16 bf16 plain: GQA 4 (decode_attention, decode_attention_v8, prefill_attention)"
+    assert ("configs    D=128 block 16 bf16 plain: GQA 4 "
+            "(decode_attention, decode_attention_wholepage, prefill_attention)"
             in res.output)
     assert "configs    D=64 block 16 bf16 sinks+window: GQA 8" in res.output
 

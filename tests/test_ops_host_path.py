@@ -15,7 +15,8 @@ import ultraquant as uq
 from tests.test_runtime import FakeDriver, rt, write_manifest  # noqa: F401  (rt: fixture)
 from ultraquant import ops, validate
 from ultraquant.errors import UltraQuantError
-from ultraquant.kernels import plans, registry, specs
+from ultraquant.kernels import plans, registry
+from ultraquant.kernels.families import decode_splitkv as splitkv_family
 from ultraquant.runtime import launch
 
 HQ, HK, D, BS = 8, 2, 64, 16
@@ -52,7 +53,7 @@ def problem(b=2, seed=0):
 
 def arg(name: str) -> int:
     """Position of a decode kernel parameter in a plan's args."""
-    return [n for n, _ in specs.DECODE_PARAMS].index(name)
+    return [n for n, _ in splitkv_family.DECODE_PARAMS].index(name)
 
 
 def decode(p, **kw):

@@ -16,18 +16,20 @@ import struct
 import pytest
 import torch
 
+from ultraquant import policy
 from ultraquant.errors import UltraQuantError
-from ultraquant.kernels import specs
+from ultraquant.kernels import catalog, specialization
 from ultraquant.kernels.abi import SCHEMA_VERSION
+from ultraquant.kernels.families import decode_splitkv as splitkv_family
 from ultraquant.kernels.plans import LaunchPlan
-from ultraquant.kernels.specs import Specialization
+from ultraquant.kernels.specialization import Specialization
 from ultraquant.runtime import driver as drv
-from ultraquant.runtime import launch, loader, problems, selftest
+from ultraquant.runtime import launch, loader, problems
 from ultraquant.runtime.manifest import ManifestIndex, find_manifests
 from ultraquant.runtime.packing import ArgPacker, Param
 from ultraquant.runtime.verdicts import Verdict, VerdictCache
 
-assert problems.decode_problem is selftest.PROBLEMS["uq_decode"]  # built-ins registered before tests override
+assert problems.decode_problem is problems.PROBLEMS["uq_decode_splitkv"]  # built-ins registered before tests override
 SIG = {"x_ptr": "*bf16", "out_ptr": "*fp32", "n": "i32", "stride": "i64", "scale": "fp32", "flag": "i1"}
 HIDDEN = [("global_scratch", "*i8"), ("profile_scratch", "*i8")]
 
@@ -115,7 +117,7 @@ def rt(tmp_path, monkeypatch):
     yield fake
     launch.reset()
     launch._DEVICES.clear()
-    selftest.PROBLEMS.pop("uq_test", None)
+    problems.PROBLEMS.pop("uq_test", None)
 
 
 def args(n=1000):
@@ -414,7 +416,7 @@ def test_selftest_version_is_bumped_with_the_problems():
 def test_selftest_version_is_part_of_the_verdict(rt, tmp_path, monkeypatch):
     write_manifest(tmp_path / "gen")
     calls = []
-    selftest.PROBLEMS["uq_test"] = lambda kernel, s, dev: (calls.append(dev) or True, "")
+    problems.PROBLEMS["uq_test"] = lambda kernel, s, dev: (calls.append(dev) or True, "")
     assert launch.try_launch(plan(), 0) and calls == [0]
     launch.reset()
     assert launch.try_launch(plan(), 0) and calls == [0]  # cached
@@ -443,7 +445,7 @@ def test_identical_blobs_under_two_keys_share_one_module_but_not_a_verdict(rt, t
     m["blobs"][1]["file"], m["blobs"][1]["sha256"] = m["blobs"][0]["file"], m["blobs"][0]["sha256"]
     (d / "manifest.json").write_text(json.dumps(m))
     seen = []
-    selftest.PROBLEMS["uq_test"] = lambda kernel, s, dev: (seen.append(kernel.entry.key) or True, "")
+    problems.PROBLEMS["uq_test"] = lambda kernel, s, dev: (seen.append(kernel.entry.key) or True, "")
     assert launch.try_launch(plan(spec(16)), 0) and launch.try_launch(plan(spec(32)), 0)
     # one module; the verdict belongs to (key, bytes): the second key is tested as itself
     assert len(rt.loads) == 1 and seen == [spec(16).key(), spec(32).key()]
@@ -455,7 +457,7 @@ def test_a_key_pointing_at_a_blob_that_passed_under_another_key_is_tested_as_its
     """Issue 17, item 5: the rne store key pointing at the upstream-encoder blob must not inherit the
     upstream key's cached pass."""
     d = write_manifest(tmp_path / "gen", specs=[spec(16), spec(32)])
-    selftest.PROBLEMS["uq_test"] = lambda kernel, s, dev: (
+    problems.PROBLEMS["uq_test"] = lambda kernel, s, dev: (
         kernel.entry.sha256 == json.loads((d / "manifest.json").read_text())["blobs"][0]["sha256"]
         and s.constexprs["BLOCK"] == 16, "wrong kernel for this key")
     assert launch.try_launch(plan(spec(16)), 0) is True  # a pass recorded for blob 0 as BLOCK=16
@@ -585,7 +587,7 @@ def test_failing_selftest_disables_blob_and_verdict_is_cached_per_device(rt, tmp
         kernel.launch(args(), (1, 1, 1))
         return dev != 1, f"device {dev}"
 
-    selftest.PROBLEMS["uq_test"] = problem
+    problems.PROBLEMS["uq_test"] = problem
     assert launch.try_launch(plan(), 0) is True
     assert launch.try_launch(plan(), 1) is False
     assert "self-test failed" in launch.state()[(1, spec().key())].reason
@@ -605,7 +607,7 @@ def test_selftest_exception_is_a_failed_verdict(rt, tmp_path):
     def problem(kernel, s, dev):
         raise RuntimeError("illegal value")
 
-    selftest.PROBLEMS["uq_test"] = problem
+    problems.PROBLEMS["uq_test"] = problem
     assert launch.try_launch(plan(), 0) is False
     assert "RuntimeError: illegal value" in launch.state()[(0, spec().key())].reason
 
@@ -642,14 +644,14 @@ def test_misaligned_pointer_falls_back_instead_of_failing(rt, tmp_path, monkeypa
 
 
 def test_skipped_configs_say_so(rt, tmp_path, monkeypatch):
-    from ultraquant.kernels import specs
+    from ultraquant.kernels.families import decode_splitkv as splitkv_family
 
     d = write_manifest(tmp_path / "gen")
     m = json.loads((d / "manifest.json").read_text())
     cfg = {"head_size": 128, "gqa": 4, "block_size": 16}
     m["skipped"] = [{"op": "decode_attention", "config": cfg, "reason": "too many registers"}]
     (d / "manifest.json").write_text(json.dumps(m))
-    s = specs.decode_spec(**cfg)
+    s = splitkv_family.decode_splitkv_spec(**cfg)
     e, why = ManifestIndex.discover().lookup("sm_90", s.key())
     assert e is None and "not built for sm_90 by design: too many registers" in why
 
@@ -659,7 +661,7 @@ def test_verify_device_table(rt, tmp_path):
 
     d = write_manifest(tmp_path / "gen", specs=[spec(16), spec(32), spec(64)])
     (d / "uq_test_0.cubin").write_bytes(b"tampered")
-    selftest.PROBLEMS["uq_test"] = lambda kernel, s, dev: (s.constexprs["BLOCK"] != 32, "checked")
+    problems.PROBLEMS["uq_test"] = lambda kernel, s, dev: (s.constexprs["BLOCK"] != 32, "checked")
     # A cached failure must not stop verify from retesting (and re-enabling) a blob.
     launch.try_launch(plan(spec(32)), 0)
     arch, rows = devcheck.verify_device(0)
@@ -669,7 +671,7 @@ def test_verify_device_table(rt, tmp_path):
     assert "sha256" in rows[0].detail
     text = devcheck.format_table(arch, "NVIDIA H200", rows)
     assert "3 blobs for sm_90 on NVIDIA H200: 1 pass, 2 failed or refused" in text
-    selftest.PROBLEMS["uq_test"] = lambda kernel, s, dev: (True, "fixed")
+    problems.PROBLEMS["uq_test"] = lambda kernel, s, dev: (True, "fixed")
     _, rows = devcheck.verify_device(0)
     assert [r.status for r in rows] == ["REFUSED", "pass", "pass"]
     assert launch.try_launch(plan(spec(32)), 0) is True  # re-enabled by the fresh verdict
@@ -681,13 +683,13 @@ def test_cli_verify_device(rt, tmp_path, monkeypatch):
     from ultraquant.cli import main
 
     d = write_manifest(tmp_path / "elsewhere", specs=[spec(16), spec(64)])
-    selftest.PROBLEMS["uq_test"] = lambda kernel, s, dev: (True, "ok")
+    problems.PROBLEMS["uq_test"] = lambda kernel, s, dev: (True, "ok")
     monkeypatch.setattr("torch.cuda.is_available", lambda: True)
     r = CliRunner().invoke(main, ["verify", "--device", "1", str(d)])
     assert r.exit_code == 0, r.output
     assert "2 blobs for sm_90 on cuda:1 NVIDIA H200: 2 pass, 0 failed or refused" in r.output
     assert {dev for dev, _ in rt.loads} == {1}
-    selftest.PROBLEMS["uq_test"] = lambda kernel, s, dev: (s.constexprs["BLOCK"] == 16, "max err 9")
+    problems.PROBLEMS["uq_test"] = lambda kernel, s, dev: (s.constexprs["BLOCK"] == 16, "max err 9")
     r = CliRunner().invoke(main, ["verify", "--device", "cuda:1", str(d)])
     assert r.exit_code == 1 and "FAIL" in r.output and "max err 9" in r.output
     r = CliRunner().invoke(main, ["verify", "--device", "gpu-one", str(d)])
@@ -726,12 +728,13 @@ def test_fast_pack_equals_slow_pack_for_tensors_ints_none_and_subclasses():
 def test_warmup_accepts_a_model_config(rt, tmp_path):
     cfg = {"head_size": 128, "num_q_heads": 32, "num_kv_heads": 8, "block_size": 16, "dtype": "bf16",
            "has_sinks": True}
-    need = launch.model_specializations(cfg, 0)
-    assert [s.kernel for s in need] == ["uq_store_kv", "uq_store_kv", "uq_dequant_kv", "uq_decode", "uq_prefill"]
-    assert need[3].key() == specs.decode_spec(head_size=128, gqa=4, block_size=16, has_sinks=True,
-                                              target=specs.target_of(torch.device("cuda", 0))).key()
+    need = policy.model_specializations(cfg, 0)
+    assert [s.kernel for s in need] == ["uq_store_kv", "uq_store_kv", "uq_dequant_kv", "uq_decode_splitkv",
+                                        "uq_prefill"]
+    assert need[3].key() == splitkv_family.decode_splitkv_spec(head_size=128, gqa=4, block_size=16, has_sinks=True,
+                                              target=specialization.target_of(torch.device("cuda", 0))).key()
     write_manifest(tmp_path / "gen")  # none of these are built: every entry is a reason
-    report = launch.warmup([cfg], 0)
+    report = policy.warmup([cfg], 0)
     assert set(report) == {s.key() for s in need} and all(v != "aot" for v in report.values())
 
 
@@ -749,7 +752,7 @@ def test_policy_consults_the_runtime_first(monkeypatch):
         uq.store_kv(key, key, cache, torch.arange(3))
 
 
-def _decode_like(kernel="uq_decode"):
+def _decode_like(kernel="uq_decode_splitkv"):
     return Specialization(kernel=kernel, signature=dict(SIG), constexprs={"BLOCK": 64, "D": 128})
 
 
@@ -760,17 +763,17 @@ def test_flydsl_alternate_is_preferred_and_a_failing_one_falls_back(rt, tmp_path
     d = write_manifest(tmp_path / "gen", arch="gfx942",
                        specs=[_decode_like(), _decode_like("uq_decode_flydsl")])
     m = json.loads((d / "manifest.json").read_text())
-    m["blobs"][1].update(threads=64, alternate_of="uq_decode", priority=1)
+    m["blobs"][1].update(threads=64, alternate_of="uq_decode_splitkv", priority=1)
     (d / "manifest.json").write_text(json.dumps(m))
     tested = []
     # a stand-in takes its original's problem: here it fails for the FlyDSL blob on device 1 only
-    monkeypatch.setitem(selftest.PROBLEMS, "uq_decode", lambda kernel, s, dev: (
-        tested.append((kernel.entry.kernel, dev)) or dev == 0 or kernel.entry.kernel == "uq_decode", "check"))
+    monkeypatch.setitem(problems.PROBLEMS, "uq_decode_splitkv", lambda kernel, s, dev: (
+        tested.append((kernel.entry.kernel, dev)) or dev == 0 or kernel.entry.kernel == "uq_decode_splitkv", "check"))
     assert launch.try_launch(plan(_decode_like()), 0) is True
     assert rt.launches[-1]["block"] == 64  # the FlyDSL blob, with its own block size
     assert launch.try_launch(plan(_decode_like()), 1) is True
     assert rt.launches[-1]["block"] == 128  # its self-test failed on device 1: the Triton blob
-    assert tested == [("uq_decode_flydsl", 0), ("uq_decode_flydsl", 1), ("uq_decode", 1)]
+    assert tested == [("uq_decode_flydsl", 0), ("uq_decode_flydsl", 1), ("uq_decode_splitkv", 1)]
 
 
 # --- alignment facts in the key (issue 14, gate 0) -----------------------------------------------------
@@ -782,16 +785,17 @@ def _aligned(s: Specialization, names=("stride",)) -> Specialization:
 @pytest.fixture
 def alignable(monkeypatch):
     """Make uq_test's ``stride`` one of the row strides plans prove divisible by 16."""
-    monkeypatch.setitem(specs.ALIGNABLE, "uq_test", ("stride",))
-    monkeypatch.setattr(specs, "_POSITIONS", {})
+    monkeypatch.setattr(specialization, "_POSITIONS", {})
+    monkeypatch.setattr(launch, "alignable", lambda k: ("stride",) if k == "uq_test" else catalog.alignable(k))
+    return ("stride",)
 
 
 def test_fit_divisible_keeps_only_the_strides_the_values_prove(alignable):
-    fit_divisible = specs.fit_divisible
-    assert fit_divisible(spec(), args()).divisible == ("stride",)
+    fit_divisible = specialization.fit_divisible
+    assert fit_divisible(spec(), args(), alignable).divisible == ("stride",)
     odd = (*args()[:3], (1 << 40) + 8, *args()[4:])
-    assert fit_divisible(spec(), odd).divisible == ()
-    assert fit_divisible(spec(), args()).key() == spec().key() + "|div16=stride"
+    assert fit_divisible(spec(), odd, alignable).divisible == ()
+    assert fit_divisible(spec(), args(), alignable).key() == spec().key() + "|div16=stride"
 
 
 def test_decode_plan_key_carries_the_query_and_output_strides():
@@ -804,8 +808,8 @@ def test_decode_plan_key_carries_the_query_and_output_strides():
     lens = torch.full((b,), 20, dtype=torch.int32)
     q = torch.zeros(b, hq, d, dtype=torch.bfloat16)
     p = plans.plan_decode(q, cache, table, lens, 0.1, None, None, None, torch.empty_like(q))
-    assert p.spec.divisible == specs.ALIGNABLE["uq_decode"]
-    assert p.spec.key() == specs.decode_spec(head_size=d, gqa=hq // hk, block_size=bs, align=8).key()
+    assert p.spec.divisible == catalog.alignable("uq_decode_splitkv")
+    assert p.spec.key() == splitkv_family.decode_splitkv_spec(head_size=d, gqa=hq // hk, block_size=bs, align=8).key()
     padded = torch.zeros(b, hq, d + 8, dtype=torch.bfloat16)[..., :d]  # rows of 136 elements: 8 mod 16
     p2 = plans.plan_decode(padded, cache, table, lens, 0.1, None, None, None, torch.empty_like(q))
     assert p2.spec.divisible == ("stride_qb", "stride_ob", "stride_oh")
@@ -823,7 +827,9 @@ def _divisible_manifest(root, s: Specialization):
 
 
 def test_odd_strides_miss_the_aligned_blob_with_a_reason(rt, tmp_path, alignable, monkeypatch):
-    fit_divisible = specs.fit_divisible
+    def fit_divisible(s, a):
+        return specialization.fit_divisible(s, a, alignable)
+
     _divisible_manifest(tmp_path / "gen", _aligned(spec()))
     assert launch.try_launch(plan(s=fit_divisible(spec(), args())), 0) is True
     odd = (*args()[:3], (1 << 40) + 8, *args()[4:])

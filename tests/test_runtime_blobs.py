@@ -16,7 +16,7 @@ import pytest
 
 from ultraquant import config
 from ultraquant.codegen.elf import read_code_object
-from ultraquant.kernels import specs
+from ultraquant.kernels import catalog
 from ultraquant.runtime.manifest import ManifestIndex, find_manifests
 from ultraquant.runtime.packing import SCALAR_TYPES, ArgPacker
 
@@ -61,7 +61,7 @@ def _entries(index: ManifestIndex):
 def test_keys_match_what_the_plans_produce(index):
     for m in index._manifests:
         for raw in m.blobs:
-            spec = specs.SPECIALIZERS[raw["op"]](**raw["config"])
+            spec = catalog.specializer(raw["op"])(**raw["config"])
             e = index.entries[m.arch][spec.key()]
             assert e.signature == dict(spec.signature), e.key
             assert e.symbol and e.threads == e.num_warps * (64 if m.arch.startswith("gfx") else 32)

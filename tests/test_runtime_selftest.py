@@ -12,11 +12,12 @@ import pytest
 
 os.environ.setdefault("TRITON_INTERPRET", "1")
 
-from ultraquant.kernels import (
-    specs,
-)
-from ultraquant.kernels.plans import LaunchPlan
-from ultraquant.kernels.specs import Specialization  # noqa: E402
+from ultraquant.kernels.families import decode_splitkv as splitkv_family  # noqa: E402
+from ultraquant.kernels.families import dequant as dequant_family  # noqa: E402
+from ultraquant.kernels.families import prefill as prefill_family  # noqa: E402
+from ultraquant.kernels.families import store as store_family  # noqa: E402
+from ultraquant.kernels.plans import LaunchPlan  # noqa: E402
+from ultraquant.kernels.specialization import Specialization  # noqa: E402
 from ultraquant.runtime import problems  # noqa: E402
 
 CPU = "cpu"
@@ -55,7 +56,7 @@ class InterpretedBlob:
 
 @pytest.mark.parametrize("encoder", ["rne", "upstream"])
 def test_store_problem_passes_for_the_right_kernel(encoder):
-    spec = specs.store_spec(head_size=64, key_dtype="bf16", slot_dtype="i64", encoder=encoder)
+    spec = store_family.store_spec(head_size=64, key_dtype="bf16", slot_dtype="i64", encoder=encoder)
     blob = InterpretedBlob(spec)
     ok, detail = problems.store_problem(blob, spec, CPU)
     assert ok, detail
@@ -63,37 +64,37 @@ def test_store_problem_passes_for_the_right_kernel(encoder):
 
 
 def test_store_problem_catches_a_wrong_encoder():
-    label = specs.store_spec(head_size=64, key_dtype="bf16", slot_dtype="i64", encoder="upstream")
-    actual = specs.store_spec(head_size=64, key_dtype="bf16", slot_dtype="i64", encoder="rne")
+    label = store_family.store_spec(head_size=64, key_dtype="bf16", slot_dtype="i64", encoder="upstream")
+    actual = store_family.store_spec(head_size=64, key_dtype="bf16", slot_dtype="i64", encoder="rne")
     ok, detail = problems.store_problem(InterpretedBlob(label, actual), label, CPU)
     assert not ok and "V/untouched bytes differing: 0;" not in detail
 
 
 def test_decode_problem_passes_and_catches_a_missing_feature():
-    spec = specs.decode_spec(head_size=64, gqa=2, block_size=16, query_dtype="bf16", has_softcap=True)
+    spec = splitkv_family.decode_splitkv_spec(head_size=64, gqa=2, block_size=16, query_dtype="bf16", has_softcap=True)
     ok, detail = problems.decode_problem(InterpretedBlob(spec), spec, CPU)
     assert ok, detail
-    plain = specs.decode_spec(head_size=64, gqa=2, block_size=16, query_dtype="bf16")
+    plain = splitkv_family.decode_splitkv_spec(head_size=64, gqa=2, block_size=16, query_dtype="bf16")
     ok, detail = problems.decode_problem(InterpretedBlob(spec, plain), spec, CPU)
     assert not ok, detail
 
 
 def test_prefill_problem_passes():
-    spec = specs.prefill_spec(head_size=64, gqa=2, block_size=16, query_dtype="bf16", has_sinks=True)
+    spec = prefill_family.prefill_spec(head_size=64, gqa=2, block_size=16, query_dtype="bf16", has_sinks=True)
     ok, detail = problems.prefill_problem(InterpretedBlob(spec), spec, CPU)
     assert ok, detail
 
 
 @pytest.mark.parametrize("original", [True, False])
 def test_dequant_problem_passes(original):
-    spec = specs.dequant_spec(head_size=64, block_size=16, out_dtype="fp32", original_space=original)
+    spec = dequant_family.dequant_spec(head_size=64, block_size=16, out_dtype="fp32", original_space=original)
     ok, detail = problems.dequant_problem(InterpretedBlob(spec), spec, CPU)
     assert ok, detail
 
 
 def test_problem_refuses_a_blob_of_another_config():
-    spec = specs.store_spec(head_size=64, key_dtype="bf16", slot_dtype="i64")
-    other = specs.store_spec(head_size=128, key_dtype="bf16", slot_dtype="i64")
+    spec = store_family.store_spec(head_size=64, key_dtype="bf16", slot_dtype="i64")
+    other = store_family.store_spec(head_size=128, key_dtype="bf16", slot_dtype="i64")
     blob = InterpretedBlob(other)
     ok, detail = problems.store_problem(blob, spec, CPU)
     assert not ok and "not this blob's" in detail and blob.launches == 0

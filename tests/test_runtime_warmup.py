@@ -12,10 +12,9 @@ import pytest
 import torch
 
 import ultraquant as uq
-from ultraquant import ops
+from ultraquant import ops, policy
 from ultraquant.errors import UltraQuantError
 from ultraquant.kernels import heuristics, plans, registry
-from ultraquant.runtime import launch
 
 MODELS = [
     {"head_size": 128, "num_q_heads": 32, "num_kv_heads": 8, "block_size": 16, "dtype": "bf16"},
@@ -58,7 +57,7 @@ def planned_by_calls(model: dict, monkeypatch: pytest.MonkeyPatch) -> set[str]:
 def test_warmup_plans_what_the_calls_plan(model, monkeypatch):
     calls = planned_by_calls(model, monkeypatch)
     assert len(calls) == 5  # two store layouts, decode, prefill, dequant
-    assert {s.key() for s in launch.model_specializations(model, torch.device("cpu"))} == calls
+    assert {s.key() for s in policy.model_specializations(model, torch.device("cpu"))} == calls
 
 
 @pytest.mark.parametrize("model", MODELS, ids=["bf16-D128", "fp16-D64-all-features"])
@@ -66,9 +65,9 @@ def test_warmup_plans_the_target_the_device_implies(model, monkeypatch):
     """On an NVIDIA device the calls plan the inline-PTX (FP4_PTX) decode and prefill; warmup for a
     CUDA device index must too (it planned the portable variants before)."""
     monkeypatch.setattr(torch.version, "hip", None)
-    want = launch.model_specializations(model, 0)
+    want = policy.model_specializations(model, 0)
     ptx = {s.kernel: s.constexprs["FP4_PTX"] for s in want if "FP4_PTX" in s.constexprs}
-    assert ptx == {"uq_decode": True, "uq_prefill": True}
+    assert ptx == {"uq_decode_splitkv": True, "uq_prefill": True}
     # The calls derive the target from their tensors' device through the same function: make CPU tensors
     # look like an NVIDIA GPU's and the calls plan exactly warmup's set for cuda:0.
     monkeypatch.setattr(plans, "target_of", lambda device: "cuda")
@@ -78,12 +77,12 @@ def test_warmup_plans_the_target_the_device_implies(model, monkeypatch):
 def test_model_config_mistakes_are_clear_errors():
     base = dict(MODELS[0])
     with pytest.raises(UltraQuantError, match="unknown model keys.*head_dim"):
-        launch.model_specializations({**base, "head_dim": 128}, torch.device("cpu"))
+        policy.model_specializations({**base, "head_dim": 128}, torch.device("cpu"))
     with pytest.raises(UltraQuantError, match="bfloat16x"):
-        launch.model_specializations({**base, "dtype": "bfloat16x"}, torch.device("cpu"))
+        policy.model_specializations({**base, "dtype": "bfloat16x"}, torch.device("cpu"))
     with pytest.raises(UltraQuantError, match="decode_attention needs more"):
-        launch.model_specializations({"head_size": 128, "ops": ["decode_attention"]}, torch.device("cpu"))
+        policy.model_specializations({"head_size": 128, "ops": ["decode_attention"]}, torch.device("cpu"))
     with pytest.raises(UltraQuantError, match="unknown op"):
-        launch.model_specializations({"head_size": 128, "ops": ["attn"]}, torch.device("cpu"))
-    assert launch.model_specializations({**base, "dtype": torch.bfloat16}, torch.device("cpu")) == \
-        launch.model_specializations(base, torch.device("cpu"))
+        policy.model_specializations({"head_size": 128, "ops": ["attn"]}, torch.device("cpu"))
+    assert policy.model_specializations({**base, "dtype": torch.bfloat16}, torch.device("cpu")) == \
+        policy.model_specializations(base, torch.device("cpu"))

@@ -40,19 +40,19 @@ def _value(text: str) -> object:
 
 
 def compile_cubin(op: str, config: dict) -> tuple[bytes, object, object]:
-    """(cubin, metadata, spec) of ``SPECIALIZERS[op](**config)`` for sm_90."""
+    """(cubin, metadata, spec) of ``catalog.specializer(op)(**config)`` for sm_90."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
     from ultraquant.codegen.triton_backend import compile_attrs
+    from ultraquant.kernels.catalog import specializer
     from ultraquant.kernels.registry import KERNELS
-    from ultraquant.kernels.specs import SPECIALIZERS
 
     divisible = config.pop("divisible", None)
-    if "target" in inspect.signature(SPECIALIZERS[op]).parameters:
+    if "target" in inspect.signature(specializer(op)).parameters:
         config.setdefault("target", "cuda")  # what codegen passes for sm_* (MatrixRow.targeted)
-    spec = SPECIALIZERS[op](**config)
+    spec = specializer(op)(**config)
     if divisible is not None:
         spec = dataclasses.replace(spec, divisible=tuple(n for n in str(divisible).split(",") if n))
     fn = KERNELS[spec.kernel]

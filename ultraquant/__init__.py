@@ -12,7 +12,7 @@ from . import reference
 from .errors import UltraQuantError
 from .format import hadamard, slot_size
 from .ops import KernelError, check_errors, decode_attention, dequant_kv, prefill_attention, store_kv
-from .runtime import warmup
+from .policy import warmup
 
 __version__ = "0.1.0"
 

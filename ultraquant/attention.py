@@ -43,29 +43,15 @@ from .kernels import heuristics
 from .validate import check_attention_options, check_encoder, check_heads, check_scale, check_tensor
 
 __all__ = [
-    "DEFAULT_CONTINUATION_THRESHOLD",
     "AttentionMetadata",
     "UltraQuantAttention",
     "continuation_threshold",
 ]
 
-DEFAULT_CONTINUATION_THRESHOLD = 128
-"""Fallback chunk length at or below which a continuation chunk counts as *small* (upstream vLLM's
-value). The ops module's own ``CONTINUATION_THRESHOLD`` (measured on the H200 by the kernels issue)
-takes precedence when it exists; see :func:`continuation_threshold`."""
-
-
 def continuation_threshold() -> int:
-    """The small/large continuation-chunk boundary: the kernels' measured constant if exposed.
-
-    Looked up at call time in ``ultraquant.ops`` (patchable) then ``ultraquant.kernels.heuristics``;
-    falls back to :data:`DEFAULT_CONTINUATION_THRESHOLD` when neither holds a positive int.
-    """
-    for module in (ops, heuristics):
-        value = getattr(module, "CONTINUATION_THRESHOLD", None)
-        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
-            return value
-    return DEFAULT_CONTINUATION_THRESHOLD
+    """The small/large continuation-chunk boundary: :data:`ultraquant.kernels.heuristics.CONTINUATION_THRESHOLD`
+    (its one home, measured on the H200), read at call time."""
+    return heuristics.CONTINUATION_THRESHOLD
 
 
 @dataclass

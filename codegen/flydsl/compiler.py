@@ -17,6 +17,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from ultraquant import config
+
 KERNEL_KINDS = ("decode",)
 
 
@@ -30,7 +32,7 @@ def find_lld() -> str:
 def rocm_root(build_dir: str | os.PathLike | None = None) -> str:
     """A folder laid out like a ROCm install as far as FlyDSL looks (``llvm/bin/ld.lld``)."""
     default = Path(tempfile.gettempdir()) / f"ultraquant-flydsl-rocm-{os.getuid()}"
-    root = Path(build_dir or os.environ.get("ULTRAQUANT_FLYDSL_ROCM") or default).resolve()
+    root = Path(build_dir or config.tool_path("ULTRAQUANT_FLYDSL_ROCM") or default).resolve()
     link = root / "llvm" / "bin" / "ld.lld"
     target = find_lld()
     if not (link.is_symlink() and os.readlink(link) == target):

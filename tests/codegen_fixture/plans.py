@@ -1,9 +1,9 @@
-"""Fixture specializers (the shape of ultraquant.kernels.plans, without importing Triton)."""
+"""Fixture specializers (the shape of ultraquant.kernels.catalog, without importing Triton)."""
 
 from __future__ import annotations
 
 from ultraquant.codegen.matrix import OpRow
-from ultraquant.kernels.specs import Specialization
+from ultraquant.kernels.specialization import Specialization
 
 AXPY_SIG = {"x_ptr": "*fp32", "y_ptr": "*bf16", "out_ptr": "*fp32", "a": "fp32", "n": "i32",
             "stride": "i64"}
@@ -35,6 +35,11 @@ def dup(*, head_size: int, block_size: int) -> Specialization:
 
 
 SPECIALIZERS = {"axpy": axpy, "broken": broken, "noisy": noisy, "abort": abort, "dup": dup}
+
+
+def specializer(op: str):
+    """The contract of ``ultraquant.kernels.catalog.specializer``: op -> spec function (KeyError if none)."""
+    return SPECIALIZERS[op]
 
 ROWS = (OpRow("axpy", ("head_size", "block_size"), grid="(cdiv(n, BLOCK), 1, 1)"),)
 BAD_ROWS = {name: (OpRow(name, ("head_size",)),) for name in ("broken", "noisy", "abort")}

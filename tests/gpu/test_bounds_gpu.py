@@ -3,7 +3,7 @@
 and dequant with value checks off. Guard bytes around the cache and the outputs unchanged, cache
 bytes unchanged but the valid slots a store wrote, outputs equal to attention over the surviving
 tokens, error bits set (tests/bounds_cases.py). The same cases run under compute-sanitizer memcheck
-with ``python3 tools/h200_sanitize.py --memcheck``."""
+with ``python3 tests/gpu/sanitize.py --memcheck``."""
 
 from __future__ import annotations
 

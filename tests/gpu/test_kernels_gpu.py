@@ -1,4 +1,4 @@
-"""The Triton kernels on a GPU against ultraquant.reference (run on the H200 via tools/h200_kernels.sh).
+"""The Triton kernels on a GPU against ultraquant.reference (run on the H200 via tests/gpu/check.sh).
 
 * store: bytes equal to the reference's (V exactly; K within the documented near-tie bound: at most
   a few codes per million, each one step apart) for D 64..512, all encoders, bf16/fp16;
@@ -56,7 +56,7 @@ def fp4_path(request, monkeypatch) -> str:
 
 def _assert_path(fp4_path: str, plan) -> None:
     native_ptx = fp4_path == "native" and torch.version.hip is None
-    if plan.spec.kernel == "uq_decode_v8":  # the plan's rule on NVIDIA (inline-PTX FP4 too)
+    if plan.spec.kernel == "uq_decode_wholepage":  # the plan's rule on NVIDIA (inline-PTX FP4 too)
         assert native_ptx, plan.spec.key()
         return
     assert plan.spec.constexprs["FP4_PTX"] is native_ptx, plan.spec.constexprs

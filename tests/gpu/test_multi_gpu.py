@@ -15,7 +15,9 @@ import torch
 import ultraquant as uq
 from ultraquant import reference as R
 from ultraquant.errors import UltraQuantError
-from ultraquant.kernels import specs, workspace
+from ultraquant.kernels import workspace
+from ultraquant.kernels.families import decode_splitkv as splitkv_family
+from ultraquant.kernels.families import store as store_family
 from ultraquant.runtime import driver, launch, loader, selftest
 
 pytestmark = [
@@ -26,8 +28,8 @@ pytestmark = [
 ]
 
 HQ, HK, D, BS = 32, 8, 128, 16
-DECODE = specs.decode_spec(head_size=D, gqa=HQ // HK, block_size=BS, target="cuda")
-STORE = specs.store_spec(head_size=D, key_dtype="bf16", slot_dtype="i64", few_rows=False, target="cuda")
+DECODE = splitkv_family.decode_splitkv_spec(head_size=D, gqa=HQ // HK, block_size=BS, target="cuda")
+STORE = store_family.store_spec(head_size=D, key_dtype="bf16", slot_dtype="i64", few_rows=False, target="cuda")
 """What the concurrency test's calls plan on an H200 (its store: 3946 tokens x 8 heads = 31568 rows,
 above ``STORE_FEW_ROWS_PER_SM`` x 132 SMs)."""
 
@@ -179,7 +181,7 @@ def test_graph_capture_on_device1_after_warmup_on_device1():
         R.store_kv(t["k"], t["v"], cache, t["slots"])
         out = torch.full_like(t["q"], float("nan"))
         workspace.decode_workspace(out.device, 1 << 22, 1 << 16, 1 << 10)
-        workspace._dummy_f32(out.device)
+        workspace.dummy_f32(out.device)
         assert launch.warmup([DECODE]) == {DECODE.key(): "aot"}
         sha = launch.index().entries[launch.info(1).arch][DECODE.key()].sha256
         assert (1, sha) in loader.loaded_modules() and (0, sha) not in loader.loaded_modules()
@@ -200,7 +202,7 @@ def test_graph_capture_on_device1_after_warmup_on_device1():
         cache0 = torch.zeros_like(cache, device="cuda")
         out0 = torch.full_like(t0["q"], float("nan"))
         workspace.decode_workspace(out0.device, 1 << 22, 1 << 16, 1 << 10)
-        workspace._dummy_f32(out0.device)
+        workspace.dummy_f32(out0.device)
         graph0 = torch.cuda.CUDAGraph()
         with pytest.raises(UltraQuantError, match="not loaded on cuda:0"):
             with torch.cuda.graph(graph0, stream=torch.cuda.Stream()):

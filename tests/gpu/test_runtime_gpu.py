@@ -28,7 +28,10 @@ import torch
 import ultraquant as uq
 from ultraquant import reference as R
 from ultraquant.errors import UltraQuantError
-from ultraquant.kernels import heuristics, specs, workspace
+from ultraquant.kernels import heuristics, specialization, workspace
+from ultraquant.kernels.families import decode_splitkv as splitkv_family
+from ultraquant.kernels.families import dequant as dequant_family
+from ultraquant.kernels.families import store as store_family
 from ultraquant.runtime import launch, loader, selftest
 
 pytestmark = [
@@ -61,16 +64,17 @@ def fresh_runtime(tmp_path, monkeypatch):
     launch.reset()
 
 
-def decode_spec() -> specs.Specialization:
+def decode_spec() -> specialization.Specialization:
     """The decode variant this module's calls plan on an NVIDIA GPU."""
-    return specs.decode_spec(head_size=D, gqa=HQ // HK, block_size=BS, target=specs.target_of(torch.device("cuda")))
+    return splitkv_family.decode_splitkv_spec(head_size=D, gqa=HQ // HK, block_size=BS,
+                                              target=specialization.target_of(torch.device("cuda")))
 
 
 def store_key(encoder: str, rows: int) -> str:
     """Key of the store variant a call with ``rows`` (token, kv head) rows plans."""
     few = rows < heuristics.STORE_FEW_ROWS_PER_SM * heuristics.num_sms(torch.device("cuda"))
-    return specs.store_spec(head_size=D, key_dtype="bf16", slot_dtype="i64", encoder=encoder, few_rows=few,
-                            target=specs.target_of(torch.device("cuda"))).key()
+    return store_family.store_spec(head_size=D, key_dtype="bf16", slot_dtype="i64", encoder=encoder, few_rows=few,
+                            target=specialization.target_of(torch.device("cuda"))).key()
 
 
 @pytest.fixture(scope="module")
@@ -187,7 +191,7 @@ def test_prefill_equals_jit(arch, monkeypatch, feature):
 
 @pytest.mark.parametrize("original_space", [True, False])
 def test_dequant_equals_jit(arch, monkeypatch, original_space):
-    key = specs.dequant_spec(head_size=D, block_size=BS, original_space=original_space).key()
+    key = dequant_family.dequant_spec(head_size=D, block_size=BS, original_space=original_space).key()
     if key not in launch.index().entries[arch]:
         pytest.skip(f"{key} is not built")
     out_dtype = getattr(torch, {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}[
@@ -219,7 +223,7 @@ def test_graph_capture_after_warmup_and_replay_new_lengths(arch, monkeypatch):
     # Without warmup the first use happens inside the capture: a clear error, not a broken graph.
     graph = torch.cuda.CUDAGraph()
     workspace.decode_workspace(query.device, 1 << 22, 1 << 16, 1 << 10)  # allocate before any capture
-    workspace._dummy_f32(query.device)
+    workspace.dummy_f32(query.device)
     with pytest.raises(UltraQuantError, match="warmup"):
         with torch.cuda.graph(graph, stream=stream):
             uq.decode_attention(query, cache, table, seq_lens, D ** -0.5, out=out)

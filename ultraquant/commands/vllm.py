@@ -24,13 +24,14 @@ from ultraquant.vllm import (
     CPU_PLATFORM_ENV,
     KV_CACHE_DTYPE,
     SUPPORTED_BLOCK_SIZES,
-    SUPPORTED_HEAD_SIZES,
     SUPPORTED_VLLM,
     VLLM_ENGINE_VERSION,
     VLLM_VERSION,
     kv_cache_shape,
     vllm_version_supported,
 )
+
+from ..format import SUPPORTED_HEAD_SIZES
 
 ENTRY_POINT = "ultraquant.vllm:register"
 PLATFORM_ENTRY_POINT = "ultraquant.vllm:cpu_platform_plugin"

@@ -22,7 +22,7 @@ MIN_SPLIT_TOKENS = 256
 
 DECODE_BLOCKS_PER_SM = {128: 8, 512: 2}
 """Programs per multiprocessor the decode split count aims for, by head size bound (D <= key); from
-the H200 split sweeps of decode v7 (benchmarks/NOTES.md)."""
+the H200 split sweeps of decode split-KV (benchmarks/NOTES.md)."""
 
 PREFILL_BLOCKS_PER_SM = 4
 """Programs per multiprocessor the prefill split count aims for (its programs hold more rows)."""

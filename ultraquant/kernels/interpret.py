@@ -13,7 +13,7 @@ import os
 import sys
 from types import ModuleType
 
-_KERNEL_MODULES = ("triton.common", "triton.store", "triton.dequant", "triton.attention", "registry")
+from .catalog import source_modules
 
 
 def interpreted_registry() -> ModuleType:
@@ -24,7 +24,7 @@ def interpreted_registry() -> ModuleType:
     registry = sys.modules.get("ultraquant.kernels.registry")
     if registry is not None and all(isinstance(f, InterpretedFunction) for f in registry.KERNELS.values()):
         return registry
-    for name in _KERNEL_MODULES:
+    for name in ("triton.common", *source_modules(), "registry"):
         full = f"ultraquant.kernels.{name}"
         if full in sys.modules:
             importlib.reload(sys.modules[full])

@@ -1,7 +1,8 @@
 """Kernel name -> Triton JITFunction, and the Triton JIT launcher of a LaunchPlan (imports triton).
 
-Codegen compiles ``KERNELS[spec.kernel]`` with ``spec.signature``/``spec.constexprs``; the JIT path
-runs :func:`jit_launch`. Under ``TRITON_INTERPRET=1`` (set before this module is first imported) the same
+``KERNELS`` is derived from the one family table (:data:`.catalog.FAMILIES`); codegen compiles
+``KERNELS[spec.kernel]`` with ``spec.signature``/``spec.constexprs``; the JIT path runs
+:func:`jit_launch`. Under ``TRITON_INTERPRET=1`` (set before this module is first imported) the same
 kernels run on CPU tensors through Triton's interpreter, which is how CI tests them.
 """
 
@@ -11,20 +12,19 @@ from typing import Any
 
 from triton import knobs
 
-from .gluon.decode_v8 import uq_decode_v8
-from .plans import LaunchPlan
-from .triton.attention import uq_decode, uq_prefill
-from .triton.dequant import uq_dequant_kv
-from .triton.store import uq_store_kv
+from ..errors import UltraQuantError
+from .catalog import FAMILIES, source_function
+from .specialization import LaunchPlan
 
-KERNELS: dict[str, Any] = {
-    "uq_store_kv": uq_store_kv,
-    "uq_dequant_kv": uq_dequant_kv,
-    "uq_decode": uq_decode,
-    "uq_decode_v8": uq_decode_v8,
-    "uq_prefill": uq_prefill,
-}
-"""Every kernel a Specialization may name."""
+KERNELS: dict[str, Any] = {f.kernel: source_function(f.kernel) for f in FAMILIES if f.source}
+"""Every Triton/Gluon kernel a Specialization may name."""
+
+
+def get_kernel(name: str) -> Any:
+    """The Triton/Gluon function of kernel ``name`` (codegen's lookup)."""
+    if name not in KERNELS:
+        raise UltraQuantError(f"kernel {name!r} has no Triton source (kernels: {', '.join(KERNELS)})")
+    return KERNELS[name]
 
 
 def _interpreter_fixes() -> None:
@@ -82,7 +82,8 @@ if knobs.runtime.interpret:
 
 
 def jit_launch(plan: LaunchPlan) -> None:
-    """Run ``plan`` through Triton's JIT (Gluon's for v8; compiles on first use per specialization, then caches)."""
+    """Run ``plan`` through Triton's JIT (Gluon's for the whole-page decode; compiles on first use per
+    specialization, then caches)."""
     fn = KERNELS[plan.spec.kernel]
     extra = {} if plan.spec.maxnreg is None else {"maxnreg": plan.spec.maxnreg}
     fn[plan.grid](*plan.args, **plan.spec.constexprs, num_warps=plan.spec.num_warps,

@@ -43,7 +43,7 @@ def decode_workspace(device: torch.device, part_elems: int, ml_elems: int,
         return ws
 
 
-def _dummy_f32(device: torch.device) -> torch.Tensor:
+def dummy_f32(device: torch.device) -> torch.Tensor:
     """A 1-element fp32 tensor standing in for an absent optional pointer (never read)."""
     key = str(device)
     if key not in _dummies:
@@ -51,7 +51,7 @@ def _dummy_f32(device: torch.device) -> torch.Tensor:
     return _dummies[key]
 
 
-def _dummy_i32(device: torch.device) -> torch.Tensor:
+def dummy_i32(device: torch.device) -> torch.Tensor:
     """A 1-element int32 tensor standing in for an unused ticket buffer (never touched)."""
     key = f"i32:{device}"
     if key not in _dummies:

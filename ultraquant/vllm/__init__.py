@@ -23,6 +23,7 @@ from __future__ import annotations
 import logging
 
 from .. import config
+from ..format import SUPPORTED_HEAD_SIZES
 from .spec import (
     BACKEND_CLASS,
     BACKEND_NAME,
@@ -31,7 +32,6 @@ from .spec import (
     CPU_PLATFORM_PLUGIN,
     KV_CACHE_DTYPE,
     SUPPORTED_BLOCK_SIZES,
-    SUPPORTED_HEAD_SIZES,
     SUPPORTED_VLLM,
     VLLM_ENGINE_VERSION,
     VLLM_VERSION,

@@ -32,12 +32,11 @@ from vllm.v1.attention.backend import AttentionMetadata as VllmAttentionMetadata
 from vllm.v1.kv_cache_layout import KVCacheLayout
 
 from ..attention import AttentionMetadata, UltraQuantAttention
-from ..format import slot_size
+from ..format import SUPPORTED_HEAD_SIZES, slot_size
 from .spec import (
     BACKEND_NAME,
     KV_CACHE_DTYPE,
     SUPPORTED_BLOCK_SIZES,
-    SUPPORTED_HEAD_SIZES,
     kv_cache_shape,
     layer_metadata,
     ops_cache_view,

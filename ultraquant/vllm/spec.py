@@ -47,8 +47,6 @@ BACKEND_NAME = "ULTRAQUANT"
 SUPPORTED_BLOCK_SIZES: tuple[int, ...] = (16, 32, 64, 128)
 """Kernel block sizes (tokens per cache block) the ops are built and tested for."""
 
-SUPPORTED_HEAD_SIZES: tuple[int, ...] = (64, 128, 256, 512)
-"""Head sizes D the format and kernels serve (powers of two, multiples of 32)."""
 
 
 def vllm_version_supported(version: str) -> bool:

@@ -205,7 +205,7 @@ PARAMS: tuple[tuple[str, str], ...] = (
     ("stride_qb", "i32"), ("stride_qh", "i32"), ("stride_ob", "i32"), ("stride_oh", "i32"),
     ("stride_cb", "i32"), ("stride_ct", "i32"), ("stride_ch", "i32"), ("stride_btb", "i32"),
 )
-"""The kernel's parameters, in order: exactly ``ultraquant.kernels.specs.DECODE_PARAMS`` (the Triton
+"""The kernel's parameters, in order: exactly ``ultraquant.kernels.families.decode_splitkv.DECODE_PARAMS`` (the Triton
 decode's), so one LaunchPlan launches either blob; no hidden trailing parameters. Bounds as the
 Triton decode's: the length clamped to the block-table row, a block id outside [0, num_blocks) an
 empty tile, and error words set through ``err_ptr`` (``ultraquant.kernels.flags``)."""

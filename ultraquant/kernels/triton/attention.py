@@ -1,6 +1,6 @@
 """Triton attention kernels over the UltraQuant paged cache (imports triton).
 
-* :func:`uq_decode`: one new query token per request. Program (request, kv head, split) serves all
+* :func:`uq_decode_splitkv`: one new query token per request. Program (request, kv head, split) serves all
   query heads of its kv head (each KV byte is read once), rotates the query in registers, streams its
   share of the sequence in TILE-token tiles (FP4 -> fp16 decode with the scales kept outside the
   elements, ``tl.dot`` for QK and PV, online softmax in the log2 domain), then either writes the
@@ -93,7 +93,7 @@ def _nibbles_fp16_ptx(b, PURE: tl.constexpr = True):
     element where the portable integer code needs ~5 (a byte extract, shifts and a lane pack each).
     ``PURE=False`` pins the decode to the layout the bytes were loaded in: for V (whose MMA operand
     pairs tokens, not bytes) Triton then moves decoded fp16 through shared memory instead of gathering
-    single bytes. On the H200 that is faster at D=256 and slower at D=128 (benchmarks/NOTES.md, "v7b"),
+    single bytes. On the H200 that is faster at D=256 and slower at D=128 (benchmarks/NOTES.md, split-KV decode sweeps),
     although it issues fewer instructions at both; the plans choose per head
     size (constexpr ``V_IN_LOAD_LAYOUT``).
     """
@@ -308,7 +308,7 @@ def _paged_acc(acc_e, acc_o, vtop_run, R: tl.constexpr, D: tl.constexpr):
 
 
 @triton.jit
-def uq_decode(q_ptr, cache_ptr, bt_ptr, seqlen_ptr, sinks_ptr, out_ptr, part_ptr, ml_ptr, counter_ptr, err_ptr,
+def uq_decode_splitkv(q_ptr, cache_ptr, bt_ptr, seqlen_ptr, sinks_ptr, out_ptr, part_ptr, ml_ptr, counter_ptr, err_ptr,
               scale, softcap, window, num_splits, num_blocks, bt_cols,
               stride_qb, stride_qh, stride_ob, stride_oh,
               stride_cb, stride_ct, stride_ch, stride_btb,

@@ -36,12 +36,12 @@ def uq_store_kv(key_ptr, value_ptr, cache_ptr, slot_ptr, err_ptr,
     per group of 32 (UE8M0 scale + FP4 E2M1 codes, nibble-packed). ``ALIGN``: bytes every slot
     address is a multiple of (the plan's gcd of 16, the cache's base and strides): the slot words are
     stored as vectors that wide. ``WHOLE_ROWS``: the launch gives each thread whole rows (BLOCK_R =
-    32 x num_warps), so reshuffling a row's words costs nothing. ``LANES``: 0 as just said; -1 the
-    same with V loaded together with K; L > 0: rows spread over L lanes (see ``_quantize_rows``).
+    32 x num_warps), so reshuffling a row's words costs nothing. ``LANES``: 0 as just said; L > 0:
+    rows spread over L lanes (see ``_quantize_rows``).
     """
     # LANES stores a word per lane: no declared slot alignment there (see _quantize_rows).
     tok, head, dst, valid = slot_rows(tl.program_id(0), slot_ptr, err_ptr, n_rows, num_kv_heads, block_size,
-                                      num_slots, stride_cb, stride_ct, stride_ch, BLOCK_R, ALIGN if LANES <= 0 else 1)
+                                      num_slots, stride_cb, stride_ct, stride_ch, BLOCK_R, ALIGN if LANES == 0 else 1)
     dst = cache_ptr + dst
     tok64 = tok.to(tl.int64)
     if ((stride_kn | stride_kh | stride_vn | stride_vh) & 7) == 0:
@@ -72,7 +72,7 @@ def _quantize_rows(key_ptr, value_ptr, koff, voff, dst, valid, D: tl.constexpr, 
     words from the K scales on are shifted in registers (:func:`shift_in`) and stored as whole vectors.
     With whole rows per thread, D >= 128 is quantized in halves (fewer live registers: no spills at
     D=128); so is D >= 256 at 8 rows per program (fewer instructions there, while 4 or 16 rows spread
-    over the threads get more: offline SASS counts in benchmarks/NOTES.md, "Store v3").
+    over the threads get more: offline SASS counts in benchmarks/NOTES.md, "Store").
     """
     G: tl.constexpr = D // 32
     HALVES: tl.constexpr = D >= 128 and (WHOLE_ROWS or (D >= 256 and R == 8))
@@ -87,8 +87,6 @@ def _quantize_rows(key_ptr, value_ptr, koff, voff, dst, valid, D: tl.constexpr, 
     voff = voff[:, None, None]
     vmask = valid[:, None, None]
     k = tl.load(key_ptr + koff + cols, mask=vmask, other=0.0)
-    if LANES < 0:
-        vpre = tl.load(value_ptr + voff + cols, mask=vmask, other=0.0)
     if LANES > 0:
         k = fwht_lanes(tl.reshape(k.to(tl.float32), [R, D]), R, D, LOG2D)
     else:
@@ -104,10 +102,7 @@ def _quantize_rows(key_ptr, value_ptr, koff, voff, dst, valid, D: tl.constexpr, 
         tl.store(dst[:, None] + (VOFF + D // 2 + tl.arange(0, G))[None, :], vs.to(tl.uint8), mask=valid[:, None])
         return
     ks = quantize_store_codes(k, dst, valid, R, D, ENCODER, ALIGN, HALVES)
-    if LANES < 0:
-        v = vpre
-    else:
-        v = tl.load(value_ptr + voff + cols, mask=vmask, other=0.0)
+    v = tl.load(value_ptr + voff + cols, mask=vmask, other=0.0)
     v = tl.reshape(v.to(tl.float32), [R, D])
     if VEC >= 8 and VOFF % VEC != 0 and G >= 4 and G <= 8 and WHOLE_ROWS:
         # Whole rows per thread (elsewhere the shuffling costs more than it saves). From byte D/2 on:

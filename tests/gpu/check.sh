@@ -1,8 +1,8 @@
 #!/bin/bash
 # The release check on an H200, in steps with time boxes; device calls split the list, e.g.
-#   STEPS="kernels prefill attention v8 runtime" bash tools/h200_final.sh
-#   STEPS="memcheck bench host startup" bash tools/h200_final.sh
-#   STEPS="v8bench v8san ncu" bash tools/h200_final.sh     (decode v8: gate-1 stream, sanitizers, ncu)
+#   STEPS="kernels prefill attention v8 runtime" bash tests/gpu/check.sh
+#   STEPS="memcheck bench host startup" bash tests/gpu/check.sh
+#   STEPS="v8bench v8san ncu" bash tests/gpu/check.sh     (decode v8: gate-1 stream, sanitizers, ncu)
 # Blobs: $RT_BLOBS (runtime tests: D=128 GQA 4 block 16, all ops) and $BENCH_BLOBS (bench shapes' decode
 # and store), both sm_90 folders built here by `make kernels` and carried. $OUT gets summary.txt + logs.tgz.
 set -uo pipefail
@@ -34,8 +34,8 @@ if step attention; then
   last "$LOG/attention_gpu.log"
 fi
 if step v8; then
-  timeout ${T_V8:-150} "${PYT[@]}" -m gpu tests/gpu/test_decode_v8_gpu.py > "$LOG/decode_v8_gpu.log" 2>&1
-  last "$LOG/decode_v8_gpu.log"
+  timeout ${T_V8:-150} "${PYT[@]}" -m gpu tests/gpu/test_decode_wholepage_gpu.py > "$LOG/decode_wholepage_gpu.log" 2>&1
+  last "$LOG/decode_wholepage_gpu.log"
 fi
 if step runtime; then  # blobs: load + self-test every one, then the runtime GPU suite (warmup + capture)
   ULTRAQUANT_GENERATED=$RT_BLOBS timeout ${T_VERIFY:-40} python3 -m ultraquant.cli verify --device 0 \
@@ -46,7 +46,7 @@ if step runtime; then  # blobs: load + self-test every one, then the runtime GPU
   last "$LOG/runtime_gpu.log" 4
 fi
 if step memcheck; then  # garbage slot/block ids through every kernel under compute-sanitizer
-  timeout ${T_MEMCHECK:-200} python3 tools/h200_sanitize.py --memcheck --out "$LOG" --limit-s 90 \
+  timeout ${T_MEMCHECK:-200} python3 tests/gpu/sanitize.py --memcheck --out "$LOG" --limit-s 90 \
     > "$LOG/memcheck.log" 2>&1
   last "$LOG/memcheck.log" 3
 fi
@@ -66,22 +66,22 @@ if step startup; then
   last "$LOG/startup.log" 12
 fi
 if step v8bench; then  # decode v8 (JIT) and its no-math stream of the same grid/ring (issue 14 gate 1) on A-D
-  timeout ${T_V8BENCH:-120} python3 tools/v8_bench.py --json "$LOG/v8_bench.json" --shapes A,B,C,D --no-v7 \
+  timeout ${T_V8BENCH:-120} python3 benchmarks/lab/wholepage_bench.py --json "$LOG/v8_bench.json" --shapes A,B,C,D --no-v7 \
     --rings "${V8_RINGS:-8:0x2}" > "$LOG/v8_bench.log" 2>&1
   sed -n '/^shape name/,$p' "$LOG/v8_bench.log" | tee -a "$LOG/summary.txt"
 fi
-if step v8san; then  # decode v8 under compute-sanitizer memcheck and racecheck (tools/v8_sanitize.py)
+if step v8san; then  # decode v8 under compute-sanitizer memcheck and racecheck (tests/gpu/sanitize_wholepage.py)
   for tool in memcheck racecheck; do
-    timeout ${T_V8SAN:-120} compute-sanitizer --tool $tool --print-limit 20 python3 tools/v8_sanitize.py \
+    timeout ${T_V8SAN:-120} compute-sanitizer --tool $tool --print-limit 20 python3 tests/gpu/sanitize_wholepage.py \
       > "$LOG/v8_$tool.log" 2>&1
     echo "v8 $tool rc=$?" | tee -a "$LOG/summary.txt"; last "$LOG/v8_$tool.log" 3
   done
 fi
 if step ncu; then  # decode v8 on shape A: occupancy, DRAM throughput, warp stall reasons
-  timeout ${T_NCU:-120} ncu --clock-control none -k "regex:uq_decode_v8" -c 4 --section SpeedOfLight \
+  timeout ${T_NCU:-120} ncu --clock-control none -k "regex:uq_decode_wholepage" -c 4 --section SpeedOfLight \
     --section Occupancy --section WarpStateStats --section LaunchStats --section MemoryWorkloadAnalysis \
-    --section SchedulerStats python3 tools/v8_ncu.py A > "$LOG/ncu_v8_A.txt" 2>&1
-  grep -E "uq_decode_v8|Duration|DRAM Throughput|Achieved Occupancy|Registers Per|Stall|Issued Warp|No Eligible" \
+    --section SchedulerStats python3 benchmarks/lab/wholepage_ncu.py A > "$LOG/ncu_v8_A.txt" 2>&1
+  grep -E "uq_decode_wholepage|Duration|DRAM Throughput|Achieved Occupancy|Registers Per|Stall|Issued Warp|No Eligible" \
     "$LOG/ncu_v8_A.txt" | head -40 | tee -a "$LOG/summary.txt"
 fi
 echo "== done at +$(( $(date +%s) - t0 ))s" | tee -a "$LOG/summary.txt"

@@ -1,9 +1,9 @@
 """Summary of ncu's per-instruction stall sampling (the SASS source page exported as CSV by
-``tools/v8_ncu_source_device.sh``): where the samples fall (by how often an instruction ran, which
+an ncu run exporting the SASS source page as CSV): where the samples fall (by how often an instruction ran, which
 separates the hot loop from the once-per-warp prologue / epilogue), the hottest instructions and the
 samples per opcode.
 
-    python3 tools/ncu_source_sum.py src_C.csv [top]
+    python3 benchmarks/lab/ncu_source_sum.py src_C.csv [top]
 """
 
 from __future__ import annotations

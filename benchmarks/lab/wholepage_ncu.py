@@ -11,12 +11,12 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from ultraquant.bench.decode import SHAPES, make_decode_problem  # noqa: E402
-from ultraquant.kernels.decode_v8_plan import decode_v8  # noqa: E402
+from ultraquant.kernels.families.decode_wholepage import decode_wholepage  # noqa: E402
 
 s = SHAPES[sys.argv[1] if len(sys.argv) > 1 else "A"]
 p = make_decode_problem(s["B"], s["L"], s["Hq"], s["Hk"], s["D"], s["block"], head_major=True)
-for math in (False, True):
+for _ in range(1):
     for _ in range(2):
-        decode_v8(p.query, p.kv_cache, p.block_table, p.seq_lens, s["D"] ** -0.5, out=p.out, math=math)
+        decode_wholepage(p.query, p.kv_cache, p.block_table, p.seq_lens, s["D"] ** -0.5, out=p.out)
 torch.cuda.synchronize()
 print("done")

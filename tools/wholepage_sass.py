@@ -1,11 +1,12 @@
-"""Offline sm_90 SASS census of decode v8 (Gluon) for one configuration (no GPU needed).
+"""Offline sm_90 SASS census of the whole-page decode (Gluon) for one configuration (no GPU needed).
 
-Compiles ``uq_decode_v8`` as :func:`ultraquant.kernels.decode_v8_plan.decode_v8_spec` specializes it
+Compiles ``uq_decode_wholepage`` as
+:func:`ultraquant.kernels.families.decode_wholepage.decode_wholepage_spec` specializes it
 (pointer arguments 16-byte aligned, as codegen assumes), then prints registers, shared memory and the
 hot loop's instruction count and opcode mix (``tools/sass_loop.py``'s census), plus warp instructions
 per token-head (the loop handles ``NSUB * 16`` tokens of one kv head per warp per iteration).
 
-    .venv/bin/python tools/v8_sass.py gqa=4 num_kv_heads=8 block_size=64 [math=false] [nsub=2 stages=4]
+    .venv/bin/python tools/wholepage_sass.py gqa=4 num_kv_heads=8 block_size=64 [nsub=2 stages=4]
 """
 
 from __future__ import annotations
@@ -22,25 +23,26 @@ TUNING_KEYS = ("warps", "rows_in_n", "nsub", "stages", "tw", "maxnreg")
 
 
 def compile_v8(config: dict) -> tuple[bytes, object, object]:
-    """(cubin, metadata, spec) of decode v8 for ``config`` (decode_v8_spec keywords + tuning keys)."""
+    """(cubin, metadata, spec) of the whole-page decode for ``config`` (decode_wholepage_spec keywords +
+    tuning keys)."""
     k, spec = compile_v8_kernel(config)
     return k.asm["cubin"], k.metadata, spec
 
 
 def compile_v8_kernel(config: dict) -> tuple[object, object]:
-    """(compiled kernel: ``.asm`` holds ttgir/ptx/cubin, spec) of decode v8 for ``config``."""
+    """(compiled kernel: ``.asm`` holds ttgir/ptx/cubin, spec) of the whole-page decode for ``config``."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
 
-    from ultraquant.kernels.decode_v8_plan import V8Tuning, decode_v8_spec
-    from ultraquant.kernels.gluon.decode_v8 import uq_decode_v8
+    from ultraquant.kernels.families.decode_wholepage import WholePageTuning, decode_wholepage_spec
+    from ultraquant.kernels.gluon.decode_wholepage import uq_decode_wholepage
 
-    tuning = V8Tuning(**{k: config.pop(k) for k in TUNING_KEYS if k in config})
-    spec = decode_v8_spec(**{"head_size": 128, **config}, tuning=tuning)
-    names = list(uq_decode_v8.arg_names)
+    tuning = WholePageTuning(**{k: config.pop(k) for k in TUNING_KEYS if k in config})
+    spec = decode_wholepage_spec(**{"head_size": 128, **config}, tuning=tuning)
+    names = list(uq_decode_wholepage.arg_names)
     attrs = {(names.index(n),): [["tt.divisibility", 16]] for n, ty in spec.signature.items() if ty.startswith("*")}
-    src = GluonASTSource(uq_decode_v8, dict(spec.signature), dict(spec.constexprs), attrs)
+    src = GluonASTSource(uq_decode_wholepage, dict(spec.signature), dict(spec.constexprs), attrs)
     options = {"num_warps": spec.num_warps, "num_stages": spec.num_stages}
     if spec.maxnreg:
         options["maxnreg"] = spec.maxnreg

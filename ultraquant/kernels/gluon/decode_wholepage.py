@@ -1,6 +1,6 @@
-"""Decode v8 (issue 14): whole-page streaming split-KV decode for NVIDIA sm_90, in Triton's Gluon.
+"""The whole-page decode: split-KV paged decode that streams whole pages, for NVIDIA sm_90, in Gluon.
 
-Same run-time arguments, workspace and single-launch split merge as :func:`uq_decode` (v7); the
+Same run-time arguments, workspace and single-launch split merge as :func:`uq_decode_splitkv` (split-KV); the
 difference is the read structure. One program (CTA) owns ALL kv heads of a token range of one
 request (grid ``(B, 1, splits)``) and streams it through an asynchronous global -> shared-memory ring
 (``cp.async``, ``STAGES`` deep): stage ``i`` holds ``TT = NSUB * WT * 16`` consecutive tokens of every
@@ -12,17 +12,14 @@ split into pieces.
 
 Math, per warp (warp ``w`` serves kv head ``w // WT`` and the ``w % WT``-th ``TW`` tokens of each
 sub-tile; per-warp online softmax, no cross-warp traffic in the loop), as the Gluon experiment of
-commit 7c1c340 that passed every correctness case: batched 3-D ``mma_v2`` (the warp is the batch),
+the prototype that passed every correctness case (benchmarks/NOTES.md): batched 3-D ``mma_v2`` (the warp is the batch),
 the query rotated once in registers, FP4 codes decoded by inline PTX straight into the MMA operands
 (a code word's four fp16 pairs in 11 instructions, :func:`_word_pairs`), K scales after the MMA per
-32-element group, V scales like v7 (each token's largest scale on the probability with a running
+32-element group, V scales like split-KV (each token's largest scale on the probability with a running
 reference exponent; V outliers 2^20 apart stay exact). After the loop the WT warps of each kv head
 combine their (m, l, acc) inside the program and each program leaves one partial per kv head in the
 workspace; the last program of a request (atomic ticket) merges them for all heads, folds the sinks
 and writes ``out``.
-
-``MATH=False`` compiles the no-math stream of exactly this grid, ring and page order (issue 14,
-gate 1): the copies, waits and barriers stay, the math is replaced by reading one word per slot.
 """
 
 from __future__ import annotations
@@ -49,7 +46,7 @@ _FP4_SCALED_ASM = gl.constexpr(" ".join([
     _nibble_pair("a", "y", 5, 8), "mul.rn.f16x2 $3, a, $6;",
     "}",
 ]))
-"""v7's nibble -> fp16 PTX (``_nibble_pair``) with the relative scales ($5, $6) multiplied in."""
+"""split-KV decode's nibble -> fp16 PTX (``_nibble_pair``) with the relative scales ($5, $6) multiplied in."""
 
 
 def _word_pairs(outs: list[str], src: str) -> str:
@@ -618,24 +615,24 @@ def _partial_rows(accs, NT: gl.constexpr, NW: gl.constexpr, ROWS: gl.constexpr, 
 
 
 @gluon.jit
-def uq_decode_v8(q_ptr, cache_ptr, bt_ptr, seqlen_ptr, sinks_ptr, out_ptr, part_ptr, ml_ptr, counter_ptr, err_ptr,
-                 scale, softcap, window, num_splits, num_blocks, bt_cols,
-                 stride_qb, stride_qh, stride_ob, stride_oh,
-                 stride_cb, stride_ct, stride_ch, stride_btb,
-                 D: gl.constexpr, LOG2D: gl.constexpr, GQA: gl.constexpr, ROWS: gl.constexpr,
-                 GQA_PAD: gl.constexpr, HK: gl.constexpr, WT: gl.constexpr, NSUB: gl.constexpr,
-                 STAGES: gl.constexpr, TW: gl.constexpr, BLOCK_SIZE: gl.constexpr, HAS_SINKS: gl.constexpr,
-                 HAS_WINDOW: gl.constexpr, HAS_SOFTCAP: gl.constexpr, MATH: gl.constexpr,
-                 ROWS_IN_N: gl.constexpr):
+def uq_decode_wholepage(q_ptr, cache_ptr, bt_ptr, seqlen_ptr, sinks_ptr, out_ptr, part_ptr, ml_ptr, counter_ptr,
+                        err_ptr, scale, softcap, window, num_splits, num_blocks, bt_cols,
+                        stride_qb, stride_qh, stride_ob, stride_oh,
+                        stride_cb, stride_ct, stride_ch, stride_btb,
+                        D: gl.constexpr, LOG2D: gl.constexpr, GQA: gl.constexpr, ROWS: gl.constexpr,
+                        GQA_PAD: gl.constexpr, HK: gl.constexpr, WT: gl.constexpr, NSUB: gl.constexpr,
+                        STAGES: gl.constexpr, TW: gl.constexpr, BLOCK_SIZE: gl.constexpr, HAS_SINKS: gl.constexpr,
+                        HAS_WINDOW: gl.constexpr, HAS_SOFTCAP: gl.constexpr,
+                        ROWS_IN_N: gl.constexpr):
     """Whole-page split-KV paged decode, grid ``(B, 1, num_splits)``; see the module docstring.
     ``ROWS_IN_N``: the query rows are the MMA N dimension (S^T = K Q^T, O^T = V^T P^T, 8 rows: GQA <= 8)
     instead of 16 padded M rows."""
-    gl.static_assert(D == 128 or (D == 256 and ROWS_IN_N), "decode v8: D=128, or D=256 with rows in N")
+    gl.static_assert(D == 128 or (D == 256 and ROWS_IN_N), "the whole-page decode: D=128, or D=256 with rows in N")
     gl.static_assert((ROWS == 16 and not ROWS_IN_N) or (ROWS == 8 and ROWS_IN_N),
-                     "decode v8: 16 M rows (GQA <= 16) or 8 N rows (GQA <= 8)")
-    gl.static_assert(TW == 16, "decode v8: 16-token runs per warp")
+                     "the whole-page decode: 16 M rows (GQA <= 16) or 8 N rows (GQA <= 8)")
+    gl.static_assert(TW == 16, "the whole-page decode: 16-token runs per warp")
     NW: gl.constexpr = gl.num_warps()
-    gl.static_assert(NW == HK * WT, "decode v8: num_warps must be HK * WT")
+    gl.static_assert(NW == HK * WT, "the whole-page decode: num_warps must be HK * WT")
     H: gl.constexpr = D // 2
     G: gl.constexpr = D // 32
     TT: gl.constexpr = NSUB * WT * TW
@@ -742,7 +739,7 @@ def uq_decode_v8(q_ptr, cache_ptr, bt_ptr, seqlen_ptr, sinks_ptr, out_ptr, part_
                      NSUB, NW, WT, SLOT, BLOCK_SIZE)
         async_copy.commit_group()
 
-    # ---- query: rotate, scale, fp16 halves times a per-row power of two (as v7), once
+    # ---- query: rotate, scale, fp16 halves times a per-row power of two (as split-KV), once
     q = q_in.to(gl.float32)
     if D == 128:
         q = _fwht_rows(q, NW, ROWS, D, LOG2D)
@@ -818,7 +815,6 @@ def uq_decode_v8(q_ptr, cache_ptr, bt_ptr, seqlen_ptr, sinks_ptr, out_ptr, part_
     m_i = gl.full([NW, ROWS], float("-inf"), gl.float32, QR)
     l_i = gl.zeros([NW, ROWS], gl.float32, QR)
     run = gl.full([NW], -254, gl.int32, QW)
-    sink_acc = gl.zeros([NW, TW], gl.int32, KWL)
     for it in range(n_it):
         # stage `it` landed (at most STAGES - 2 younger groups pending); the barrier also retires
         # every warp's reads of the buffer the next issue overwrites
@@ -833,183 +829,173 @@ def uq_decode_v8(q_ptr, cache_ptr, bt_ptr, seqlen_ptr, sinks_ptr, out_ptr, part_
         for jp in gl.static_range(NSUB // PAIR):
             j = jp * PAIR
             kw = _piece(ks.index(cur + j), [NW, TW], KWL, KWL)
-            if MATH:
-                # scores of PAIR runs, then ONE online-softmax update for all of them (one cross-lane
-                # max, one sum, one rescale of the accumulator per PAIR * 16 tokens)
-                ss = ()
-                for i in gl.static_range(PAIR):
-                    kwi = kw
-                    if i > 0:
-                        kwi = _piece(ks.index(cur + j + i), [NW, TW], KWL, KWL)
-                    kwi1 = kwi
-                    if D == 256:
-                        kwi1 = _piece(ks1.index(cur + j + i), [NW, TW], KWL, KWL)
-                    e_i = cur + j + i
-                    ss = ss + (_run_scores(kwa.index(e_i), kwb.index(e_i), kwc.index(e_i), kwd.index(e_i),
-                                           kc8.index(e_i), kwi, kwi1, q0, q1, q2, q3, q4, q5, q6, q7, q_e, q_o,
-                                           kgroup, rowfac, rowbias, t0 + (j + i) * (WT * TW) + ws + ns, t_hi, lo,
-                                           inside, bt_row, num_blocks, softcap, D, NW, TW, ROWS, H, ROWS_IN_N,
-                                           HAS_SOFTCAP, HAS_WINDOW, BLOCK_SIZE, MMA, KB, TK, RAX, TAX),)
-                smax = ss[0]
-                for i in gl.static_range(1, PAIR):
-                    smax = gl.maximum(smax, ss[i])
-                m_new = gl.maximum(m_i, gl.max(smax, axis=TAX))
-                m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)
-                alpha = gl.exp2(m_i - m_safe)
-                ps = ()
-                for i in gl.static_range(PAIR):
-                    ps = ps + (gl.exp2(ss[i] - gl.expand_dims(m_safe, TAX)),)
-                psum = ps[0]
-                for i in gl.static_range(1, PAIR):
-                    psum = psum + ps[i]
-                l_i = l_i * alpha + gl.sum(psum, axis=TAX)
-                m_i = m_new
+            # scores of PAIR runs, then ONE online-softmax update for all of them (one cross-lane
+            # max, one sum, one rescale of the accumulator per PAIR * 16 tokens)
+            ss = ()
+            for i in gl.static_range(PAIR):
+                kwi = kw
+                if i > 0:
+                    kwi = _piece(ks.index(cur + j + i), [NW, TW], KWL, KWL)
+                kwi1 = kwi
+                if D == 256:
+                    kwi1 = _piece(ks1.index(cur + j + i), [NW, TW], KWL, KWL)
+                e_i = cur + j + i
+                ss = ss + (_run_scores(kwa.index(e_i), kwb.index(e_i), kwc.index(e_i), kwd.index(e_i),
+                                       kc8.index(e_i), kwi, kwi1, q0, q1, q2, q3, q4, q5, q6, q7, q_e, q_o,
+                                       kgroup, rowfac, rowbias, t0 + (j + i) * (WT * TW) + ws + ns, t_hi, lo,
+                                       inside, bt_row, num_blocks, softcap, D, NW, TW, ROWS, H, ROWS_IN_N,
+                                       HAS_SOFTCAP, HAS_WINDOW, BLOCK_SIZE, MMA, KB, TK, RAX, TAX),)
+            smax = ss[0]
+            for i in gl.static_range(1, PAIR):
+                smax = gl.maximum(smax, ss[i])
+            m_new = gl.maximum(m_i, gl.max(smax, axis=TAX))
+            m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)
+            alpha = gl.exp2(m_i - m_safe)
+            ps = ()
+            for i in gl.static_range(PAIR):
+                ps = ps + (gl.exp2(ss[i] - gl.expand_dims(m_safe, TAX)),)
+            psum = ps[0]
+            for i in gl.static_range(1, PAIR):
+                psum = psum + ps[i]
+            l_i = l_i * alpha + gl.sum(psum, axis=TAX)
+            m_i = m_new
 
-                # V: scale word per token, reference exponent from the largest contribution of the runs
-                vws = ()
-                vws1 = ()
-                vtops = ()
-                vexps = ()
-                for i in gl.static_range(PAIR):
-                    if ROWS_IN_N:  # the score layout's tokens
-                        vw = _piece(vs.index(cur + j + i), [NW, TW], TK, TK)
-                        vtop = _token_top(vw)
-                        vw1 = vw
-                        if D == 256:
-                            vw1 = _piece(vs1.index(cur + j + i), [NW, TW], TK, TK)
-                            vtop = gl.maximum(vtop, _token_top(vw1))
-                        vws1 = vws1 + (vw1,)
-                        vexps = vexps + (vtop - 127,)
-                    else:
-                        vw = gl.expand_dims(_piece(vs.index(cur + j + i), [NW, TW], VW, VW), 2)
-                        vtop = _token_top(vw)
-                        vexps = vexps + (gl.convert_layout(gl.max(vtop, axis=2), TK) - 127,)
-                    vws = vws + (vw,)
-                    vtops = vtops + (vtop,)
-                cmax = ps[0] * gl.expand_dims(_pow2(gl.minimum(vexps[0], 127)), RAX)
-                for i in gl.static_range(1, PAIR):
-                    cmax = gl.maximum(cmax, ps[i] * gl.expand_dims(_pow2(gl.minimum(vexps[i], 127)), RAX))
-                ctop = _floor_log2(gl.max(gl.max(cmax, axis=TAX), axis=1))
-                shrink = _floor_log2(gl.max(alpha, axis=1))
-                new_run = gl.maximum(run + shrink, ctop)
-                c = gl.expand_dims(alpha * gl.expand_dims(_pow2(gl.minimum(run - new_run, 127)), 1), TAX)
-                nr = gl.expand_dims(gl.convert_layout(new_run, gl.SliceLayout(1, TK)), 1)
-                scaled = ()
-                for t in gl.static_range(NT):
-                    scaled = scaled + (accs[t] * c,)
-                accs = scaled
-                for i in gl.static_range(PAIR):
-                    if ROWS_IN_N:
-                        pfr, rel = _pv_operands(ps[i], gl.expand_dims(vws[i], 2), gl.expand_dims(vws1[i], 2),
-                                                gl.expand_dims(vtops[i], 2), gl.expand_dims(nr, 2), D, NW, MMA)
-                        vwt = (_piece(vwa.index(cur + j + i), [NW, 16, ROWS], MMA, MMA),
-                               _piece(vwb.index(cur + j + i), [NW, 16, ROWS], MMA, MMA))
-                        if D == 256:
-                            vwt = vwt + (_piece(vwc.index(cur + j + i), [NW, 16, ROWS], MMA, MMA),
-                                         _piece(vwd.index(cur + j + i), [NW, 16, ROWS], MMA, MMA))
-                        tiles = ()
-                        for v in gl.static_range(NT // 4):  # tile 4 v + k: byte k of the thread's V word v
-                            t0_, t1_, t2_, t3_ = _pv_word(accs[4 * v], accs[4 * v + 1], accs[4 * v + 2],
-                                                          accs[4 * v + 3], vwt[v], rel, pfr)
-                            tiles = tiles + (t0_, t1_, t2_, t3_)
-                        accs = tiles
-                    else:
-                        acc_e, acc_o = _run_pv(accs[0], accs[1], vc8.index(cur + j + i), vws[i], vtops[i], vexps[i],
-                                               ps[i], nr, vgroup, NW, TW, H, ROWS_IN_N, VL, VLW, VA, VB, PTB, PA, RAX)
-                        accs = (acc_e, acc_o)
-                run = new_run
-            else:
-                sink_acc = sink_acc ^ kw
+            # V: scale word per token, reference exponent from the largest contribution of the runs
+            vws = ()
+            vws1 = ()
+            vtops = ()
+            vexps = ()
+            for i in gl.static_range(PAIR):
+                if ROWS_IN_N:  # the score layout's tokens
+                    vw = _piece(vs.index(cur + j + i), [NW, TW], TK, TK)
+                    vtop = _token_top(vw)
+                    vw1 = vw
+                    if D == 256:
+                        vw1 = _piece(vs1.index(cur + j + i), [NW, TW], TK, TK)
+                        vtop = gl.maximum(vtop, _token_top(vw1))
+                    vws1 = vws1 + (vw1,)
+                    vexps = vexps + (vtop - 127,)
+                else:
+                    vw = gl.expand_dims(_piece(vs.index(cur + j + i), [NW, TW], VW, VW), 2)
+                    vtop = _token_top(vw)
+                    vexps = vexps + (gl.convert_layout(gl.max(vtop, axis=2), TK) - 127,)
+                vws = vws + (vw,)
+                vtops = vtops + (vtop,)
+            cmax = ps[0] * gl.expand_dims(_pow2(gl.minimum(vexps[0], 127)), RAX)
+            for i in gl.static_range(1, PAIR):
+                cmax = gl.maximum(cmax, ps[i] * gl.expand_dims(_pow2(gl.minimum(vexps[i], 127)), RAX))
+            ctop = _floor_log2(gl.max(gl.max(cmax, axis=TAX), axis=1))
+            shrink = _floor_log2(gl.max(alpha, axis=1))
+            new_run = gl.maximum(run + shrink, ctop)
+            c = gl.expand_dims(alpha * gl.expand_dims(_pow2(gl.minimum(run - new_run, 127)), 1), TAX)
+            nr = gl.expand_dims(gl.convert_layout(new_run, gl.SliceLayout(1, TK)), 1)
+            scaled = ()
+            for t in gl.static_range(NT):
+                scaled = scaled + (accs[t] * c,)
+            accs = scaled
+            for i in gl.static_range(PAIR):
+                if ROWS_IN_N:
+                    pfr, rel = _pv_operands(ps[i], gl.expand_dims(vws[i], 2), gl.expand_dims(vws1[i], 2),
+                                            gl.expand_dims(vtops[i], 2), gl.expand_dims(nr, 2), D, NW, MMA)
+                    vwt = (_piece(vwa.index(cur + j + i), [NW, 16, ROWS], MMA, MMA),
+                           _piece(vwb.index(cur + j + i), [NW, 16, ROWS], MMA, MMA))
+                    if D == 256:
+                        vwt = vwt + (_piece(vwc.index(cur + j + i), [NW, 16, ROWS], MMA, MMA),
+                                     _piece(vwd.index(cur + j + i), [NW, 16, ROWS], MMA, MMA))
+                    tiles = ()
+                    for v in gl.static_range(NT // 4):  # tile 4 v + k: byte k of the thread's V word v
+                        t0_, t1_, t2_, t3_ = _pv_word(accs[4 * v], accs[4 * v + 1], accs[4 * v + 2],
+                                                      accs[4 * v + 3], vwt[v], rel, pfr)
+                        tiles = tiles + (t0_, t1_, t2_, t3_)
+                    accs = tiles
+                else:
+                    acc_e, acc_o = _run_pv(accs[0], accs[1], vc8.index(cur + j + i), vws[i], vtops[i], vexps[i],
+                                           ps[i], nr, vgroup, NW, TW, H, ROWS_IN_N, VL, VLW, VA, VB, PTB, PA, RAX)
+                    accs = (acc_e, acc_o)
+            run = new_run
     async_copy.wait_group(0)
 
     pair0 = b * HK
-    if MATH:
-        # ---- the program's partial of each kv head (acc * 2**run, m, l; its WT token groups combined
-        # here, across warps) to the workspace, coalesced: slot ((b*HK + h)*S + sp)*WT
-        f = gl.expand_dims(gl.expand_dims(_pow2(gl.minimum(run, 127)), 1), TAX)
-        scaled = ()
-        for t in gl.static_range(NT):
-            scaled = scaled + (accs[t] * f,)
-        EP: gl.constexpr = gl.BlockedLayout([1, WT, 1, 4], [1, 1, 1, 32], [HK, 1, WT, 1], [3, 1, 2, 0])  # WT in-thread
-        E3: gl.constexpr = gl.SliceLayout(3, EP)
-        x4 = gl.convert_layout(gl.reshape(_partial_rows(scaled, NT, NW, ROWS, D, ROWS_IN_N), [HK, WT, ROWS, D]), EP)
-        m4 = gl.convert_layout(gl.reshape(m_i, [HK, WT, ROWS]), E3)
-        l4 = gl.convert_layout(gl.reshape(l_i, [HK, WT, ROWS]), E3)
-        m_c = gl.max(m4, axis=1)
-        m_z = gl.where(m_c == float("-inf"), 0.0, m_c)
-        sc = gl.exp2(m4 - gl.expand_dims(m_z, 1))
-        acc_c = gl.sum(x4 * gl.expand_dims(sc, 3), axis=1)
-        l_c = gl.sum(l4 * sc, axis=1)
-        P3: gl.constexpr = gl.SliceLayout(1, EP)
-        P2: gl.constexpr = gl.SliceLayout(1, E3)
-        ph = _iota3(HK, 0, P3)
-        pr = _iota3(ROWS, 1, P3)
-        pc = _iota3(D, 2, P3)
-        pslot = (((pair0 + ph) * num_splits + sp) * WT).to(gl.int64)
-        gl.store(part_ptr + pslot * (ROWS * D) + pr * D + pc, acc_c, mask=(pr < GQA) & (pc >= 0) & (ph >= 0))
-        ph2 = gl.expand_dims(gl.arange(0, HK, gl.SliceLayout(1, P2)), 1)
-        pr2 = gl.expand_dims(gl.arange(0, ROWS, gl.SliceLayout(0, P2)), 0)
-        mlp = ml_ptr + (((pair0 + ph2) * num_splits + sp) * WT).to(gl.int64) * (2 * ROWS) + pr2
-        mlmask = (pr2 < GQA) & (ph2 >= 0)
-        gl.store(mlp, m_c, mask=mlmask)
-        gl.store(mlp + ROWS, l_c, mask=mlmask)
-        gl.thread_barrier()
-        ticket = gl.atomic_add(counter_ptr + pair0, 1)
-        if ticket == num_splits - 1:
-            # ---- last program of this request: merge every head's num_splits partials (slot 0 of each)
-            ML: gl.constexpr = gl.BlockedLayout([1, 1, 4], [1, 1, 32], [HK, 1, NW // HK], [2, 1, 0])
-            mh = gl.expand_dims(gl.expand_dims(gl.arange(0, HK, gl.SliceLayout(1, gl.SliceLayout(2, ML))), 1), 2)
-            mr = gl.expand_dims(gl.expand_dims(gl.arange(0, GQA_PAD, gl.SliceLayout(0, gl.SliceLayout(2, ML))), 0), 2)
-            mc = gl.expand_dims(gl.expand_dims(gl.arange(0, D, gl.SliceLayout(0, gl.SliceLayout(1, ML))), 0), 1)
-            M2: gl.constexpr = gl.SliceLayout(2, ML)
-            mh2 = gl.expand_dims(gl.arange(0, HK, gl.SliceLayout(1, M2)), 1)
-            mr2 = gl.expand_dims(gl.arange(0, GQA_PAD, gl.SliceLayout(0, M2)), 0)
-            acc = gl.zeros([HK, GQA_PAD, D], gl.float32, ML)
-            m_a = gl.full([HK, GQA_PAD], float("-inf"), gl.float32, M2)
-            l_a = gl.zeros([HK, GQA_PAD], gl.float32, M2)
-            nparts = num_splits
-            rmask3 = (mr < GQA) & (mc >= 0) & (mh >= 0)
-            rmask2 = (mr2 < GQA) & (mh2 >= 0)
-            for s0 in range(0, nparts, MERGE):  # MERGE partials per step: their loads overlap
-                accs2 = ()
-                ms2 = ()
-                ls2 = ()
-                for k in gl.static_range(MERGE):
-                    s = s0 + k
-                    src3 = (((pair0 + mh) * nparts + s) * WT).to(gl.int64)
-                    src2 = (((pair0 + mh2) * nparts + s) * WT).to(gl.int64)
-                    accs2 = accs2 + (gl.load(part_ptr + src3 * (ROWS * D) + mr * D + mc, mask=rmask3 & (s < nparts),
-                                             other=0.0, cache_modifier=".cg"),)
-                    ms2 = ms2 + (gl.load(ml_ptr + src2 * (2 * ROWS) + mr2, mask=rmask2 & (s < nparts),
-                                         other=float("-inf"), cache_modifier=".cg"),)
-                    ls2 = ls2 + (gl.load(ml_ptr + src2 * (2 * ROWS) + ROWS + mr2, mask=rmask2 & (s < nparts),
+    # ---- the program's partial of each kv head (acc * 2**run, m, l; its WT token groups combined
+    # here, across warps) to the workspace, coalesced: slot ((b*HK + h)*S + sp)*WT
+    f = gl.expand_dims(gl.expand_dims(_pow2(gl.minimum(run, 127)), 1), TAX)
+    scaled = ()
+    for t in gl.static_range(NT):
+        scaled = scaled + (accs[t] * f,)
+    EP: gl.constexpr = gl.BlockedLayout([1, WT, 1, 4], [1, 1, 1, 32], [HK, 1, WT, 1], [3, 1, 2, 0])  # WT in-thread
+    E3: gl.constexpr = gl.SliceLayout(3, EP)
+    x4 = gl.convert_layout(gl.reshape(_partial_rows(scaled, NT, NW, ROWS, D, ROWS_IN_N), [HK, WT, ROWS, D]), EP)
+    m4 = gl.convert_layout(gl.reshape(m_i, [HK, WT, ROWS]), E3)
+    l4 = gl.convert_layout(gl.reshape(l_i, [HK, WT, ROWS]), E3)
+    m_c = gl.max(m4, axis=1)
+    m_z = gl.where(m_c == float("-inf"), 0.0, m_c)
+    sc = gl.exp2(m4 - gl.expand_dims(m_z, 1))
+    acc_c = gl.sum(x4 * gl.expand_dims(sc, 3), axis=1)
+    l_c = gl.sum(l4 * sc, axis=1)
+    P3: gl.constexpr = gl.SliceLayout(1, EP)
+    P2: gl.constexpr = gl.SliceLayout(1, E3)
+    ph = _iota3(HK, 0, P3)
+    pr = _iota3(ROWS, 1, P3)
+    pc = _iota3(D, 2, P3)
+    pslot = (((pair0 + ph) * num_splits + sp) * WT).to(gl.int64)
+    gl.store(part_ptr + pslot * (ROWS * D) + pr * D + pc, acc_c, mask=(pr < GQA) & (pc >= 0) & (ph >= 0))
+    ph2 = gl.expand_dims(gl.arange(0, HK, gl.SliceLayout(1, P2)), 1)
+    pr2 = gl.expand_dims(gl.arange(0, ROWS, gl.SliceLayout(0, P2)), 0)
+    mlp = ml_ptr + (((pair0 + ph2) * num_splits + sp) * WT).to(gl.int64) * (2 * ROWS) + pr2
+    mlmask = (pr2 < GQA) & (ph2 >= 0)
+    gl.store(mlp, m_c, mask=mlmask)
+    gl.store(mlp + ROWS, l_c, mask=mlmask)
+    gl.thread_barrier()
+    ticket = gl.atomic_add(counter_ptr + pair0, 1)
+    if ticket == num_splits - 1:
+        # ---- last program of this request: merge every head's num_splits partials (slot 0 of each)
+        ML: gl.constexpr = gl.BlockedLayout([1, 1, 4], [1, 1, 32], [HK, 1, NW // HK], [2, 1, 0])
+        mh = gl.expand_dims(gl.expand_dims(gl.arange(0, HK, gl.SliceLayout(1, gl.SliceLayout(2, ML))), 1), 2)
+        mr = gl.expand_dims(gl.expand_dims(gl.arange(0, GQA_PAD, gl.SliceLayout(0, gl.SliceLayout(2, ML))), 0), 2)
+        mc = gl.expand_dims(gl.expand_dims(gl.arange(0, D, gl.SliceLayout(0, gl.SliceLayout(1, ML))), 0), 1)
+        M2: gl.constexpr = gl.SliceLayout(2, ML)
+        mh2 = gl.expand_dims(gl.arange(0, HK, gl.SliceLayout(1, M2)), 1)
+        mr2 = gl.expand_dims(gl.arange(0, GQA_PAD, gl.SliceLayout(0, M2)), 0)
+        acc = gl.zeros([HK, GQA_PAD, D], gl.float32, ML)
+        m_a = gl.full([HK, GQA_PAD], float("-inf"), gl.float32, M2)
+        l_a = gl.zeros([HK, GQA_PAD], gl.float32, M2)
+        nparts = num_splits
+        rmask3 = (mr < GQA) & (mc >= 0) & (mh >= 0)
+        rmask2 = (mr2 < GQA) & (mh2 >= 0)
+        for s0 in range(0, nparts, MERGE):  # MERGE partials per step: their loads overlap
+            accs2 = ()
+            ms2 = ()
+            ls2 = ()
+            for k in gl.static_range(MERGE):
+                s = s0 + k
+                src3 = (((pair0 + mh) * nparts + s) * WT).to(gl.int64)
+                src2 = (((pair0 + mh2) * nparts + s) * WT).to(gl.int64)
+                accs2 = accs2 + (gl.load(part_ptr + src3 * (ROWS * D) + mr * D + mc, mask=rmask3 & (s < nparts),
                                          other=0.0, cache_modifier=".cg"),)
-                m_n = m_a
-                for k in gl.static_range(MERGE):
-                    m_n = gl.maximum(m_n, ms2[k])
-                m_s = gl.where(m_n == float("-inf"), 0.0, m_n)
-                a1 = gl.exp2(m_a - m_s)
-                acc = acc * gl.expand_dims(a1, 2)
-                l_a = l_a * a1
-                for k in gl.static_range(MERGE):
-                    a2 = gl.exp2(ms2[k] - m_s)
-                    acc = acc + accs2[k] * gl.expand_dims(a2, 2)
-                    l_a = l_a + ls2[k] * a2
-                m_a = m_n
-            heads2 = mh2 * GQA + mr2
-            if HAS_SINKS:
-                sink = gl.load(sinks_ptr + heads2, mask=rmask2, other=0.0).to(gl.float32) * LOG2E
-                m_n = gl.maximum(m_a, sink)
-                acc = acc * gl.expand_dims(gl.exp2(m_a - m_n), 2)
-                l_a = l_a * gl.exp2(m_a - m_n) + gl.exp2(sink - m_n)
-            denom = gl.where(l_a > 0.0, l_a, 1.0)
-            o = gl.where(gl.expand_dims(l_a > 0.0, 2), acc / gl.expand_dims(denom, 2), 0.0)
-            optr = out_ptr + b.to(gl.int64) * stride_ob + (mh * GQA + mr) * stride_oh + mc
-            gl.store(optr, o.to(out_ptr.dtype.element_ty), mask=rmask3)
-            gl.atomic_xchg(counter_ptr + pair0, 0)
-    else:
-        gl.store(part_ptr + (b * num_splits + sp).to(gl.int64) * (NW * TW)
-                 + gl.expand_dims(gl.arange(0, NW, gl.SliceLayout(1, KWL)), 1) * TW
-                 + gl.expand_dims(gl.arange(0, TW, gl.SliceLayout(0, KWL)), 0),
-                 sink_acc.to(gl.float32, bitcast=True))
-
+                ms2 = ms2 + (gl.load(ml_ptr + src2 * (2 * ROWS) + mr2, mask=rmask2 & (s < nparts),
+                                     other=float("-inf"), cache_modifier=".cg"),)
+                ls2 = ls2 + (gl.load(ml_ptr + src2 * (2 * ROWS) + ROWS + mr2, mask=rmask2 & (s < nparts),
+                                     other=0.0, cache_modifier=".cg"),)
+            m_n = m_a
+            for k in gl.static_range(MERGE):
+                m_n = gl.maximum(m_n, ms2[k])
+            m_s = gl.where(m_n == float("-inf"), 0.0, m_n)
+            a1 = gl.exp2(m_a - m_s)
+            acc = acc * gl.expand_dims(a1, 2)
+            l_a = l_a * a1
+            for k in gl.static_range(MERGE):
+                a2 = gl.exp2(ms2[k] - m_s)
+                acc = acc + accs2[k] * gl.expand_dims(a2, 2)
+                l_a = l_a + ls2[k] * a2
+            m_a = m_n
+        heads2 = mh2 * GQA + mr2
+        if HAS_SINKS:
+            sink = gl.load(sinks_ptr + heads2, mask=rmask2, other=0.0).to(gl.float32) * LOG2E
+            m_n = gl.maximum(m_a, sink)
+            acc = acc * gl.expand_dims(gl.exp2(m_a - m_n), 2)
+            l_a = l_a * gl.exp2(m_a - m_n) + gl.exp2(sink - m_n)
+        denom = gl.where(l_a > 0.0, l_a, 1.0)
+        o = gl.where(gl.expand_dims(l_a > 0.0, 2), acc / gl.expand_dims(denom, 2), 0.0)
+        optr = out_ptr + b.to(gl.int64) * stride_ob + (mh * GQA + mr) * stride_oh + mc
+        gl.store(optr, o.to(out_ptr.dtype.element_ty), mask=rmask3)
+        gl.atomic_xchg(counter_ptr + pair0, 0)

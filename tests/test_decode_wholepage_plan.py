@@ -1,5 +1,5 @@
-"""Decode v8's plan rule, specialization and launch plan on the CPU (the Gluon kernel itself needs an
-NVIDIA sm_90 GPU: tests/gpu/test_decode_v8_gpu.py; Triton's CPU interpreter does not run Gluon)."""
+"""the whole-page decode's plan rule, specialization and launch plan on the CPU (the Gluon kernel itself needs an
+NVIDIA sm_90 GPU: tests/gpu/test_decode_wholepage_gpu.py; Triton's CPU interpreter does not run Gluon)."""
 
 from __future__ import annotations
 
@@ -7,13 +7,13 @@ import pytest
 import torch
 
 from ultraquant.errors import UltraQuantError
-from ultraquant.kernels.decode_v8_plan import (
-    V8Tuning,
-    decode_v8_spec,
-    plan_decode_v8,
-    v8_splits,
-    v8_supports,
+from ultraquant.kernels.families.decode_wholepage import (
+    WholePageTuning,
+    decode_wholepage_spec,
+    plan_decode_wholepage,
     whole_runs,
+    wholepage_splits,
+    wholepage_supports,
 )
 
 
@@ -22,7 +22,7 @@ from ultraquant.kernels.decode_v8_plan import (
     (128, 16, 1, 16, True, "cuda", True),
     (128, 1, 4, 128, True, "cuda", True),
     (256, 8, 2, 64, True, "cuda", True),    # D=256 with the rows in N
-    (256, 16, 1, 64, True, "cuda", False),  # D=256, GQA > 8 -> v7
+    (256, 16, 1, 64, True, "cuda", False),  # D=256, GQA > 8 -> split-KV
     (512, 4, 8, 64, True, "cuda", False),
     (64, 4, 8, 64, True, "cuda", False),
     (128, 32, 1, 64, True, "cuda", False),   # GQA > 16
@@ -30,11 +30,11 @@ from ultraquant.kernels.decode_v8_plan import (
     (128, 4, 3, 64, True, "cuda", False),    # Hk not a power of two
     (128, 4, 8, 8, True, "cuda", False),     # block smaller than a 16-token run
     (128, 4, 8, 64, False, "cuda", False),   # token-major (runs not contiguous)
-    (128, 4, 8, 64, True, "hip", False),     # AMD -> v7
+    (128, 4, 8, 64, True, "hip", False),     # AMD -> split-KV
     (128, 4, 8, 64, True, "portable", False),
 ])
 def test_rule(d, gqa, hk, bs, runs, target, want):
-    assert v8_supports(head_size=d, gqa=gqa, num_kv_heads=hk, block_size=bs, runs=runs, target=target) is want
+    assert wholepage_supports(head_size=d, gqa=gqa, num_kv_heads=hk, block_size=bs, runs=runs, target=target) is want
 
 
 def test_whole_runs():
@@ -53,21 +53,21 @@ def test_plan_rejects_token_major_and_bad_tuning():
     bt = torch.zeros(2, 4, dtype=torch.int32)
     token_major = torch.zeros(10, 64, 2, 136, dtype=torch.uint8)
     with pytest.raises(UltraQuantError, match="whole 16-token runs"):
-        plan_decode_v8(q, token_major, bt, torch.ones(2, dtype=torch.int32), 0.1, None, None, None, q.clone())
-    for bad in (V8Tuning(tw=32), V8Tuning(stages=3), V8Tuning(stages=1), V8Tuning(nsub=3)):
+        plan_decode_wholepage(q, token_major, bt, torch.ones(2, dtype=torch.int32), 0.1, None, None, None, q.clone())
+    for bad in (WholePageTuning(tw=32), WholePageTuning(stages=3), WholePageTuning(stages=1), WholePageTuning(nsub=3)):
         with pytest.raises(UltraQuantError, match="power-of-two"):
-            decode_v8_spec(head_size=128, gqa=4, num_kv_heads=2, block_size=64, tuning=bad)
+            decode_wholepage_spec(head_size=128, gqa=4, num_kv_heads=2, block_size=64, tuning=bad)
 
 
 def test_spec_warps_and_ring():
     for hk in (1, 2, 4, 8):
-        spec = decode_v8_spec(head_size=128, gqa=2, num_kv_heads=hk, block_size=64)
+        spec = decode_wholepage_spec(head_size=128, gqa=2, num_kv_heads=hk, block_size=64)
         assert spec.num_warps == 8 and spec.constexprs["HK"] * spec.constexprs["WT"] == 8
-        assert spec.maxnreg is None and spec.constexprs["TW"] == 16 and spec.constexprs["MATH"]
-    spec = decode_v8_spec(head_size=128, gqa=4, num_kv_heads=8, block_size=64, math=False,
-                          tuning=V8Tuning(warps=16, nsub=1, stages=2, maxnreg=128))
+        assert spec.maxnreg is None and spec.constexprs["TW"] == 16 and "MATH" not in spec.constexprs
+    spec = decode_wholepage_spec(head_size=128, gqa=4, num_kv_heads=8, block_size=64,
+                          tuning=WholePageTuning(warps=16, nsub=1, stages=2, maxnreg=128))
     c = spec.constexprs
-    assert (spec.num_warps, spec.maxnreg, c["NSUB"], c["STAGES"], c["TW"], c["MATH"]) == (16, 128, 1, 2, 16, False)
+    assert (spec.num_warps, spec.maxnreg, c["NSUB"], c["STAGES"], c["TW"]) == (16, 128, 1, 2, 16)
     assert "ALIGN" not in c
     assert c["GQA_PAD"] == 4 and (c["ROWS"], c["ROWS_IN_N"]) == (8, True)
 
@@ -78,8 +78,8 @@ def test_spec_warps_and_ring():
     (4, False, (16, False)),
 ])
 def test_spec_rows(gqa, rows_in_n, want):
-    c = decode_v8_spec(head_size=128, gqa=gqa, num_kv_heads=1, block_size=64,
-                       tuning=V8Tuning(rows_in_n=rows_in_n)).constexprs
+    c = decode_wholepage_spec(head_size=128, gqa=gqa, num_kv_heads=1, block_size=64,
+                       tuning=WholePageTuning(rows_in_n=rows_in_n)).constexprs
     assert (c["ROWS"], c["ROWS_IN_N"]) == want
 
 
@@ -88,15 +88,16 @@ def test_plan_grid_and_workspace():
     q = torch.randn(b, hq, d)
     cache = torch.zeros(40, hk, bs, 136, dtype=torch.uint8).permute(0, 2, 1, 3)
     bt = torch.zeros(b, 10, dtype=torch.int32)
-    plan = plan_decode_v8(q, cache, bt, torch.ones(b, dtype=torch.int32), 0.1, None, None, None, torch.empty_like(q))
+    plan = plan_decode_wholepage(q, cache, bt, torch.ones(b, dtype=torch.int32), 0.1, None, None, None,
+                                 torch.empty_like(q))
     splits = plan.notes["num_splits"]
-    assert plan.grid == (b, 1, splits) and splits == v8_splits(b, 10 * bs, q.device)
+    assert plan.grid == (b, 1, splits) and splits == wholepage_splits(b, 10 * bs, q.device)
     wt = plan.spec.constexprs["WT"]
     part, ml, counter = plan.args[6], plan.args[7], plan.args[8]
     rows = plan.spec.constexprs["ROWS"]
     parts = b * hk * splits * wt
     assert rows == 8 and part.numel() >= parts * rows * d and ml.numel() >= parts * 2 * rows
     assert counter.numel() >= b * hk
-    forced = plan_decode_v8(q, cache, bt, torch.ones(b, dtype=torch.int32), 0.1, None, None, None,
-                            torch.empty_like(q), tuning=V8Tuning(splits=5))
+    forced = plan_decode_wholepage(q, cache, bt, torch.ones(b, dtype=torch.int32), 0.1, None, None, None,
+                            torch.empty_like(q), tuning=WholePageTuning(splits=5))
     assert forced.grid == (b, 1, 5)

@@ -1,9 +1,9 @@
-"""Decode v8 as the product's decode, on the CPU: the plan's rule (v8 for a ``cuda`` target on the
-configs ``v8_supports`` covers, v7 otherwise), warmup's specs, and an sm_90 build of one v8 config
+"""The whole-page decode as the product's decode, on the CPU: the plan's rule (whole-page for a ``cuda`` target on the
+configs ``wholepage_supports`` covers, split-KV otherwise), warmup's specs, and an sm_90 build of one whole-page config
 whose manifest key is the plan's key and which ``ultraquant verify`` accepts.
 
 CPU tensors stand for CUDA ones by patching ``plans.target_of`` (the plan reads the target only
-there); the kernel itself runs in tests/gpu/test_decode_v8_gpu.py.
+there); the kernel itself runs in tests/gpu/test_decode_wholepage_gpu.py.
 """
 
 from __future__ import annotations
@@ -14,10 +14,10 @@ import json
 import pytest
 import torch
 
-from ultraquant import config
+from ultraquant import config, policy
 from ultraquant.format import slot_size
 from ultraquant.kernels import plans
-from ultraquant.kernels.decode_v8_plan import whole_runs
+from ultraquant.kernels.families.decode_wholepage import whole_runs
 
 SLOT = 136  # slot bytes at D=128
 
@@ -43,19 +43,19 @@ def cuda_target(monkeypatch):
     monkeypatch.setattr(plans, "target_of", lambda device: "cuda")
 
 
-def test_cuda_target_takes_v8_where_covered(cuda_target):
+def test_cuda_target_takes_wholepage_where_covered(cuda_target):
     for hq, hk, bs in ((32, 8, 64), (16, 1, 16), (4, 4, 128), (12, 2, 32), (128, 8, 16)):
         p = _plan(_call(hq, hk, bs))
-        assert p.spec.kernel == "uq_decode_v8", (hq, hk, bs)
+        assert p.spec.kernel == "uq_decode_wholepage", (hq, hk, bs)
         assert p.grid[:2] == (3, 1) and p.spec.constexprs["HK"] == hk
         assert set(p.spec.divisible) == {"stride_qb", "stride_qh", "stride_ob", "stride_oh"}
         assert len(p.args) == len(p.spec.signature)  # the kernel's parameters (DECODE_PARAMS), in order
         assert p.args[list(p.spec.signature).index("stride_btb")] == p.args[2].stride(0)
     wide = _plan(_call(16, 2, 64, d=256))  # shape C: D=256, GQA 8
-    assert wide.spec.kernel == "uq_decode_v8" and wide.spec.constexprs["D"] == 256
+    assert wide.spec.kernel == "uq_decode_wholepage" and wide.spec.constexprs["D"] == 256
     assert wide.spec.constexprs["NSUB"] == 2 and wide.spec.constexprs["ROWS_IN_N"]
     window = _plan(_call(), window=100)
-    assert window.spec.kernel == "uq_decode_v8" and window.spec.constexprs["HAS_WINDOW"]
+    assert window.spec.kernel == "uq_decode_wholepage" and window.spec.constexprs["HAS_WINDOW"]
 
 
 @pytest.mark.parametrize("what,call", [
@@ -69,16 +69,17 @@ def test_cuda_target_takes_v8_where_covered(cuda_target):
 ])
 def test_cuda_target_keeps_v7_outside_the_rule(cuda_target, what, call):
     p = _plan(_call(**call))
-    assert p.spec.kernel == "uq_decode" and p.grid[1] == p.args[1].shape[2], what
+    assert p.spec.kernel == "uq_decode_splitkv" and p.grid[1] == p.args[1].shape[2], what
 
 
 def test_v7_when_not_cuda_or_switched_off(cuda_target, monkeypatch):
-    assert _plan(_call(), dataclasses.replace(plans.NO_TUNING, decode_v8=False)).spec.kernel == "uq_decode"
-    monkeypatch.setenv("ULTRAQUANT_DECODE_V8", "0")
-    assert config.get().tuning.decode_v8 is False
-    assert _plan(_call(), config.get().tuning).spec.kernel == "uq_decode"
+    off = dataclasses.replace(plans.NO_TUNING, decode_wholepage=False)
+    assert _plan(_call(), off).spec.kernel == "uq_decode_splitkv"
+    monkeypatch.setenv("ULTRAQUANT_DECODE_WHOLEPAGE", "0")
+    assert config.get().tuning.decode_wholepage is False
+    assert _plan(_call(), config.get().tuning).spec.kernel == "uq_decode_splitkv"
     monkeypatch.undo()
-    assert _plan(_call()).spec.kernel == "uq_decode"  # CPU tensors: target "portable"
+    assert _plan(_call()).spec.kernel == "uq_decode_splitkv"  # CPU tensors: target "portable"
 
 
 def test_misaligned_cache_keeps_v7(cuda_target):
@@ -86,12 +87,12 @@ def test_misaligned_cache_keeps_v7(cuda_target):
     raw = torch.zeros(9 * 8 * 64 * SLOT + 8, dtype=torch.uint8)
     shifted = raw[8:].view(9, 8, 64, SLOT).transpose(1, 2)
     assert whole_runs(128, shifted.stride(), 8) and shifted.data_ptr() % 16
-    assert plans.plan_decode(q, shifted, bt, lens, 0.1, None, None, None, out).spec.kernel == "uq_decode"
+    assert plans.plan_decode(q, shifted, bt, lens, 0.1, None, None, None, out).spec.kernel == "uq_decode_splitkv"
 
 
 def test_forced_splits_carry_over(cuda_target):
     p = _plan(_call(), dataclasses.replace(plans.NO_TUNING, decode_splits=5))
-    assert p.spec.kernel == "uq_decode_v8" and p.grid == (3, 1, 5)
+    assert p.spec.kernel == "uq_decode_wholepage" and p.grid == (3, 1, 5)
 
 
 def test_warmup_specs_follow_the_rule(cuda_target, monkeypatch):
@@ -100,12 +101,12 @@ def test_warmup_specs_follow_the_rule(cuda_target, monkeypatch):
     strides = _call()[1].stride()
     model = {"head_size": 128, "block_size": 64, "num_q_heads": 32, "num_kv_heads": 8, "ops": ["decode_attention"]}
     monkeypatch.setattr(launch, "_torch_device", lambda device: torch.device("cpu"))
-    (v8,) = launch.model_specializations({**model, "cache_strides": list(strides)})
-    (v7,) = launch.model_specializations(model)  # the dense (token-major) layout
-    assert v8.kernel == "uq_decode_v8" and v7.kernel == "uq_decode"
+    (wholepage,) = policy.model_specializations({**model, "cache_strides": list(strides)})
+    (splitkv,) = policy.model_specializations(model)  # the dense (token-major) layout
+    assert wholepage.kernel == "uq_decode_wholepage" and splitkv.kernel == "uq_decode_splitkv"
     plan = _plan(_call())
-    assert dataclasses.replace(v8, divisible=plan.spec.divisible).key() == plan.spec.key()
-    assert "decode_attention_v8" not in [s.kernel for s in launch.model_specializations(
+    assert dataclasses.replace(wholepage, divisible=plan.spec.divisible).key() == plan.spec.key()
+    assert "decode_attention_wholepage" not in [s.kernel for s in policy.model_specializations(
         {k: v for k, v in model.items() if k != "ops"})]
 
 
@@ -117,10 +118,10 @@ def test_sm90_build_of_a_v8_config_is_the_plans_key(cuda_target, tmp_path, monke
     from ultraquant.codegen.verify import verify_dir
     from ultraquant.runtime.manifest import ManifestIndex, find_manifests
 
-    (row,) = [r for r in matrix.OPS if r.op == "decode_attention_v8"]
+    (row,) = [r for r in matrix.OPS if r.op == "decode_attention_wholepage"]
     one = dataclasses.replace(row, features=(matrix.PLAIN,))
     sel = matrix.Selection(head_sizes=(128,), gqa=(4,), block_sizes=(64,), kv_heads=(8,),
-                           ops=("decode_attention_v8",))
+                           ops=("decode_attention_wholepage",))
     build(BuildOptions(archs=[get_arch("sm_90")], selection=sel, out_dir=tmp_path, cache_dir=None, jobs=1,
                        rows=[one], extra_env={"TRITON_INTERPRET": "0"}))
     manifest = json.loads((tmp_path / "sm_90" / "manifest.json").read_text())
@@ -132,17 +133,17 @@ def test_sm90_build_of_a_v8_config_is_the_plans_key(cuda_target, tmp_path, monke
     assert not report.problems, report.problems
     monkeypatch.setenv("ULTRAQUANT_GENERATED", str(tmp_path))
     entry, why = ManifestIndex(find_manifests()).lookup("sm_90", plan.spec.key())
-    assert entry is not None and entry.kernel == "uq_decode_v8", why
+    assert entry is not None and entry.kernel == "uq_decode_wholepage", why
     points, skipped = matrix.expand([row], matrix.Selection(head_sizes=(64, 128), gqa=(4, 32), block_sizes=(64,),
                                                             kv_heads=(2, 3)), "sm_90", ["triton"])
     assert {(p.config["head_size"], p.config["gqa"], p.config["num_kv_heads"]) for p in points} == {(128, 4, 2)}
     assert len(skipped) == 7 * len(matrix.ATTENTION_FEATURES)
-    assert all("v8_supports" in s["reason"] for s in skipped)
+    assert all("wholepage_supports" in s["reason"] for s in skipped)
     assert matrix.expand([row], sel, "gfx942", ["triton"]) == ([], [])
 
 
 class ReferenceBlob:
-    """Looks like a loaded v8 blob; its launch writes the reference decode of the launch's arguments
+    """Looks like a loaded whole-page blob; its launch writes the reference decode of the launch's arguments
     (optionally without the sinks: a wrong kernel) and records the grid and cache strides."""
 
     def __init__(self, spec, drop_sinks: bool = False) -> None:
@@ -163,20 +164,20 @@ class ReferenceBlob:
 
 
 def test_selftest_problem_of_v8():
-    """The v8 self-test problem plans v8 over a head-major cache with several splits, passes a kernel
+    """The whole-page self-test problem plans whole-page over a head-major cache with several splits, passes a kernel
     that computes the decode, fails one that drops the sinks, refuses a blob of another key."""
-    from ultraquant.kernels.decode_v8_plan import decode_v8_spec
+    from ultraquant.kernels.families.decode_wholepage import decode_wholepage_spec
     from ultraquant.runtime import problems
 
-    spec = decode_v8_spec(head_size=128, gqa=4, num_kv_heads=2, block_size=32, has_sinks=True, has_window=True)
+    spec = decode_wholepage_spec(head_size=128, gqa=4, num_kv_heads=2, block_size=32, has_sinks=True, has_window=True)
     spec = dataclasses.replace(spec, divisible=("stride_qb", "stride_qh", "stride_ob", "stride_oh"))
     good = ReferenceBlob(spec)
-    ok, detail = problems.decode_v8_problem(good, spec, torch.device("cpu"))
+    ok, detail = problems.decode_wholepage_problem(good, spec, torch.device("cpu"))
     assert ok, detail
     (grid, strides), = good.seen
     assert grid[1] == 1 and grid[2] > 1 and whole_runs(128, strides, 2)
-    ok, detail = problems.decode_v8_problem(ReferenceBlob(spec, drop_sinks=True), spec, torch.device("cpu"))
+    ok, detail = problems.decode_wholepage_problem(ReferenceBlob(spec, drop_sinks=True), spec, torch.device("cpu"))
     assert not ok and "rel err" in detail
     other = dataclasses.replace(spec, constexprs={**spec.constexprs, "NSUB": 2 * spec.constexprs["NSUB"]})
-    ok, detail = problems.decode_v8_problem(ReferenceBlob(other), spec, torch.device("cpu"))
+    ok, detail = problems.decode_wholepage_problem(ReferenceBlob(other), spec, torch.device("cpu"))
     assert not ok and "not this blob's" in detail

@@ -1,13 +1,12 @@
-"""Time decode v8 (and its no-math stream: issue 14 gate 1) against the read ceiling, bf16 SDPA and v7
+"""Time the whole-page decode against the read ceiling, bf16 SDPA and v7
 in one run, timed like ``ultraquant bench`` (CUDA-graph replay, no flush, head-major caches).
 
-    python tools/v8_bench.py --json out.json [--shapes A,B,C,D] [--rings 8:2x4,8:2x4:m16,16:1x4]
+    python benchmarks/lab/wholepage_bench.py --json out.json [--shapes A,B,C,D] [--rings 8:2x4,8:2x4:m16,16:1x4]
 
 ``--rings`` lists ``warps:NSUBxSTAGES[:m16][:r128]`` variants (NSUB 0: the default for the head
 size; ``m16``: query rows as 16 MMA M rows instead of 8 N rows; 16 warps, and ``r128``, run under a
 128-register cap: two 8-warp programs per SM when the ring fits twice; v8 covers D=128, and D=256 with
 GQA <= 8); the no-math stream of a variant (gate 1) is timed for the first variant only unless
-``--stream-all``. Prints a table last.
 """
 
 from __future__ import annotations
@@ -33,22 +32,28 @@ from ultraquant.bench.decode import (  # noqa: E402
     measure_ceiling,
     time_graph,
 )
-from ultraquant.kernels.decode_v8_plan import V8Tuning, decode_v8, v8_splits, v8_supports, whole_runs  # noqa: E402
+from ultraquant.kernels.families.decode_wholepage import (  # noqa: E402
+    WholePageTuning,
+    decode_wholepage,
+    whole_runs,
+    wholepage_splits,
+    wholepage_supports,
+)
 
 
-def time_v8(p, scale: float, math: bool, tuning: V8Tuning) -> float:
-    """Graph-replay microseconds of one v8 launch (``math=False``: the no-math stream)."""
-    return time_graph(lambda: decode_v8(p.query, p.kv_cache, p.block_table, p.seq_lens, scale, out=p.out,
-                                        math=math, tuning=tuning))
+def time_v8(p, scale: float, tuning: WholePageTuning) -> float:
+    """Graph-replay microseconds of one whole-page launch."""
+    return time_graph(lambda: decode_wholepage(p.query, p.kv_cache, p.block_table, p.seq_lens, scale, out=p.out,
+                                        tuning=tuning))
 
 
-def _variants(spec: str) -> list[V8Tuning]:
+def _variants(spec: str) -> list[WholePageTuning]:
     out = []
     for variant in spec.split(","):
         warps, ring, *flags = variant.split(":")
         nsub, stages = (int(x) for x in ring.split("x"))
         capped = warps == "16" or "r128" in flags
-        out.append(V8Tuning(warps=int(warps), nsub=nsub, stages=stages, maxnreg=128 if capped else None,
+        out.append(WholePageTuning(warps=int(warps), nsub=nsub, stages=stages, maxnreg=128 if capped else None,
                             rows_in_n="m16" not in flags))
     return out
 
@@ -60,8 +65,6 @@ def main() -> None:
     ap.add_argument("--rings", default="8:2x4,8:2x4:m16", help="warps:NSUBxSTAGES[:m16] variants")
     ap.add_argument("--splits-scale", default="1")
     ap.add_argument("--no-v7", action="store_true")
-    ap.add_argument("--no-stream", action="store_true", help="skip the no-math stream rows of the variants")
-    ap.add_argument("--stream-all", action="store_true", help="stream rows for every variant, not the first only")
     a = ap.parse_args()
     rows: list[dict] = []
     ceiling = measure_ceiling()
@@ -89,24 +92,22 @@ def main() -> None:
         sdpa = bench_sdpa(s["B"], s["L"], s["Hq"], s["Hk"], s["D"])
         add(shape, "sdpa-bf16", sdpa, 2 * s["B"] * s["L"] * s["Hk"] * s["D"] * 2, None)
         if not a.no_v7:  # v7 through the plan with v8 switched off (the routed decode is the v8 rows')
-            os.environ["ULTRAQUANT_DECODE_V8"] = "0"
+            os.environ["ULTRAQUANT_DECODE_WHOLEPAGE"] = "0"
             config.reload()
             add(shape, "v7 (JIT)", bench_decode(p, s["D"]), p.stored_bytes, sdpa)
-            del os.environ["ULTRAQUANT_DECODE_V8"]
+            del os.environ["ULTRAQUANT_DECODE_WHOLEPAGE"]
             config.reload()
         scale = s["D"] ** -0.5
-        base_splits = v8_splits(s["B"], p.block_table.shape[1] * s["block"], p.query.device)
-        ok = v8_supports(head_size=s["D"], gqa=s["Hq"] // s["Hk"], num_kv_heads=s["Hk"], block_size=s["block"],
+        base_splits = wholepage_splits(s["B"], p.block_table.shape[1] * s["block"], p.query.device)
+        ok = wholepage_supports(head_size=s["D"], gqa=s["Hq"] // s["Hk"], num_kv_heads=s["Hk"], block_size=s["block"],
                          runs=whole_runs(s["D"], tuple(p.kv_cache.stride()), s["Hk"]), target="cuda")
-        for i, base in enumerate(_variants(a.rings) if ok else []):
+        for base in (_variants(a.rings) if ok else []):
             for k in (float(x) for x in a.splits_scale.split(",")):
-                t = V8Tuning(**{**base.__dict__, "splits": max(1, int(base_splits * k))})
+                t = WholePageTuning(**{**base.__dict__, "splits": max(1, int(base_splits * k))})
                 tag = (f"w{t.warps} ring {t.nsub}x{t.stages}{'' if t.rows_in_n else ' m16'}"
                        f"{' r128' if t.maxnreg else ''} splits {t.splits}")
-                stream = not a.no_stream and (i == 0 or a.stream_all)
-                for math in ([False] if stream else []) + [True]:
-                    attempt(shape, f"v8 {'decode' if math else 'stream'} {tag}",
-                            partial(time_v8, p, scale, math, t), p.stored_bytes, sdpa, **t.__dict__)
+                attempt(shape, f"whole-page decode {tag}",
+                        partial(time_v8, p, scale, t), p.stored_bytes, sdpa, **t.__dict__)
         p = None
         torch.cuda.empty_cache()
     print("\nshape name us %ceiling vs-sdpa")

@@ -1,12 +1,13 @@
-"""Decode v8 (Gluon, NVIDIA sm_90+) on a GPU against the float64 reference over the same cache bytes.
+"""The whole-page decode (Gluon, NVIDIA sm_90+) on a GPU against the float64 reference over the same cache bytes.
 
-Covers what v8 serves (D=128 with GQA 1..16, D=256 with GQA 1..8, Hk 1..8, blocks 16..128,
+Covers what whole-page serves (D=128 with GQA 1..16, D=256 with GQA 1..8, Hk 1..8, blocks 16..128,
 head-major caches: whole 16-token runs) through the routed public API (``ultraquant.decode_attention``:
-the plan must pick v8; AOT blob or Gluon JIT by ``ULTRAQUANT_BACKEND``), tuned ring shapes through
-``decode_v8``: ragged lengths at block/split boundaries (including an empty request), sinks, sliding
+the plan must pick whole-page; AOT blob or Gluon JIT by ``ULTRAQUANT_BACKEND``), tuned ring shapes through
+``decode_wholepage``: ragged lengths at block/split boundaries (including an empty request), sinks, sliding
 window, soft cap, V outliers 2^20 apart, NaN-poisoned outputs, several ring shapes, warp counts and
 split counts, CUDA graph capture + replay with new lengths on a side stream. Token-major caches (Hk > 1)
-and everything else are v7's by ``v8_supports`` (tests/test_decode_v8_plan.py, tests/test_decode_v8_route.py, CPU).
+and everything else are split-KV decode's by ``wholepage_supports`` (tests/test_decode_wholepage_plan.py,
+tests/test_decode_route.py, CPU).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from tests.gpu.test_kernels_gpu import _problem, check_close, check_graph_replay
 from ultraquant import reference as R
 from ultraquant.errors import UltraQuantError
 from ultraquant.kernels import plans
-from ultraquant.kernels.decode_v8_plan import V8Tuning, decode_v8
+from ultraquant.kernels.families.decode_wholepage import WholePageTuning, decode_wholepage
 
 pytestmark = [
     pytest.mark.gpu,
@@ -48,9 +49,9 @@ RINGS = [(2, 4), (1, 4), (4, 2), (2, 2)]
 """(NSUB, STAGES) ring shapes checked on one case."""
 
 
-def _run(name: str, tuning: V8Tuning | None = None) -> None:
-    """One case through v8: the routed public API (``ultraquant.decode_attention``: AOT blob or JIT by
-    the backend policy) without ``tuning``, else ``decode_v8`` with it (Gluon's JIT)."""
+def _run(name: str, tuning: WholePageTuning | None = None) -> None:
+    """One case through whole-page: the routed public API (``ultraquant.decode_attention``: AOT blob or JIT by
+    the backend policy) without ``tuning``, else ``decode_wholepage`` with it (Gluon's JIT)."""
     d = 256 if name in CASES_256 else 128
     lens, hq, hk, bs, sinks, window, softcap = {**CASES, **CASES_256}[name]
     prob, query, sk = _problem(lens, hq, hk, d, bs, True, seed=len(name), sinks=sinks)
@@ -61,53 +62,53 @@ def _run(name: str, tuning: V8Tuning | None = None) -> None:
     if tuning is None:
         plan = plans.plan_decode(query, prob.kv_cache, prob.block_table, prob.seq_lens, scale, sk, window, softcap,
                                  out)
-        assert plan.spec.kernel == "uq_decode_v8", plan.spec.key()
+        assert plan.spec.kernel == "uq_decode_wholepage", plan.spec.key()
         uq.decode_attention(query, prob.kv_cache, prob.block_table, prob.seq_lens, scale, sinks=sk,
                             sliding_window=window, softcap=softcap, out=out)
     else:
-        decode_v8(query, prob.kv_cache, prob.block_table, prob.seq_lens, scale, sinks=sk, sliding_window=window,
+        decode_wholepage(query, prob.kv_cache, prob.block_table, prob.seq_lens, scale, sinks=sk, sliding_window=window,
                   softcap=softcap, out=out, tuning=tuning)
     torch.cuda.synchronize()
     check_close(out, ref, f"{name} {tuning or 'routed'}")
 
 
 @pytest.mark.parametrize("name", list(CASES))
-def test_decode_v8(name):
+def test_decode_wholepage(name):
     _run(name)
 
 
 @pytest.mark.parametrize("name", list(CASES_256))
-def test_decode_v8_d256(name):
+def test_decode_wholepage_d256(name):
     _run(name)
 
 
 @pytest.mark.parametrize("nsub,stages", RINGS)
 @pytest.mark.parametrize("splits", [1, 7, None])
-def test_decode_v8_rings_and_splits(nsub, stages, splits):
-    _run("gqa4-hk8-b64-sinks", V8Tuning(nsub=nsub, stages=stages, splits=splits))
+def test_decode_wholepage_rings_and_splits(nsub, stages, splits):
+    _run("gqa4-hk8-b64-sinks", WholePageTuning(nsub=nsub, stages=stages, splits=splits))
 
 
 @pytest.mark.parametrize("name", ["gqa4-hk8-b64-long", "gqa6-hk2-b32-window-softcap", "gqa16-hk1-b16-batch64"])
-def test_decode_v8_16_warps(name):
+def test_decode_wholepage_16_warps(name):
     """16 warps (two token groups per kv head at Hk=8) under a 128-register cap."""
-    _run(name, V8Tuning(warps=16, nsub=1, stages=4, maxnreg=128))
+    _run(name, WholePageTuning(warps=16, nsub=1, stages=4, maxnreg=128))
 
 
-def test_decode_v8_token_major_is_refused():
+def test_decode_wholepage_token_major_is_refused():
     """Token-major pages (Hk > 1) have no contiguous runs: a clear error, never a wrong read."""
     prob, query, _ = _problem([100, 7], 16, 4, 128, 16, False, seed=5, sinks=False)
     with pytest.raises(UltraQuantError, match="whole 16-token runs"):
-        decode_v8(query, prob.kv_cache, prob.block_table, prob.seq_lens, 0.1)
+        decode_wholepage(query, prob.kv_cache, prob.block_table, prob.seq_lens, 0.1)
 
 
-def test_decode_v8_jit_default_tuning():
+def test_decode_wholepage_jit_default_tuning():
     """The direct entry (Gluon JIT, default tuning) agrees with the routed one on one case."""
-    _run("gqa4-hk8-b64-sinks", V8Tuning())
+    _run("gqa4-hk8-b64-sinks", WholePageTuning())
 
 
 @pytest.mark.parametrize("d", [128, 256])
-def test_decode_v8_wide_dynamic_range(d):
-    """V outliers 2**20 above the rest with almost no attention (the v7 CPU/GPU case)."""
+def test_decode_wholepage_wide_dynamic_range(d):
+    """V outliers 2**20 above the rest with almost no attention (the split-KV CPU/GPU case)."""
     from tests.test_kernels_attention import wide_range_problem
 
     query = torch.randn(3, 1, d, generator=torch.Generator().manual_seed(3)).to(torch.bfloat16)
@@ -116,28 +117,28 @@ def test_decode_v8_wide_dynamic_range(d):
     ref = R.decode_attention(query.float(), prob.kv_cache, prob.block_table, prob.seq_lens, 0.125)
     out = torch.full_like(query, float("nan"))
     assert plans.plan_decode(query, prob.kv_cache, prob.block_table, prob.seq_lens, 0.125, None, None, None,
-                             out).spec.kernel == "uq_decode_v8"
+                             out).spec.kernel == "uq_decode_wholepage"
     uq.decode_attention(query, prob.kv_cache, prob.block_table, prob.seq_lens, 0.125, out=out)
     torch.cuda.synchronize()
     check_close(out, ref, "wide range")
 
 
-def test_decode_v8_graph_replay_new_seq_lens_and_stream():
+def test_decode_wholepage_graph_replay_new_seq_lens_and_stream():
     """Capture once on a side stream, replay with other seq_lens (tickets reset themselves), through the
-    routed public API (the case is v8's: D=128, GQA 4, head-major)."""
+    routed public API (the case is the whole-page decode's: D=128, GQA 4, head-major)."""
     check_graph_replay_and_stream(uq.decode_attention)
 
 
 @pytest.mark.parametrize("seed", [0, 1])
-def test_decode_v8_bounds_contract(monkeypatch, seed):
-    """Issue 17's contract on v8 (one kv head: v8 reads any layout whole): garbage block ids read as
+def test_decode_wholepage_bounds_contract(monkeypatch, seed):
+    """Issue 17's contract on whole-page (one kv head: whole-page reads any layout whole): garbage block ids read as
     empty blocks, lengths clamped to the row, error bits set, guards and cache unchanged, 1 and 3
     splits (tests/bounds_cases.py's decode case through the routed API)."""
     from tests import bounds_cases
 
     monkeypatch.delenv("ULTRAQUANT_CHECK_VALUES", raising=False)
     p = bounds_cases.Problem("cuda", seed, hk=1, gqa=4, bs=16)
-    assert plans.takes_v8(128, 4, 1, 16, tuple(p.cache.stride()), p.cache.device,
+    assert plans.takes_wholepage(128, 4, 1, 16, tuple(p.cache.stride()), p.cache.device,
                           cache_aligned=p.cache.data_ptr() % 16 == 0)
     uq.check_errors()
     failures: list[str] = []

@@ -6,9 +6,9 @@ result is also checked against the reference so a silent wrong answer fails here
 past the end, 2**31-1, -2**31) with value checks off; guards, untouched bytes, outputs over the
 surviving tokens and the error bits checked.
 
-Usage: compute-sanitizer --tool memcheck python3 tools/h200_sanitize.py [--bounds]
+Usage: compute-sanitizer --tool memcheck python3 tests/gpu/sanitize.py [--bounds]
 One command for both workloads under memcheck, logs to $OUT (or --out), a one-line verdict:
-    python3 tools/h200_sanitize.py --memcheck [--out DIR]
+    python3 tests/gpu/sanitize.py --memcheck [--out DIR]
 """
 
 from __future__ import annotations

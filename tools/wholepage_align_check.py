@@ -1,6 +1,6 @@
-"""Offline alignment and bounds check of decode v8's shared and global accesses (sm_90, no GPU).
+"""Offline alignment and bounds check of the whole-page decode's shared and global accesses (sm_90, no GPU).
 
-Compiles ``uq_decode_v8`` for one configuration (as ``tools/v8_sass.py`` does) and checks three things:
+Compiles ``uq_decode_wholepage`` for one configuration (as ``tools/wholepage_sass.py`` does) and checks three things:
 
 1. PTX census: every shared/global access instruction and its width in bytes (``ld.shared.v2.b32``: 8,
    ``cp.async ..., 16``: 16, ``ldmatrix``: 16-byte rows, ...).
@@ -18,7 +18,7 @@ Compiles ``uq_decode_v8`` for one configuration (as ``tools/v8_sass.py`` does) a
    the shared destination is aligned and inside the ring's own allocation (its ``local_alloc``;
    other buffers, e.g. layout-conversion scratch, may follow it).
 
-    .venv/bin/python tools/v8_align_check.py gqa=4 num_kv_heads=8 block_size=64 [math=false] [B=8 L=32768]
+    .venv/bin/python tools/wholepage_align_check.py gqa=4 num_kv_heads=8 block_size=64 [B=8 L=32768]
 
 Prints one line per check and ``ALL OK`` or the first failures; exit status 1 on any failure.
 """
@@ -33,8 +33,9 @@ import re
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from tools.sass_loop import _value  # noqa: E402
 from tools.v8_sass import compile_v8_kernel  # noqa: E402
+
+from tools.sass_loop import _value  # noqa: E402
 from ultraquant.format import slot_size  # noqa: E402
 
 BYTES = {"i8": 1, "i32": 4, "f16": 2, "f32": 4}
@@ -186,13 +187,13 @@ def ring_allocation(ttgir: str) -> int:
 
 def ring_copies(c: dict, nw: int, shared_bytes: int, B: int, L: int, hk: int, block: int, sms: int) -> list[str]:
     """Failures of the copies of every program/stage of a full-length batch (head-major cache)."""
-    from ultraquant.kernels.decode_v8_plan import V8_MIN_SPLIT_TOKENS, V8_PROGRAMS_PER_SM
+    from ultraquant.kernels.families.decode_wholepage import WHOLEPAGE_MIN_SPLIT_TOKENS, WHOLEPAGE_PROGRAMS_PER_SM
 
     nsub, stages, wt = c["NSUB"], c["STAGES"], c["WT"]
     slot = slot_size(c["D"])
     nr, tt, run = nsub * nw, nsub * wt * 16, slot // 8
     rb = 16 * (slot // 136)  # rows of a run in the 16-byte copy (the kernel's RB)
-    splits = max(1, min(sms * V8_PROGRAMS_PER_SM // B, _cdiv(L, V8_MIN_SPLIT_TOKENS)))
+    splits = max(1, min(sms * WHOLEPAGE_PROGRAMS_PER_SM // B, _cdiv(L, WHOLEPAGE_MIN_SPLIT_TOKENS)))
     nblk = B * (L // block)
     s_ch, s_cb = block * slot, hk * block * slot
     cache_bytes = nblk * s_cb

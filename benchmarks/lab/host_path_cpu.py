@@ -5,7 +5,7 @@ CPU tensors are treated as device 0 of a fake sm_90 GPU, value checks are off as
 tensors, self-tests are off, and the manifest lists fake blobs under the exact keys the calls plan.
 What remains is the Python around the launch: validation, planning, lookup and argument packing.
 Not a timed test (numbers vary with the machine's load): run from the repo root,
-``.venv/bin/python tools/host_path_cpu.py [--calls N]``.
+``.venv/bin/python benchmarks/lab/host_path_cpu.py [--calls N]``.
 """
 
 from __future__ import annotations

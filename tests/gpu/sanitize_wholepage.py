@@ -1,7 +1,7 @@
-"""Small decode v8 workload for compute-sanitizer (memcheck / racecheck): ragged lengths at block and
+"""Small the whole-page decode workload for compute-sanitizer (memcheck / racecheck): ragged lengths at block and
 split boundaries, 1/3/7 splits, window + soft cap + sinks, Hk 1/2/8, head-major caches, the no-math
 stream; then the bounds contract's garbage block ids and lengths through the routed API (one kv head,
-where v8 takes any layout: tests/bounds_cases.py's decode case, 2 seeds x 1/3 splits). Checks results
+where whole-page takes any layout: tests/bounds_cases.py's decode case, 2 seeds x 1/3 splits). Checks results
 against the reference (exit 1 on a mismatch or a failed check)."""
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from tests import bounds_cases  # noqa: E402
 from tests.gpu.test_kernels_gpu import _problem, check_close  # noqa: E402
 from ultraquant import reference as R  # noqa: E402
 from ultraquant.kernels import plans  # noqa: E402
-from ultraquant.kernels.decode_v8_plan import V8Tuning, decode_v8  # noqa: E402
+from ultraquant.kernels.families.decode_wholepage import WholePageTuning, decode_wholepage  # noqa: E402
 
 CASES = [
     # seq_lens, Hq, Hk, block, sinks, window, softcap, head_major, splits
@@ -27,27 +27,26 @@ CASES = [
     ([129, 5], 8, 1, 16, True, None, None, True, 1),
 ]
 for lens, hq, hk, bs, sinks, window, softcap, head_major, splits in CASES:
-    tuning = V8Tuning(splits=splits)
+    tuning = WholePageTuning(splits=splits)
     prob, query, sk = _problem(lens, hq, hk, 128, bs, head_major, seed=5, sinks=sinks)
     ref = R.decode_attention(query.float(), prob.kv_cache, prob.block_table, prob.seq_lens, 0.1, sinks=sk,
                              sliding_window=window, softcap=softcap)
     out = torch.full_like(query, float("nan"))
-    decode_v8(query, prob.kv_cache, prob.block_table, prob.seq_lens, 0.1, sinks=sk, sliding_window=window,
+    decode_wholepage(query, prob.kv_cache, prob.block_table, prob.seq_lens, 0.1, sinks=sk, sliding_window=window,
               softcap=softcap, out=out, tuning=tuning)
-    decode_v8(query, prob.kv_cache, prob.block_table, prob.seq_lens, 0.1, out=torch.empty_like(out), math=False,
-              tuning=tuning)
     torch.cuda.synchronize()
     print(lens, check_close(out, ref, str(lens)), flush=True)
 os.environ.pop("ULTRAQUANT_CHECK_VALUES", None)
 failures: list[str] = []
 for seed in range(2):
     p = bounds_cases.Problem("cuda", seed, hk=1, gqa=4, bs=16)
-    assert plans.takes_v8(128, 4, 1, 16, tuple(p.cache.stride()), p.cache.device,
+    assert plans.takes_wholepage(128, 4, 1, 16, tuple(p.cache.stride()), p.cache.device,
                           cache_aligned=p.cache.data_ptr() % 16 == 0)
     uq.check_errors()
     for splits in (1, 3):
         bounds_cases.decode_case(p, failures, splits)
 torch.cuda.synchronize()
-print(f"bounds (garbage ids and lengths, v8 at one kv head): {len(failures)} failed checks", failures, flush=True)
+print(f"bounds (garbage ids and lengths, whole-page at one kv head): {len(failures)} failed checks", failures,
+      flush=True)
 print("done")
 sys.exit(1 if failures else 0)

@@ -1,0 +1,271 @@
+"""The whole-page decode family (``gluon/decode_wholepage.py``, NVIDIA sm_90): tuning, spec, coverage
+rule and launch plan, without importing Triton.
+
+The kernel is a Gluon kernel: one program owns all
+kv heads of a token range and streams them through a ``cp.async`` shared-memory ring of whole 16-token
+runs. It covers D = 128, GQA <= 16, 1 <= Hk <= 8 (a power of two), blocks that are a multiple of 16
+tokens, head-major caches whose 16-token runs are contiguous and 16-byte aligned
+(:func:`whole_runs`); :func:`wholepage_supports` is the rule, everything else is split-KV decode's.
+Same run-time arguments as split-KV decode (``DECODE_PARAMS``, the bounds contract's included) and the same per-device
+workspace. The production plan (``ultraquant.kernels.plans.plan_decode``) routes every decode that
+:func:`wholepage_call` accepts here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from ...errors import UltraQuantError
+from ...format import check_head_size, slot_size
+from ..catalog import alignable
+from ..flags import error_words
+from ..heuristics import cdiv, num_sms
+from ..specialization import LaunchPlan, Specialization, fit_divisible, pow2_at_least, signature_of, type_name
+from ..workspace import decode_workspace, dummy_f32
+from .decode_splitkv import DECODE_PARAMS, decode_args
+
+WHOLEPAGE_PROGRAMS_PER_SM = 1
+"""Programs per multiprocessor the split count aims for (181 registers x 8 warps and the ring's
+shared memory leave room for one)."""
+
+WHOLEPAGE_MIN_SPLIT_TOKENS = 512
+"""A split never gets fewer tokens than this at the static ``max_seq_len`` bound (fewer, larger
+splits won in every prototype)."""
+
+
+@dataclass(frozen=True)
+class WholePageTuning:
+    """Launch shape of the whole-page decode: ``warps`` (Hk kv heads x warps/Hk token groups), a ring of ``stages`` x
+    ``nsub`` sub-tiles of ``tw`` tokens per warp (16: one run; ``None``: 4 at D=128, 2 at D=256, so the
+    ring stays ~140 KB), an optional register cap, an optional split count; ``rows_in_n``: query rows in
+    the MMA N dimension (8 rows, used where GQA <= 8). Defaults: the fastest timed on the H200
+    (benchmarks/NOTES.md, "Whole-page decode")."""
+
+    warps: int = 8
+    rows_in_n: bool = True
+    nsub: int | None = None
+    stages: int = 2
+    tw: int = 16
+    maxnreg: int | None = None
+    splits: int | None = None
+
+
+def whole_runs(head_size: int, strides: tuple[int, ...], num_kv_heads: int) -> bool:
+    """True when the cache's ``(block, token, head)`` byte strides make every 16-token run of one kv
+    head one contiguous, 16-byte aligned piece (head-major pages, or one kv head): the kernel copies runs
+    whole."""
+    sb, st, sh = (int(x) for x in strides[:3])
+    return st == slot_size(head_size) and sb % 16 == 0 and (sh % 16 == 0 or num_kv_heads == 1)
+
+
+def wholepage_supports(
+    *, head_size: int, gqa: int, num_kv_heads: int, block_size: int, runs: bool, target: str
+) -> bool:
+    """The coverage rule: True where the whole-page decode can serve the decode, False where split-KV
+    decode must (``runs``:
+    :func:`whole_runs` of the cache). D=256 only with the query rows in the MMA N dimension (GQA <= 8)."""
+    return (
+        target == "cuda"
+        and (head_size == 128 and 1 <= gqa <= 16 or head_size == 256 and 1 <= gqa <= 8)
+        and num_kv_heads in (1, 2, 4, 8)
+        and block_size % 16 == 0
+        and runs
+    )
+
+
+def wholepage_call(
+    head_size: int,
+    gqa: int,
+    num_kv_heads: int,
+    block_size: int,
+    cache_strides: tuple[int, ...],
+    target: str,
+    cache_aligned: bool = True,
+) -> bool:
+    """The plan's rule for one call: :func:`wholepage_supports` over the cache's strides (``cache_aligned``:
+    its base address is a multiple of 16 bytes)."""
+    return cache_aligned and wholepage_supports(
+        head_size=head_size,
+        gqa=gqa,
+        num_kv_heads=num_kv_heads,
+        block_size=block_size,
+        target=target,
+        runs=whole_runs(head_size, cache_strides, num_kv_heads),
+    )
+
+
+KV_HEADS: tuple[int, ...] = (1, 2, 4, 8)
+"""Kv-head counts the kernel serves; a blob is per count (a program holds all kv heads of a page)."""
+
+
+def unsupported(config: dict[str, Any]) -> str:
+    """Why the whole-page decode does not serve ``config`` (matrix keys), or ``""``: :func:`wholepage_supports`
+    for a build config (the cache layout is a run-time fact: head-major assumed)."""
+    dtype = config.get("query_dtype", config.get("dtype", "bf16"))
+    if str(dtype) not in ("bf16", "fp16"):
+        return f"the whole-page decode reads bf16/fp16 queries, not {dtype}"
+    if not wholepage_supports(head_size=config.get("head_size", 0), gqa=config.get("gqa", 0),
+                              num_kv_heads=config.get("num_kv_heads", 0), block_size=config.get("block_size", 0),
+                              runs=True, target="cuda"):
+        return ("the whole-page decode serves D=128 with GQA 1-16 and D=256 with GQA 1-8, 1/2/4/8 kv heads, "
+                "blocks of a multiple of 16 tokens (wholepage_supports); split-KV decode serves the rest")
+    return ""
+
+
+def decode_wholepage_spec(
+    *,
+    head_size: int,
+    gqa: int,
+    num_kv_heads: int,
+    block_size: int,
+    query_dtype: torch.dtype | str = "bf16",
+    out_dtype: torch.dtype | str | None = None,
+    has_sinks: bool = False,
+    has_window: bool = False,
+    has_softcap: bool = False,
+    tuning: WholePageTuning = WholePageTuning(),
+    **_: Any,
+) -> Specialization:
+    """The whole-page decode kernel for one config."""
+    d = check_head_size(head_size)
+    hk = int(num_kv_heads)
+    wt = max(1, tuning.warps // hk)
+    nsub = tuning.nsub or (4 if d == 128 else 2)
+    pow2 = [tuning.warps, nsub, tuning.stages]
+    if tuning.tw != 16 or tuning.stages < 2 or any(x & (x - 1) for x in pow2):
+        raise UltraQuantError(
+            f"whole-page decode tuning {tuning}: needs 16-token runs per warp (tw=16) and power-of-two "
+            "warps, nsub and stages >= 2 (the ring's padded shared views)"
+        )
+    rows_in_n = tuning.rows_in_n and int(gqa) <= 8
+    return Specialization(
+        kernel="uq_decode_wholepage",
+        signature=signature_of(DECODE_PARAMS, query=type_name(query_dtype), out=type_name(out_dtype or query_dtype)),
+        constexprs={
+            "D": d,
+            "LOG2D": d.bit_length() - 1,
+            "GQA": int(gqa),
+            "ROWS": 8 if rows_in_n else 16,
+            "GQA_PAD": pow2_at_least(int(gqa)),
+            "HK": hk,
+            "WT": wt,
+            "NSUB": nsub,
+            "STAGES": tuning.stages,
+            "TW": tuning.tw,
+            "BLOCK_SIZE": int(block_size),
+            "HAS_SINKS": bool(has_sinks),
+            "HAS_WINDOW": bool(has_window),
+            "HAS_SOFTCAP": bool(has_softcap),
+            "ROWS_IN_N": rows_in_n,
+        },
+        num_warps=hk * wt,
+        num_stages=1,
+        maxnreg=tuning.maxnreg,
+        divisible=alignable("uq_decode_wholepage"),
+    )
+
+
+def wholepage_splits(batch: int, max_tokens: int, device: torch.device, forced: int | None = None) -> int:
+    """Split count from static shapes: one wave of ``WHOLEPAGE_PROGRAMS_PER_SM`` programs per SM, never
+    splits shorter than ``WHOLEPAGE_MIN_SPLIT_TOKENS``; ``forced`` overrides (tuning)."""
+    if forced:
+        return forced
+    want = (num_sms(device) * WHOLEPAGE_PROGRAMS_PER_SM) // max(1, batch)
+    return max(1, min(want, cdiv(max_tokens, WHOLEPAGE_MIN_SPLIT_TOKENS)))
+
+
+def plan_decode_wholepage(
+    query: torch.Tensor,
+    kv_cache: torch.Tensor,
+    block_table: torch.Tensor,
+    seq_lens: torch.Tensor,
+    scale: float,
+    sinks: torch.Tensor | None,
+    sliding_window: int | None,
+    softcap: float | None,
+    out: torch.Tensor,
+    tuning: WholePageTuning = WholePageTuning(),
+) -> LaunchPlan:
+    """Launch of the whole-page decode (callers check :func:`wholepage_supports` first); grid ``(B, 1, splits)``."""
+    b, hq, d = query.shape
+    hk, bs = kv_cache.shape[2], kv_cache.shape[1]
+    if not whole_runs(d, tuple(kv_cache.stride()), hk) or kv_cache.data_ptr() % 16:
+        raise UltraQuantError(
+            f"the whole-page decode reads whole 16-token runs: needs a head-major cache with 16-byte aligned "
+            f"pages (strides {tuple(kv_cache.stride())}); use decode_attention (split-KV decode)"
+        )
+    spec = decode_wholepage_spec(
+        head_size=d,
+        gqa=hq // hk,
+        num_kv_heads=hk,
+        block_size=bs,
+        query_dtype=query.dtype,
+        out_dtype=out.dtype,
+        has_sinks=sinks is not None,
+        has_window=sliding_window is not None,
+        has_softcap=softcap is not None,
+        tuning=tuning,
+    )
+    c = spec.constexprs
+    splits = wholepage_splits(b, block_table.shape[1] * bs, query.device, tuning.splits)
+    parts = b * hk * splits * c["WT"]
+    part, ml, counter = decode_workspace(query.device, parts * c["ROWS"] * d, parts * 2 * c["ROWS"], b * hk)
+    args = decode_args(
+        query,
+        kv_cache,
+        block_table,
+        seq_lens,
+        sinks if sinks is not None else dummy_f32(query.device),
+        out,
+        (part, ml, counter),
+        error_words(query.device),
+        scale,
+        softcap,
+        sliding_window,
+        splits,
+    )
+    return LaunchPlan(
+        fit_divisible(spec, args, alignable(spec.kernel)), args, (b, 1, splits), notes={"num_splits": splits}
+    )
+
+
+def decode_wholepage(
+    query: torch.Tensor,
+    kv_cache: torch.Tensor,
+    block_table: torch.Tensor,
+    seq_lens: torch.Tensor,
+    scale: float,
+    sinks: torch.Tensor | None = None,
+    sliding_window: int | None = None,
+    softcap: float | None = None,
+    out: torch.Tensor | None = None,
+    tuning: WholePageTuning = WholePageTuning(),
+) -> torch.Tensor:
+    """Decode through the whole-page kernel on an NVIDIA GPU (same contract as ``ultraquant.decode_attention``; no
+    fallback: the caller checks :func:`wholepage_supports`; Gluon's JIT, any ``tuning``). Imports Triton lazily."""
+    from ..registry import jit_launch
+
+    if out is None:
+        out = torch.empty_like(query)
+    jit_launch(
+        plan_decode_wholepage(
+            query, kv_cache, block_table, seq_lens, scale, sinks, sliding_window, softcap, out, tuning=tuning
+        )
+    )
+    return out
+
+
+__all__ = [
+    "WholePageTuning",
+    "WHOLEPAGE_PROGRAMS_PER_SM",
+    "decode_wholepage",
+    "decode_wholepage_spec",
+    "plan_decode_wholepage",
+    "wholepage_call",
+    "wholepage_splits",
+    "wholepage_supports",
+    "whole_runs",
+]
