@@ -25,8 +25,9 @@ where none does (AMD):
    the HBM bandwidth; the estimate is the slower of the issue time and the memory time.
 
 The launch-level composition (programs, splits, iterations per warp, waves of programs on the
-machine) is per kernel: :func:`v8_time_us` for NVIDIA's decode v8; ``tools/isa_cost.py`` for the
-FlyDSL decode. Every figure below names its source; those marked ASSUMED are not published and are
+machine) is per kernel: :func:`wholepage_time_us` for NVIDIA's whole-page decode
+(``uq_decode_wholepage``), :func:`flydsl_estimate` for the CDNA decodes (FlyDSL, and the split-KV
+Triton kernel's HSACO). Every figure below names its source; those marked ASSUMED are not published and are
 what the calibration on the H200 tests (``benchmarks/results/isa_cost_calibration_h200.json``).
 """
 
@@ -260,16 +261,20 @@ def parse_sass(text: str, function: str | None = None) -> list[Op]:
 # (v_mfma_f32_16x16x16_bf16: 8 passes on CDNA3 = 32 cycles? The Matrix Instruction Calculator gives
 # 16x16x16 bf16 "8 passes"; the ROCm matrix-cores blog gives 16 cycles for CDNA3 16x16x16: we use the
 # calculator's passes x 4 / 2 (two MFMA units' worth of the dense rate) = 16 cycles, as
-# tools/flydsl_roofline.py did; scaled 16x16x128 f8f6f4 on CDNA4: 32 cycles (same sources)).
+# the earlier roofline tool did; scaled 16x16x128 f8f6f4 on CDNA4: 32 cycles (same sources)).
 # Scalar, LDS, vector memory and branch instructions go to their own units (one issue each per cycle
 # from different waves: the CU's instruction arbiter, CDNA3 ISA guide section 2).
 CDNA_MFMA_CYCLES = {"v_mfma_f32_16x16x16_bf16": 16, "v_mfma_f32_16x16x16bf16_1k": 16,
                     "v_mfma_f32_16x16x32_bf16": 16, "v_mfma_f32_16x16x32_fp8_fp8": 16,
                     "v_mfma_f32_16x16x32_bf8_bf8": 16, "v_mfma_scale_f32_16x16x128_f8f6f4": 32,
                     "v_mfma_f32_16x16x128_f8f6f4": 32, "v_mfma_f32_32x32x8_bf16": 32}
-CDNA_LATENCY = {"lds": 64, "smem": 40, "vmem": 1000}
+CDNA_LATENCY = {"lds": 64, "smem": 40, "vmem": 1000, "table": 300}
 """Cycles until an LDS (~64: AMD LDS latency, ASSUMED from public microbenchmarks of CDNA), scalar
-(~40, ASSUMED) or vector memory result (ASSUMED 1000 = loaded HBM ~ 0.5 us at 2.1 GHz) returns."""
+(~40, ASSUMED) or vector memory result returns. ``vmem`` is replaced by the estimate's loaded HBM
+latency (:func:`flydsl_estimate`); ``table`` (ASSUMED 300 cycles, a vector L1/L2 hit) is for a loop's
+index loads: a vector load the loop waits for (``vmcnt(0)``) before it issues any other, i.e. the
+block-table entry whose value addresses the tile (16 entries share 64 bytes: after the first tile a
+cache hit). The H200 model treats the same loads the same way (its ``l1`` latency)."""
 
 
 def _cdna_op(addr: int, mnem: str, ops: str, target: int | None) -> Op:
@@ -447,7 +452,7 @@ def occupancy_nvidia(registers: int, shared_bytes: int, threads: int, machine: M
 
 
 # --------------------------------------------------------------------------------------------------
-# Launch composition: decode v8 on sm_90
+# Launch composition: the whole-page decode on sm_90
 
 
 def _schedule(programs: list[float], slots: int) -> float:
@@ -501,9 +506,9 @@ LAUNCH_US = 2.0
 """ASSUMED fixed cost of one kernel in a CUDA-graph replay (launch, drain, tail): ~2 us."""
 
 
-def v8_time_us(prof: KernelProfile, constexprs: dict[str, Any], seq_lens: list[int], splits: int,
-               machine: Machine = H200, slot_bytes: int = 136) -> dict[str, Any]:
-    """Estimated time of decode v8 (``uq_decode_v8``) for one batch: grid ``(B, 1, splits)``, 8 warps
+def wholepage_time_us(prof: KernelProfile, constexprs: dict[str, Any], seq_lens: list[int], splits: int,
+                      machine: Machine = H200, slot_bytes: int = 136) -> dict[str, Any]:
+    """Estimated time of the whole-page decode (``uq_decode_wholepage``) for one batch: grid ``(B, 1, splits)``, 8 warps
     per program = (kv head, WT token groups), each loop iteration handles NSUB x TW tokens of one
     kv head per warp; a split gets ``ceil(ceil(len / splits) / 16) * 16`` tokens (the kernel's split
     rule, per request)."""
@@ -573,6 +578,15 @@ def flydsl_estimate(ops: list[Op], machine: Machine, head_size: int, vgpr: int, 
     lat_ns = machine.dram_latency_ns if latency_ns is None else latency_ns
     lat = int(lat_ns * machine.clock_ghz)
     body = [dataclasses.replace(o, latency=lat) if o.sets == "vm" else o for o in hot_loop(ops)]
+    for i, o in enumerate(body):  # index loads (see CDNA_LATENCY["table"])
+        if o.sets != "vm":
+            continue
+        for nxt in body[i + 1:]:
+            if nxt.sets == "vm":
+                break
+            if nxt.waitcnt.get("vm") == 0:
+                body[i] = dataclasses.replace(o, latency=CDNA_LATENCY["table"])
+                break
     waves = cdna_waves_per_simd(vgpr, agpr, lds_bytes, waves_per_block, machine)
     sim = simulate(body, waves, iterations=6, multi_issue=True)
     single = simulate(body, 1, iterations=4, multi_issue=True)

@@ -106,7 +106,8 @@ def main() -> None:
     import torch
 
     import ultraquant as uq
-    from ultraquant.bench.decode import backend_env, measure_ceiling, time_graph
+    from ultraquant import config as uq_config
+    from ultraquant.bench.decode import measure_ceiling, time_graph
     from ultraquant.kernels.plans import plan_decode
 
     rows = []
@@ -124,16 +125,16 @@ def main() -> None:
         if only and c["name"] not in only:
             continue
         lens = lengths(c["lens"])
-        backend_env("triton")  # the fill: the store through the JIT (the calibration blobs are decodes)
-        q, cache, bt, seq, nbytes = make_problem(c, lens)
+        with uq_config.overridden(backend="triton"):  # the fill: the store through the JIT
+            q, cache, bt, seq, nbytes = make_problem(c, lens)
         torch.cuda.synchronize()
-        backend_env("aot")  # the decode: blobs only (an error when none serves the config)
         o = torch.empty_like(q)
         prob = (q, cache, bt, seq, o)
         scale = c["D"] ** -0.5
         plan = plan_decode(q, cache, bt, seq, scale, None, None, None, o)
         try:
-            us = time_graph(lambda p=prob, s=scale: uq.decode_attention(p[0], p[1], p[2], p[3], s, out=p[4]))
+            with uq_config.overridden(backend="aot"):  # the decode: blobs only (an error when none serves it)
+                us = time_graph(lambda p=prob, s=scale: uq.decode_attention(p[0], p[1], p[2], p[3], s, out=p[4]))
             err = ""
         except Exception as exc:  # a missing blob: record and go on
             us, err = float("nan"), f"{type(exc).__name__}: {exc}"

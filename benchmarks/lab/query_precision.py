@@ -7,7 +7,7 @@ fp16 with an fp16 V). This measures the decode output against float64 attention 
 dequantized cache (so only the operand rounding shows), for queries and keys with heavy tails and
 outlier channels, and writes the relative errors:
 
-    python tools/query_precision.py --out benchmarks/results/query_precision.json
+    python benchmarks/lab/query_precision.py --out benchmarks/results/query_precision.json
 """
 
 from __future__ import annotations
