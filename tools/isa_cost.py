@@ -204,11 +204,12 @@ def flydsl(out: Path, budgets: bool = False) -> list[dict]:
     return rows
 
 
-PROPOSED_VALU = {("gfx942", 128): 221, ("gfx942", 256): 420, ("gfx950", 128): 221}
+PROPOSED_VALU = {("gfx942", 128): 256, ("gfx942", 256): 419, ("gfx950", 128): 266}
 """VALU per 16-token tile of the fp16 bit-placement decode (docs/flydsl.md, "Cheaper FP4 decode"): the
-built loop's non-decode VALU (gfx942 D=128: 739 - ~655 decode = ~85) + 11 per code word
-(``fp4_bits.FP16_VALU_PER_WORD``, 8 words per lane per tile at D=128) + K scales after the MFMA
-(~28) + V scales folded into P (~20); D=256 twice the decode part. A paper count, not a build."""
+built loop minus today's decode as llc-22 compiles it (640 per 8 words at D=128,
+``benchmarks/lab/fp4_decode_isa.py``, ``results/fp4_decode_isa_gfx942.txt``) plus the new decode the
+same way (109 on gfx942, 125 on gfx950 per 8 words) plus K scales after the MFMA (~28) and V scales
+folded into P (~20); D=256 twice the decode and scale parts. A count, not a build of the kernel."""
 
 
 def whatif(out: Path) -> list[dict]:
