@@ -15,6 +15,7 @@ whose recorded splits and grids the comparison uses. ``flydsl`` needs the FlyDSL
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import math
 import os
@@ -204,17 +205,19 @@ def flydsl(out: Path, budgets: bool = False) -> list[dict]:
     return rows
 
 
-PROPOSED_VALU = {("gfx942", 128): 256, ("gfx942", 256): 419, ("gfx950", 128): 266}
+PROPOSED_VALU = {("gfx942", 128): 240, ("gfx942", 256): 387, ("gfx950", 128): 250}
 """VALU per 16-token tile of the fp16 bit-placement decode (docs/flydsl.md, "Cheaper FP4 decode"): the
 built loop minus today's decode as llc-22 compiles it (640 per 8 words at D=128,
 ``benchmarks/lab/fp4_decode_isa.py``, ``results/fp4_decode_isa_gfx942.txt``) plus the new decode the
-same way (109 on gfx942, 125 on gfx950 per 8 words) plus K scales after the MFMA (~28) and V scales
-folded into P (~20); D=256 twice the decode and scale parts. A count, not a build of the kernel."""
+same way with its byte moves as ``llvm.amdgcn.perm`` (93 per 8 words on gfx942, 109 on gfx950) plus
+K scales after the MFMA (~28) and V scales folded into P (~20); D=256 twice the decode and scale
+parts. A count, not a build."""
 
 
 def whatif(out: Path) -> list[dict]:
     """The built FlyDSL loops thinned to :data:`PROPOSED_VALU` (:func:`codegen.cost_model.drop_valu`):
-    what the cheaper decode would be estimated at, with the built occupancy and with 4 / 8 waves."""
+    what the cheaper decode would be estimated at, with the built occupancy and with 4 / 8 waves, in the
+    backend's loop and in the software-pipelined one (the next tile's loads issued before this tile's math)."""
     from ultraquant.codegen.archs import get_arch
     from ultraquant.codegen.elf import read_code_object
     from ultraquant.codegen.flydsl import backend as fb
@@ -222,9 +225,15 @@ def whatif(out: Path) -> list[dict]:
 
     backend = fb.FlyDSLBackend()
     rows = []
-    for (arch, d), keep in PROPOSED_VALU.items():
+    built_rule = fb.pipelined_for
+    # the backend's loop (not pipelined at these sizes) and the software-pipelined one
+    for ((arch, d), keep), pipelined in itertools.product(PROPOSED_VALU.items(), (False, True)):
+        fb.pipelined_for = (lambda *_: True) if pipelined else built_rule
         spec = backend.specialize(fb.OP, {"head_size": d, "gqa": 8, "block_size": 16, "query_dtype": "bf16"})
-        binary, info = backend.compile(spec, get_arch(arch))
+        try:
+            binary, info = backend.compile(spec, get_arch(arch))
+        finally:
+            fb.pipelined_for = built_rule
         res = read_code_object(binary).kernels[spec.kernel].resources
         ops = cm.parse_amdgpu(isa.disassemble(binary, arch))
         body = cm.drop_valu(ops, keep)
@@ -238,9 +247,11 @@ def whatif(out: Path) -> list[dict]:
                                        int(info["num_warps"]), lat)
                 est[f"{int(lat)}ns_{waves or 'built'}_waves"] = {"tbs": e["estimate_tbs"], "bound": e["bound"],
                                                                  "waves_per_simd": e["waves_per_simd"]}
-        rows.append({"arch": arch, "head_size": d, "valu_built": sum(o.cls == "valu" for o in cm.hot_loop(ops)),
-                     "valu_proposed": keep, "vgpr_built": vgpr, "gate_tbs": TARGETS[(arch, d)], "estimate": est})
-        print(arch, d, keep, {k: round(v["tbs"], 2) for k, v in est.items()}, flush=True)
+        rows.append({"arch": arch, "head_size": d, "pipelined": info["isa"]["pipelined"],
+                     "valu_built": sum(o.cls == "valu" for o in cm.hot_loop(ops)), "valu_proposed": keep,
+                     "vgpr_built": vgpr, "gate_tbs": TARGETS[(arch, d)], "estimate": est})
+        print(arch, d, "pipelined" if info["isa"]["pipelined"] else "built", vgpr, "VGPR", keep,
+              {k: round(v["tbs"], 2) for k, v in est.items()}, flush=True)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"what": "what-if: the built FlyDSL loop with its VALU thinned to the proposed "
                                        "decode's paper count (not a kernel)", "rows": rows}, indent=1) + "\n")

@@ -46,6 +46,20 @@ def _fp16(ir: _IR, w: str, scale: str = "") -> list[str]:
             ir.bin("and", ir.bin("shl", y, 8), m)]
 
 
+def _fp16_perm(ir: _IR, w: str, scale: str = "") -> list[str]:
+    """:func:`_fp16` with the byte moves as ``v_perm_b32`` (bytes 0, 2 of X/Y up one byte, zeros between)."""
+    hi = 0x80808080 - 2**32
+    x = ir.bin("or", ir.bin("and", ir.bin("shl", w, 1), 0x0E0E0E0E), ir.bin("and", ir.bin("shl", w, 4), hi))
+    y = ir.bin("or", ir.bin("and", ir.bin("lshr", w, 3), 0x0E0E0E0E), ir.bin("and", w, hi))
+    m = 0xFF00FF00 - 2**32
+    sel = 0x060C040C
+
+    def perm(v: str) -> str:
+        return ir.op(f"call i32 @llvm.amdgcn.perm(i32 {v}, i32 0, i32 {sel})")
+
+    return [ir.bin("and", x, m), perm(x), ir.bin("and", y, m), perm(y)]
+
+
 def _fp8(ir: _IR, w: str, fnuz: bool) -> list[str]:
     sign = w
     if fnuz:
@@ -75,7 +89,8 @@ def _bf16(ir: _IR, w: str, scale: str) -> list[str]:
     return [ir.bin("or", ir.bin("and", codes[2 * i], 0xFFFF), ir.bin("shl", codes[2 * i + 1], 16)) for i in range(4)]
 
 
-FORMULAS = {"bf16_today": _bf16, "fp16_bits": _fp16, "e4m3_bits": lambda ir, w, s: _fp8(ir, w, False),
+FORMULAS = {"bf16_today": _bf16, "fp16_bits": _fp16, "fp16_bits_perm": _fp16_perm,
+            "e4m3_bits": lambda ir, w, s: _fp8(ir, w, False),
             "e4m3fnuz_bits": lambda ir, w, s: _fp8(ir, w, True)}
 
 
@@ -97,7 +112,7 @@ def kernel_ir(formula: str) -> str:
         p = ir.op(f"getelementptr i32, ptr addrspace(1) %out, i32 {ir.bin('add', obase, i)}")
         ir.lines.append(f"  store i32 {v}, ptr addrspace(1) {p}, align 4")
     body = "\n".join(ir.lines)
-    return ("declare i32 @llvm.amdgcn.workitem.id.x()\n"
+    return ("declare i32 @llvm.amdgcn.workitem.id.x()\ndeclare i32 @llvm.amdgcn.perm(i32, i32, i32)\n"
             "define amdgpu_kernel void @k(ptr addrspace(1) %in, ptr addrspace(1) %out) {\n"
             f"{body}\n  ret void\n}}\n")
 
