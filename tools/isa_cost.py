@@ -3,7 +3,7 @@
     python tools/isa_cost.py build --out .isa/gen                      # the sm_90 calibration blobs
     python tools/isa_cost.py predict --generated .isa/gen --out P.json # model times of the configs
     python tools/isa_cost.py calibrate --generated .isa/gen --measured M.json --out C.json
-    python tools/isa_cost.py census BLOB [--arch sm_90|gfx942|gfx950]   # hot-loop census of one blob
+    python tools/isa_cost.py census BLOB [--arch sm_90|gfx942|gfx950] [--tokens 64]  # hot-loop census
     python tools/isa_cost.py flydsl --out F.json                       # FlyDSL decode on MI300X/MI355X
 
 ``predict`` and ``calibrate`` read the blobs' manifest (constexprs, registers, shared memory) and
@@ -123,7 +123,7 @@ def _print(rows: list[dict]) -> None:
               f"({r['bound']}; memory {r['memory_us']:.1f}){meas}")
 
 
-def census_cmd(path: Path, arch: str) -> None:
+def census_cmd(path: Path, arch: str, tokens: float = 1.0) -> None:
     if arch == "sm_90":
         ops = cm.parse_sass(sass_text(path))
     else:
@@ -131,7 +131,7 @@ def census_cmd(path: Path, arch: str) -> None:
 
         ops = cm.parse_amdgpu(isa.disassemble(path.read_bytes(), arch))
     body = cm.hot_loop(ops)
-    print(json.dumps(cm.census(body), indent=1))
+    print(json.dumps(cm.census(body, tokens), indent=1))
 
 
 TARGETS = {("gfx942", 128): 3.5, ("gfx942", 256): 3.2, ("gfx950", 128): 6.0}
@@ -273,6 +273,8 @@ def main() -> None:
     p = sub.add_parser("census")
     p.add_argument("blob", type=Path)
     p.add_argument("--arch", default="sm_90")
+    p.add_argument("--tokens", type=float, default=1.0,
+                   help="token-heads one loop iteration handles (whole-page decode: NSUB x TW = 64 at D=128)")
     p = sub.add_parser("flydsl")
     p.add_argument("--out", type=Path, default=Path("benchmarks/results/isa_cost_amd.json"))
     p.add_argument("--budgets", action="store_true", help="also the VALU per tile each gate allows (slow)")
@@ -297,7 +299,7 @@ def main() -> None:
             a.out.parent.mkdir(parents=True, exist_ok=True)
             a.out.write_text(json.dumps(result, indent=1, default=str) + "\n")
     elif a.cmd == "census":
-        census_cmd(a.blob, a.arch)
+        census_cmd(a.blob, a.arch, a.tokens)
     elif a.cmd == "whatif":
         whatif(a.out)
     elif a.cmd == "flydsl":
