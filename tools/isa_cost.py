@@ -142,7 +142,7 @@ def _amd_cases() -> list[tuple[str, str, int, bool]]:
     """(backend, arch, head size, mx) of every AMD decode the tool estimates."""
     fly = [("flydsl", "gfx942", d, False) for d in (128, 256, 512)]
     fly += [("flydsl", "gfx950", d, mx) for mx in (False, True) for d in (128, 256, 512)]
-    tri = [("triton", a, d, False) for a in ("gfx942", "gfx950") for d in (128, 256)]
+    tri = [("triton", a, d, False) for a in ("gfx942", "gfx950") for d in (64, 128, 256)]
     return fly + tri
 
 
