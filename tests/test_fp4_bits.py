@@ -51,3 +51,23 @@ def test_scale_bits() -> None:
     for b in (0, 1, 2, 115, 127, 139, 252):
         v = torch.tensor([fb.scale_f32_bits(b)], dtype=torch.int32).view(torch.float32).item()
         assert v == (0.0 if b == 0 else 2.0 ** (b - 127))
+
+
+@pytest.mark.parametrize("head_size", [128, 256])
+def test_fp16_qk_path_matches_reference(head_size: int) -> None:
+    """The fp16 QK path (bit-placed K words, scale after each group, 2**14 at the end) equals float64
+    q.k over the reference dequantization, for scales 2**-12..2**12, zero groups and -0 codes."""
+    from ultraquant.reference import dequantize
+
+    gen = torch.Generator().manual_seed(1)
+    t = 64
+    codes = torch.randint(0, 256, (t, head_size // 2), generator=gen, dtype=torch.int64).to(torch.uint8)
+    codes[0] = 0x88  # every code -0
+    scales = torch.randint(115, 140, (t, head_size // 32), generator=gen, dtype=torch.int64).to(torch.uint8)
+    scales[1, 0] = 0  # a zero group
+    q = (torch.randn(head_size, generator=gen) * 3).to(torch.float16).float()
+    got = fb.qk_scores_fp16(q, codes, scales).double()
+    k = dequantize(codes, scales, rotate=False, dtype=torch.float64)
+    want = k @ q.double()
+    assert not torch.isnan(got).any()
+    torch.testing.assert_close(got, want, rtol=2e-6, atol=1e-6 * want.abs().max().item())

@@ -112,5 +112,27 @@ def decode_words_torch(words: torch.Tensor, kind: str) -> torch.Tensor:
     return out * 2.0 ** -FP8_OFFSET_LOG2[fnuz]
 
 
+def qk_scores_fp16(query: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+    """Emulation of the fp16 QK path for (T,) tokens of one head: ``query`` (D,) already fp16-exact
+    (float32), ``codes`` (T, D/2) uint8 (element 2i in the low nibble), ``scales`` (T, D/32) uint8.
+
+    As the kernel would: each code word -> :func:`fp16_pairs`, the query read in the same element
+    order (:data:`FP16_ORDER`), products summed in float32 per 32-element group (one group = two
+    16x16x16 MFMAs), times the group scale :func:`scale_f32_bits` after the group, and the constant
+    ``2**14`` once at the end (the softmax scale's job in the kernel). Returns (T,) float32 scores."""
+    t, half = codes.shape
+    d = 2 * half
+    b = codes.to(torch.int64)
+    words = (b[:, 0::4] | b[:, 1::4] << 8 | b[:, 2::4] << 16 | b[:, 3::4] << 24)  # (T, D/8)
+    vals = torch.zeros(t, d // 8, 8, dtype=torch.float32)
+    for word, (lo, hi) in zip(fp16_pairs(words), FP16_ORDER, strict=True):
+        vals[:, :, lo] = _fp16_value(word & 0xFFFF).float()
+        vals[:, :, hi] = _fp16_value((word >> 16) & 0xFFFF).float()
+    prod = (vals.reshape(t, d) * query[None, :]).reshape(t, d // 32, 32)
+    raw = prod.sum(-1, dtype=torch.float32)  # (T, groups): one group's MFMA result
+    scale = scale_f32_bits(scales.to(torch.int32)).view(torch.float32)  # byte 0 -> 0.0: the zero group
+    return (raw * scale).sum(-1) * 2.0 ** -FP16_OFFSET_LOG2
+
+
 __all__ = ["FP16_ORDER", "FP16_VALU_PER_WORD", "FP8_ORDER", "FP8_VALU_PER_WORD", "decode_words_torch",
-           "fp16_pairs", "fp8_bytes", "scale_f32_bits"]
+           "fp16_pairs", "fp8_bytes", "qk_scores_fp16", "scale_f32_bits"]
