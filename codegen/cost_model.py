@@ -56,11 +56,13 @@ class Machine:
     schedulers_per_unit: int
     """SMSPs per SM (4) or SIMDs per CU (4)."""
     clock_ghz: float
+    """Peak clock, ASSUMED sustained (the H200 held 1980 MHz through the calibration run; an MI300X
+    may clock lower under load, which would lower the issue-bound estimates in proportion)."""
     hbm_tbs: float
     lds_bytes: int
     """Shared memory / LDS per SM or CU."""
     regs_per_scheduler: int
-    """Registers per lane available to one scheduler's warps (sm_90: 64K per SM / 4) or VGPRs per SIMD lane."""
+    """32-bit registers of one scheduler (sm_90: 65536 per SM / 4) or VGPRs per SIMD lane (CDNA: 512)."""
     max_waves_per_scheduler: int
     wave: int
     """Threads per warp (32) or wave (64)."""
@@ -82,8 +84,8 @@ MI300X = Machine(
     ("304 CUs, 64 KiB LDS, 512 KiB VGPR file per CU (512 VGPRs per SIMD lane), wave64: ROCm 'AMD GPU "
      "specifications' table (rocm.docs.amd.com/en/latest/reference/gpu-specs.html)",
      "2100 MHz peak engine clock, 5.3 TB/s HBM3: AMD CDNA 3 architecture white paper and the AMD "
-     "Instinct MI300X data sheet (163.4 TFLOPS FP32 vector = 304 CU x 128 FLOP/clk x 2.1 GHz x 2)",
-     "8 waves per SIMD at <= 64 VGPRs... (occupancy by VGPRs: AMD CDNA3 ISA guide, 'VGPR allocation')"))
+     "Instinct MI300X data sheet (consistent: 163.4 TFLOPS FP32 vector = 304 CUs x 256 FLOP/clk x 2.1 GHz)",
+     "at most 8 waves per SIMD; by registers 512 / (VGPRs rounded up to 8): AMD CDNA3 ISA guide"))
 
 MI355X = Machine(
     "MI355X", "gfx950", 256, 4, 2.4, 8.0, 160 * 1024, 512, 8, 64, 1000.0,
