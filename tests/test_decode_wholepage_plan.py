@@ -12,7 +12,7 @@ from ultraquant.kernels.families.decode_wholepage import (
     decode_wholepage_spec,
     plan_decode_wholepage,
     whole_runs,
-    wholepage_splits,
+    wholepage_programs,
     wholepage_supports,
 )
 
@@ -90,14 +90,14 @@ def test_plan_grid_and_workspace():
     bt = torch.zeros(b, 10, dtype=torch.int32)
     plan = plan_decode_wholepage(q, cache, bt, torch.ones(b, dtype=torch.int32), 0.1, None, None, None,
                                  torch.empty_like(q))
-    splits = plan.notes["num_splits"]
-    assert plan.grid == (b, 1, splits) and splits == wholepage_splits(b, 10 * bs, q.device)
-    wt = plan.spec.constexprs["WT"]
+    programs = plan.notes["programs"]
+    assert plan.grid == (programs, 1, 1) and programs == wholepage_programs(q.device)
+    assert plan.args[13] == b  # num_requests, in the split count's slot
     part, ml, counter = plan.args[6], plan.args[7], plan.args[8]
     rows = plan.spec.constexprs["ROWS"]
-    parts = b * hk * splits * wt
+    parts = (programs + b) * hk
     assert rows == 8 and part.numel() >= parts * rows * d and ml.numel() >= parts * 2 * rows
     assert counter.numel() >= b * hk
     forced = plan_decode_wholepage(q, cache, bt, torch.ones(b, dtype=torch.int32), 0.1, None, None, None,
-                            torch.empty_like(q), tuning=WholePageTuning(splits=5))
-    assert forced.grid == (b, 1, 5)
+                                   torch.empty_like(q), tuning=WholePageTuning(programs=5))
+    assert forced.grid == (5, 1, 1)

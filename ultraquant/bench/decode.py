@@ -353,7 +353,7 @@ def run_bench(shapes: list[str], plot: str | None, layouts: list[str], with_stre
             plan = plans.plan_decode(p.query, p.kv_cache, p.block_table, p.seq_lens, s["D"] ** -0.5, None, None,
                                      None, p.out, config.get().tuning)
             kind = "whole-page" if plan.spec.kernel == "uq_decode_wholepage" else "split-KV"
-            label = f"{kind}, splits {plan.notes['num_splits']}"
+            label = f"{kind}, " + ", ".join(f"{k} {v}" for k, v in plan.notes.items())
             if with_stream:
                 rows.append(_row(f"{name} stream-{layout}", bench_stream(p, s["block"], splits), p.stored_bytes,
                                  ceiling, sdpa_us))

@@ -42,8 +42,9 @@ def takes_wholepage(
 
 
 def wholepage_tuning(tuning: Tuning) -> WholePageTuning:
-    """The whole-page launch shape under the run-time tuning (a forced split count carries over)."""
-    return WholePageTuning(splits=tuning.decode_splits)
+    """The whole-page launch shape under the run-time tuning (its defaults: a forced split count is
+    split-KV decode's; the whole-page grid is persistent and balanced on the device)."""
+    return WholePageTuning()
 
 
 def decode_call_spec(
