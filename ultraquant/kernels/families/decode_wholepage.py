@@ -6,9 +6,11 @@ kv heads of a token range and streams them through a ``cp.async`` shared-memory 
 runs. It covers D = 128, GQA <= 16, 1 <= Hk <= 8 (a power of two), blocks that are a multiple of 16
 tokens, head-major caches whose 16-token runs are contiguous and 16-byte aligned
 (:func:`whole_runs`); :func:`wholepage_supports` is the rule, everything else is split-KV decode's.
-Same run-time arguments as split-KV decode (``DECODE_PARAMS``, the bounds contract's included) and the same per-device
-workspace. The production plan (``ultraquant.kernels.plans.plan_decode``) routes every decode that
-:func:`wholepage_call` accepts here.
+Split-KV decode's run-time arguments with the batch size in the split count's slot
+(:data:`WHOLEPAGE_PARAMS`, the bounds contract's included) and the same per-device workspace; a
+persistent grid (:func:`wholepage_programs`) whose work the kernel balances from ``seq_lens`` on the device
+(:func:`wholepage_schedule` models it). The production plan (``ultraquant.kernels.plans.plan_decode``)
+routes every decode that :func:`wholepage_call` accepts here.
 """
 
 from __future__ import annotations

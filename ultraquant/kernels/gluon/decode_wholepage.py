@@ -1,14 +1,26 @@
-"""The whole-page decode: split-KV paged decode that streams whole pages, for NVIDIA sm_90, in Gluon.
+"""The whole-page decode: paged decode that streams whole pages over a balanced persistent grid, for
+NVIDIA sm_90, in Gluon.
 
-Same run-time arguments, workspace and single-launch split merge as :func:`uq_decode_splitkv` (split-KV); the
-difference is the read structure. One program (CTA) owns ALL kv heads of a token range of one
-request (grid ``(B, 1, splits)``) and streams it through an asynchronous global -> shared-memory ring
-(``cp.async``, ``STAGES`` deep): stage ``i`` holds ``TT = NSUB * WT * 16`` consecutive tokens of every
-kv head as ``NSUB * NW`` runs of 16 whole slots, each run one contiguous piece of a head-major page
-copied with 16-byte ``cp.async`` (17 rows of 128 B at D=128) into the ring exactly as it lies in
-global memory. The math reads its operands (K codes, V codes, the two scale words) straight from
-that raw ring through padded shared layouts (136-byte slots = 128 + 8 padding bytes), so no copy is
-split into pieces.
+Schedule (graph-safe, no host plan): the grid is fixed per device (``(programs, 1, 1)``, one program
+per SM); every call, each program reads ``seq_lens`` and computes the same schedule (:func:`_schedule`):
+a request has ``max(1, cdiv(len - lo_run, TT))`` units (``TT``-token ring stages from its window's first
+stage), the batch's ``total`` units are dealt in equal contiguous shares ``[p total // active, (p + 1)
+total // active)`` to ``active = min(programs, cdiv(total, MIN_UNITS))`` programs, so a request's tokens
+may span programs and a program may serve several requests in turn (one piece each). A piece leaves one
+partial per kv head in workspace slot ``program + request`` (unique: the pieces form a staircase); every
+program derives from the same arithmetic which programs hold a request's pieces (:func:`_owner`), so
+the one that takes the request's last ticket merges them in the same launch and writes ``out``. The
+run-time arguments are split-KV decode's, the split count's slot holding the batch size
+(``WHOLEPAGE_PARAMS``; a pure-Python model of the schedule:
+``families.decode_wholepage.wholepage_schedule``).
+
+Reads: one program (CTA) owns ALL kv heads of a piece and streams it through an asynchronous
+global -> shared-memory ring (``cp.async``, ``STAGES`` deep): stage ``i`` holds ``TT = NSUB * WT * 16``
+consecutive tokens of every kv head as ``NSUB * NW`` runs of 16 whole slots, each run one contiguous
+piece of a head-major page copied with 16-byte ``cp.async`` (17 rows of 128 B at D=128) into the ring
+exactly as it lies in global memory. The math reads its operands (K codes, V codes, the two scale
+words) straight from that raw ring through padded shared layouts (136-byte slots = 128 + 8 padding
+bytes), so no copy is split into pieces.
 
 Math, per warp (warp ``w`` serves kv head ``w // WT`` and the ``w % WT``-th ``TW`` tokens of each
 sub-tile; per-warp online softmax, no cross-warp traffic in the loop), as the Gluon experiment of
@@ -17,7 +29,7 @@ the query rotated once in registers, FP4 codes decoded by inline PTX straight in
 (a code word's four fp16 pairs in 11 instructions, :func:`_word_pairs`), K scales after the MMA per
 32-element group, V scales like split-KV (each token's largest scale on the probability with a running
 reference exponent; V outliers 2^20 apart stay exact). After the loop the WT warps of each kv head
-combine their (m, l, acc) inside the program and each program leaves one partial per kv head in the
+combine their (m, l, acc) inside the program and each piece leaves one partial per kv head in the
 workspace; the last program of a request (atomic ticket) merges them for all heads, folds the sinks
 and writes ``out``.
 """
@@ -688,7 +700,8 @@ def uq_decode_wholepage(q_ptr, cache_ptr, bt_ptr, seqlen_ptr, sinks_ptr, out_ptr
                         STAGES: gl.constexpr, TW: gl.constexpr, BLOCK_SIZE: gl.constexpr, HAS_SINKS: gl.constexpr,
                         HAS_WINDOW: gl.constexpr, HAS_SOFTCAP: gl.constexpr,
                         ROWS_IN_N: gl.constexpr, MIN_TOKENS: gl.constexpr):
-    """Whole-page split-KV paged decode, grid ``(B, 1, num_splits)``; see the module docstring.
+    """Whole-page paged decode over a persistent grid ``(programs, 1, 1)`` balanced from ``seq_lens`` on
+    the device (``num_requests``: the batch size); see the module docstring.
     ``ROWS_IN_N``: the query rows are the MMA N dimension (S^T = K Q^T, O^T = V^T P^T, 8 rows: GQA <= 8)
     instead of 16 padded M rows."""
     gl.static_assert(D == 128 or (D == 256 and ROWS_IN_N), "the whole-page decode: D=128, or D=256 with rows in N")
