@@ -42,6 +42,10 @@ def _check(lens: list[int], programs: int, stage: int, cap: int, window: int | N
     total = sum(max(1, -(-(min(max(n, 0), cap) - (max(min(max(n, 0), cap) - window, 0) if window is not None
                                                   else 0) // stage * stage) // stage)) for n in lens)
     active = min(programs, -(-total // min_units))
+    per_request = {max(1, -(-(min(max(n, 0), cap) - (max(min(max(n, 0), cap) - window, 0) if window is not None
+                                                     else 0) // stage * stage) // stage)) for n in lens}
+    if len(per_request) == 1 and len(lens) <= programs:
+        active = len(lens) * max(1, min(programs // len(lens), -(-per_request.pop() // min_units)))
     assert len(units) <= active
     assert max(units.values()) <= -(-total // active) + len(lens)  # edge pieces round up per request
     assert sum(1 for p in pieces) <= active + len(lens)
@@ -77,11 +81,17 @@ def test_schedule_clamps_lengths_and_uniform_matches_static_splits():
     pieces = wholepage_schedule([-5, 10**6], 4, 64, 1024)  # clamped to [0, cap] as the kernel
     assert {(p.t_lo, p.t_hi) for p in pieces if p.request == 0} == {(0, 0)}
     assert max(p.t_hi for p in pieces if p.request == 1) == 1024
-    uniform = wholepage_schedule([32768] * 8, 132, 64, 32768)  # shape A: no program above 2048 tokens
-    per: dict[int, int] = {}
-    for p in uniform:
-        per[p.program] = per.get(p.program, 0) + p.t_hi - p.t_lo
-    assert max(per.values()) <= 2048
+    for lens, stage, want in (([32768] * 8, 64, 16), ([2048] * 64, 64, 2), ([32768] * 16, 512, 8),
+                              ([1024] * 256, 64, None)):
+        uniform = wholepage_schedule(lens, 132, stage, max(lens))
+        per: dict[int, int] = {}
+        for p in uniform:
+            per[p.program] = per.get(p.program, 0) + p.t_hi - p.t_lo
+        if want:  # the static split (k programs per request), no program serving two requests
+            assert len(per) == want * len(lens) and all(p.parts == want for p in uniform)
+            assert max(per.values()) == lens[0] // want
+        else:  # more requests than programs: the balanced shares
+            assert max(per.values()) <= -(-sum(lens) // 132 // stage) * stage + stage
 
 
 def test_stage_tokens():

@@ -211,7 +211,9 @@ def wholepage_schedule(seq_lens: list[int], programs: int, stage: int, cap: int,
     """A pure-Python model of the kernel's balanced schedule (``_schedule``/``_units``/``_owner`` in
     gluon/decode_wholepage.py), for tests: every request has ``max(1, cdiv(len - lo_run, stage))``
     units (``lo_run``: the window's first token rounded down to a stage), the batch's ``total`` units
-    go in equal contiguous shares to ``active = min(programs, cdiv(total, min_units))`` programs, and a
+    go in equal contiguous shares to ``active = min(programs, cdiv(total, min_units))`` programs (equal
+    requests, at most ``programs`` of them: ``k = min(programs // B, cdiv(units, min_units))`` whole
+    programs each, the static split of a uniform batch), and a
     request's piece on program p has workspace slot ``p + request`` (unique: the pieces form a
     staircase). Lengths are clamped to ``[0, cap]`` as the kernel does."""
     min_units = max(1, min_tokens // stage)
@@ -224,6 +226,8 @@ def wholepage_schedule(seq_lens: list[int], programs: int, stage: int, cap: int,
         lows.append((lo_run, n))
     total = max(sum(units), 1)
     active = min(programs, cdiv(total, min_units))
+    if units and min(units) == max(units) and len(units) <= programs:  # equal requests: whole programs each
+        active = len(units) * max(1, min(programs // len(units), cdiv(units[0], min_units)))
 
     def owner(u: int) -> int:
         return ((u + 1) * active - 1) // total

@@ -655,7 +655,8 @@ def _schedule(seqlen_ptr, num_requests, window, cap, pid, progs, TT: gl.constexp
               MIN_UNITS: gl.constexpr, NW: gl.constexpr):
     """The balanced schedule from ``seq_lens`` on the device: the batch's ``total`` units
     (:func:`_units`) over ``active = min(progs, cdiv(total, MIN_UNITS))`` programs (a piece is never
-    shorter than ``MIN_UNITS`` at the batch's average), program ``pid``'s share ``[w0, w1) =
+    shorter than ``MIN_UNITS`` at the batch's average; equal requests, at most ``progs`` of them: ``k``
+    whole programs each, ``k = min(progs // B, cdiv(units, MIN_UNITS))``), program ``pid``'s share ``[w0, w1) =
     [pid total // active, (pid + 1) total // active)`` (empty from ``active`` on), the first and last
     request it touches and the first one's first unit ``cs`` (``b_last < b_first``: no work). Two
     passes over ``seq_lens`` (the second hits L1)."""
@@ -663,12 +664,21 @@ def _schedule(seqlen_ptr, num_requests, window, cap, pid, progs, TT: gl.constexp
     CH: gl.constexpr = 128 * NW
     zero = gl.sum(gl.zeros([CH], gl.int32, L), axis=0)
     total = zero
+    umax = zero
+    umin = zero + 2147483647
     for c0 in range(0, num_requests, CH):
         j = c0 + gl.arange(0, CH, L)
-        ln = gl.load(seqlen_ptr + j, mask=j < num_requests, other=0)
-        total += gl.sum(gl.where(j < num_requests, _units(ln, window, cap, TT, HAS_WINDOW), 0), axis=0)
+        ok = j < num_requests
+        ln = gl.load(seqlen_ptr + j, mask=ok, other=0)
+        u = _units(ln, window, cap, TT, HAS_WINDOW)
+        total += gl.sum(gl.where(ok, u, 0), axis=0)
+        umax = gl.maximum(umax, gl.max(gl.where(ok, u, 0), axis=0))
+        umin = gl.minimum(umin, gl.min(gl.where(ok, u, 2147483647), axis=0))
     total = gl.maximum(total, 1)
     active = gl.minimum(progs, gl.cdiv(total, MIN_UNITS))
+    # equal requests: k whole programs each (shares end on request ends: no program pays two pieces)
+    k = gl.maximum(gl.minimum(progs // gl.maximum(num_requests, 1), gl.cdiv(umax, MIN_UNITS)), 1)
+    active = gl.where((umax == umin) & (num_requests <= progs), k * num_requests, active)
     w0 = gl.minimum(pid.to(gl.int64) * total // active, total).to(gl.int32)
     w1 = gl.minimum((pid + 1).to(gl.int64) * total // active, total).to(gl.int32)
     b_first = zero  # requests that end at or before w0, and their units
