@@ -680,7 +680,8 @@ def _splitkv_diff(p: DecodeProblem, D: int) -> float:
 
 
 def run_serving_bench(aot_vs_jit: bool = True, names: list[str] | None = None) -> dict:
-    """Time every :func:`serving_shapes` batch (decode through the policy, and JIT / AOT), each against the
+    """Time every :func:`serving_shapes` batch (decode through the policy and JIT / AOT; without
+    ``aot_vs_jit`` one row: the blob where one serves it, else the policy's), each against the
     read ceiling of this run, bf16 SDPA where one dense call covers the batch (uniform lengths), and the
     time a bf16 kernel at the ceiling would take; check each against split-KV decode. Return a JSON-able dict."""
     import ultraquant as uq
@@ -703,7 +704,17 @@ def run_serving_bench(aot_vs_jit: bool = True, names: list[str] | None = None) -
                                  p.out, config.get().tuning)
         kind = "whole-page" if plan.spec.kernel == "uq_decode_wholepage" else "split-KV"
         diff = _splitkv_diff(p, s.D)
-        timed = {"uq": bench_decode(p, s.D)}
+        timed = {}
+        if not aot_vs_jit:  # the blob when one serves the row (named "aot"), else whatever the policy runs
+            from ultraquant.errors import UltraQuantError
+
+            try:
+                with config.overridden(backend="aot"):
+                    timed["aot"] = bench_decode(p, s.D)
+            except UltraQuantError as exc:
+                print(f"  {s.name}: no blob ({exc})"[:300], flush=True)
+        if not timed:
+            timed["uq"] = bench_decode(p, s.D)
         if aot_vs_jit:
             jit_us, aot_us = bench_aot_vs_jit(p, s.D)
             timed["jit"] = jit_us
