@@ -33,9 +33,8 @@ import re
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from tools.wholepage_sass import compile_v8_kernel  # noqa: E402
-
 from tools.sass_loop import _value  # noqa: E402
+from tools.wholepage_sass import compile_v8_kernel  # noqa: E402
 from ultraquant.format import slot_size  # noqa: E402
 
 BYTES = {"i8": 1, "i32": 4, "f16": 2, "f32": 4}
