@@ -165,7 +165,7 @@ class ReferenceBlob:
 
 
 def test_selftest_problem_of_v8():
-    """The whole-page self-test problem plans whole-page over a head-major cache with several splits, passes a kernel
+    """The whole-page self-test problem plans whole-page over a head-major cache on several programs, passes a kernel
     that computes the decode, fails one that drops the sinks, refuses a blob of another key."""
     from ultraquant.kernels.families.decode_wholepage import decode_wholepage_spec
     from ultraquant.runtime import problems
@@ -176,7 +176,7 @@ def test_selftest_problem_of_v8():
     ok, detail = problems.decode_wholepage_problem(good, spec, torch.device("cpu"))
     assert ok, detail
     (grid, strides), = good.seen
-    assert grid[1] == 1 and grid[2] > 1 and whole_runs(128, strides, 2)
+    assert grid[1] == grid[2] == 1 and grid[0] > 1 and whole_runs(128, strides, 2)  # a persistent grid
     ok, detail = problems.decode_wholepage_problem(ReferenceBlob(spec, drop_sinks=True), spec, torch.device("cpu"))
     assert not ok and "rel err" in detail
     other = dataclasses.replace(spec, constexprs={**spec.constexprs, "NSUB": 2 * spec.constexprs["NSUB"]})
