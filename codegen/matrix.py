@@ -122,9 +122,9 @@ OPS: tuple[OpRow, ...] = (
     OpRow("decode_attention_wholepage", ("head_size", "gqa", "block_size", "dtype", "num_kv_heads"),
           rename={"dtype": "query_dtype"}, features=ATTENTION_FEATURES, flag_defaults=ATTENTION_FLAGS,
           archs=("sm_90",),
-          grid="(num_seqs, 1, num_splits); num_splits fixed from static shapes "
-               "(ultraquant.kernels.families.decode_wholepage.wholepage_splits); head-major caches only "
-               "(takes_wholepage)"),
+          grid="(programs, 1, 1): a persistent grid per device "
+               "(ultraquant.kernels.families.decode_wholepage.wholepage_programs), the work balanced from "
+               "seq_lens on the device; head-major caches only (takes_wholepage)"),
     OpRow("prefill_attention", ("head_size", "gqa", "block_size", "dtype"), rename={"dtype": "query_dtype"},
           features=ATTENTION_FEATURES, flag_defaults=ATTENTION_FLAGS, targeted=True,
           grid="(cdiv(num_tokens, ROWS // GQA_PAD) + num_seqs, num_kv_heads, 1)"),

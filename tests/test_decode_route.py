@@ -48,9 +48,10 @@ def test_cuda_target_takes_wholepage_where_covered(cuda_target):
     for hq, hk, bs in ((32, 8, 64), (16, 1, 16), (4, 4, 128), (12, 2, 32), (128, 8, 16)):
         p = _plan(_call(hq, hk, bs))
         assert p.spec.kernel == "uq_decode_wholepage", (hq, hk, bs)
-        assert p.grid[:2] == (3, 1) and p.spec.constexprs["HK"] == hk
+        assert p.grid == (p.notes["programs"], 1, 1) and p.spec.constexprs["HK"] == hk  # persistent grid
+        assert p.args[list(p.spec.signature).index("num_requests")] == 3
         assert set(p.spec.divisible) == {"stride_qb", "stride_qh", "stride_ob", "stride_oh"}
-        assert len(p.args) == len(p.spec.signature)  # the kernel's parameters (DECODE_PARAMS), in order
+        assert len(p.args) == len(p.spec.signature)  # the kernel's parameters (WHOLEPAGE_PARAMS), in order
         assert p.args[list(p.spec.signature).index("stride_btb")] == p.args[2].stride(0)
     wide = _plan(_call(16, 2, 64, d=256))  # shape C: D=256, GQA 8
     assert wide.spec.kernel == "uq_decode_wholepage" and wide.spec.constexprs["D"] == 256
@@ -93,7 +94,7 @@ def test_misaligned_cache_keeps_splitkv(cuda_target):
 
 def test_forced_splits_carry_over(cuda_target):
     p = _plan(_call(), dataclasses.replace(plans.NO_TUNING, decode_splits=5))
-    assert p.spec.kernel == "uq_decode_wholepage" and p.grid == (3, 1, 5)
+    assert p.spec.kernel == "uq_decode_wholepage" and p.grid == (3 * 5, 1, 1)  # 5 pieces per request
 
 
 def test_warmup_specs_follow_the_rule(cuda_target, monkeypatch):
@@ -164,7 +165,7 @@ class ReferenceBlob:
 
 
 def test_selftest_problem_of_wholepage():
-    """The whole-page self-test problem plans whole-page over a head-major cache with several splits, passes a kernel
+    """The whole-page self-test problem plans whole-page over a head-major cache on several programs, passes a kernel
     that computes the decode, fails one that drops the sinks, refuses a blob of another key."""
     from ultraquant.kernels.families.decode_wholepage import decode_wholepage_spec
     from ultraquant.runtime import problems
@@ -175,7 +176,7 @@ def test_selftest_problem_of_wholepage():
     ok, detail = problems.decode_wholepage_problem(good, spec, torch.device("cpu"))
     assert ok, detail
     (grid, strides), = good.seen
-    assert grid[1] == 1 and grid[2] > 1 and whole_runs(128, strides, 2)
+    assert grid[1] == grid[2] == 1 and grid[0] > 1 and whole_runs(128, strides, 2)  # a persistent grid
     ok, detail = problems.decode_wholepage_problem(ReferenceBlob(spec, drop_sinks=True), spec, torch.device("cpu"))
     assert not ok and "rel err" in detail
     other = dataclasses.replace(spec, constexprs={**spec.constexprs, "NSUB": 2 * spec.constexprs["NSUB"]})

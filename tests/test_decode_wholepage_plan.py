@@ -12,7 +12,7 @@ from ultraquant.kernels.families.decode_wholepage import (
     decode_wholepage_spec,
     plan_decode_wholepage,
     whole_runs,
-    wholepage_splits,
+    wholepage_programs,
     wholepage_supports,
 )
 
@@ -90,14 +90,43 @@ def test_plan_grid_and_workspace():
     bt = torch.zeros(b, 10, dtype=torch.int32)
     plan = plan_decode_wholepage(q, cache, bt, torch.ones(b, dtype=torch.int32), 0.1, None, None, None,
                                  torch.empty_like(q))
-    splits = plan.notes["num_splits"]
-    assert plan.grid == (b, 1, splits) and splits == wholepage_splits(b, 10 * bs, q.device)
-    wt = plan.spec.constexprs["WT"]
+    programs = plan.notes["programs"]
+    assert plan.grid == (programs, 1, 1) and programs == wholepage_programs(q.device)
+    assert plan.args[13] == b  # num_requests, in the split count's slot
     part, ml, counter = plan.args[6], plan.args[7], plan.args[8]
     rows = plan.spec.constexprs["ROWS"]
-    parts = b * hk * splits * wt
+    parts = (programs + b) * hk
     assert rows == 8 and part.numel() >= parts * rows * d and ml.numel() >= parts * 2 * rows
     assert counter.numel() >= b * hk
     forced = plan_decode_wholepage(q, cache, bt, torch.ones(b, dtype=torch.int32), 0.1, None, None, None,
-                            torch.empty_like(q), tuning=WholePageTuning(splits=5))
-    assert forced.grid == (b, 1, 5)
+                                   torch.empty_like(q), tuning=WholePageTuning(programs=5))
+    assert forced.grid == (5, 1, 1)
+
+
+def test_empty_kv_cache_is_head_major_and_whole_page():
+    import ultraquant as uq
+    from ultraquant.kernels.families.decode_wholepage import whole_runs
+
+    cache = uq.empty_kv_cache(3, 16, 4, 128)
+    assert cache.shape == (3, 16, 4, 136) and cache.dtype == torch.uint8 and int(cache.abs().sum()) == 0
+    assert cache.stride() == (4 * 16 * 136, 136, 16 * 136, 1) and whole_runs(128, cache.stride(), 4)
+    assert not whole_runs(128, torch.zeros(3, 16, 4, 136, dtype=torch.uint8).stride(), 4)
+
+
+def test_slow_layout_warns_once(caplog):
+    """Token-major pages at Hk > 1 on NVIDIA: one warning per stride pattern; head-major, one kv head,
+    configs split-KV serves anyway, AMD: none."""
+    from ultraquant.kernels import plans
+
+    cuda = torch.device("cuda")
+    token_major = torch.zeros(5, 16, 4, 136, dtype=torch.uint8).stride()
+    with caplog.at_level("WARNING", logger="ultraquant"):
+        assert plans.warn_slow_layout(128, 4, 4, 16, token_major, cuda)
+        assert not plans.warn_slow_layout(128, 4, 4, 16, token_major, cuda)  # once
+    assert sum("empty_kv_cache" in r.getMessage() for r in caplog.records) == 1
+    head_major = torch.zeros(5, 4, 16, 136, dtype=torch.uint8).permute(0, 2, 1, 3).stride()
+    assert not plans.warn_slow_layout(128, 4, 4, 16, head_major, cuda)
+    assert not plans.warn_slow_layout(128, 4, 1, 16, torch.zeros(5, 16, 1, 136, dtype=torch.uint8).stride(), cuda)
+    assert not plans.warn_slow_layout(64, 4, 4, 16, torch.zeros(5, 16, 4, 68, dtype=torch.uint8).stride(), cuda)
+    assert not plans.warn_slow_layout(128, 4, 4, 16, torch.zeros(6, 16, 4, 136, dtype=torch.uint8).stride(),
+                                      torch.device("cpu"))

@@ -1,6 +1,7 @@
 """UltraQuant: 4.25-bit paged KV-cache attention (FP4 E2M1 codes + UE8M0 scales, rotated K).
 
-The public API: the format helpers (:func:`slot_size`, :func:`hadamard`), the ops
+The public API: the format helpers (:func:`slot_size`, :func:`hadamard`, :func:`empty_kv_cache`: a
+head-major paged cache), the ops
 (:func:`store_kv`, :func:`decode_attention`, :func:`dequant_kv`, :func:`prefill_attention`, which
 pick an AOT blob, the Triton JIT kernel or the PyTorch reference per call), :func:`check_errors`
 (out-of-range values the kernels met), :func:`warmup` (load and
@@ -10,7 +11,7 @@ self-test a model's blobs before CUDA graph capture), and
 
 from . import reference
 from .errors import UltraQuantError
-from .format import hadamard, slot_size
+from .format import empty_kv_cache, hadamard, slot_size
 from .ops import KernelError, check_errors, decode_attention, dequant_kv, prefill_attention, store_kv
 from .policy import warmup
 
@@ -22,6 +23,7 @@ __all__ = [
     "check_errors",
     "decode_attention",
     "dequant_kv",
+    "empty_kv_cache",
     "hadamard",
     "prefill_attention",
     "reference",

@@ -95,6 +95,18 @@ def slot_size(head_size: int) -> int:
 
 
 @functools.lru_cache(maxsize=16)
+def empty_kv_cache(num_blocks: int, block_size: int, num_kv_heads: int, head_size: int, *,
+                   device: torch.device | str | None = None) -> torch.Tensor:
+    """A zeroed paged cache as the ops take it, ``(num_blocks, block_size, Hk, slot_size(D))`` uint8, whose
+    memory is head-major (each kv head's slots of a block contiguous: a view of ``(blocks, Hk, tokens,
+    slot)``). That is the layout the fast NVIDIA decode streams whole (docs/kernels.md, "Which decode
+    runs"); a plain ``torch.zeros`` of the same shape (token-major) works everywhere but decodes through
+    split-KV at Hk > 1, about half as fast."""
+    check_head_size(head_size)
+    raw = torch.zeros(num_blocks, num_kv_heads, block_size, slot_size(head_size), dtype=torch.uint8, device=device)
+    return raw.permute(0, 2, 1, 3)
+
+
 def _hadamard_f64(head_size: int) -> torch.Tensor:
     h = torch.ones(1, 1, dtype=torch.float64)
     while h.shape[0] < head_size:

@@ -36,7 +36,7 @@ from ultraquant.kernels.families.decode_wholepage import (  # noqa: E402
     WholePageTuning,
     decode_wholepage,
     whole_runs,
-    wholepage_splits,
+    wholepage_programs,
     wholepage_supports,
 )
 
@@ -63,7 +63,7 @@ def main() -> None:
     ap.add_argument("--json", required=True)
     ap.add_argument("--shapes", default="A,B,C,D")
     ap.add_argument("--rings", default="8:2x4,8:2x4:m16", help="warps:NSUBxSTAGES[:m16] variants")
-    ap.add_argument("--splits-scale", default="1")
+    ap.add_argument("--splits-scale", default="1", help="scales of the persistent grid (programs per SM)")
     ap.add_argument("--no-v7", action="store_true")
     a = ap.parse_args()
     rows: list[dict] = []
@@ -98,14 +98,14 @@ def main() -> None:
             del os.environ["ULTRAQUANT_DECODE_WHOLEPAGE"]
             config.reload()
         scale = s["D"] ** -0.5
-        base_splits = wholepage_splits(s["B"], p.block_table.shape[1] * s["block"], p.query.device)
+        base_programs = wholepage_programs(p.query.device)
         ok = wholepage_supports(head_size=s["D"], gqa=s["Hq"] // s["Hk"], num_kv_heads=s["Hk"], block_size=s["block"],
                          runs=whole_runs(s["D"], tuple(p.kv_cache.stride()), s["Hk"]), target="cuda")
         for base in (_variants(a.rings) if ok else []):
             for k in (float(x) for x in a.splits_scale.split(",")):
-                t = WholePageTuning(**{**base.__dict__, "splits": max(1, int(base_splits * k))})
+                t = WholePageTuning(**{**base.__dict__, "programs": max(1, int(base_programs * k))})
                 tag = (f"w{t.warps} ring {t.nsub}x{t.stages}{'' if t.rows_in_n else ' m16'}"
-                       f"{' r128' if t.maxnreg else ''} splits {t.splits}")
+                       f"{' r128' if t.maxnreg else ''} programs {t.programs}")
                 attempt(shape, f"whole-page decode {tag}",
                         partial(time_v8, p, scale, t), p.stored_bytes, sdpa, **t.__dict__)
         p = None

@@ -5,7 +5,8 @@ head-major caches: whole 16-token runs) through the routed public API (``ultraqu
 the plan must pick whole-page; AOT blob or Gluon JIT by ``ULTRAQUANT_BACKEND``), tuned ring shapes through
 ``decode_wholepage``: ragged lengths at block/split boundaries (including an empty request), sinks, sliding
 window, soft cap, V outliers 2^20 apart, NaN-poisoned outputs, several ring shapes, warp counts and
-split counts, CUDA graph capture + replay with new lengths on a side stream. Token-major caches (Hk > 1)
+persistent grid sizes, ragged serving batches (lengths 0..131072) for the balanced schedule, CUDA graph
+capture + replay with new (ragged) lengths on a side stream. Token-major caches (Hk > 1)
 and everything else are split-KV decode's by ``wholepage_supports`` (tests/test_decode_wholepage_plan.py,
 tests/test_decode_route.py, CPU).
 """
@@ -38,6 +39,12 @@ CASES = {
     "gqa1-hk4-b16-sinks": ([1, 15, 16, 17, 300], 4, 4, 16, True, None, None),
     "gqa3-hk4-b64-softcap-sinks": ([3000, 2047, 64, 0], 12, 4, 64, True, None, 50.0),
     "gqa16-hk8-b32": ([1500, 700], 128, 8, 32, False, None, None),
+    # ragged serving batches for the balanced schedule: lengths 0..131072, pieces across requests
+    "ragged-hk8-b16-0-to-131072": ([0, 1, 131072, 15, 16, 17, 0] + [(i * 7919) % 9000 + 1 for i in range(40)],
+                                   32, 8, 16, False, None, None),
+    "ragged-gqa16-hk2-b16-sinks-window-softcap": ([(i * 3571) % 6000 for i in range(70)] + [40000],
+                                                  32, 2, 16, True, 3000, 40.0),
+    "ragged-gqa8-hk1-b16-sinks": ([(i * 12289) % 20000 + 1 for i in range(66)], 8, 1, 16, True, None, None),
 }
 CASES_256 = {
     # D=256 (rows in N only): shape C's config, and the edges of the others
@@ -83,9 +90,48 @@ def test_decode_wholepage_d256(name):
 
 
 @pytest.mark.parametrize("nsub,stages", RINGS)
-@pytest.mark.parametrize("splits", [1, 7, None])
-def test_decode_wholepage_rings_and_splits(nsub, stages, splits):
-    _run("gqa4-hk8-b64-sinks", WholePageTuning(nsub=nsub, stages=stages, splits=splits))
+@pytest.mark.parametrize("programs", [1, 7, None])
+def test_decode_wholepage_rings_and_programs(nsub, stages, programs):
+    _run("gqa4-hk8-b64-sinks", WholePageTuning(nsub=nsub, stages=stages, programs=programs))
+
+
+@pytest.mark.parametrize("programs", [1, 5, 300])
+@pytest.mark.parametrize("name", ["ragged-hk8-b16-0-to-131072", "ragged-gqa16-hk2-b16-sinks-window-softcap"])
+def test_decode_wholepage_ragged_grids(name, programs):
+    """The balanced schedule over other persistent grids: one program (every request in turn), a few
+    (each spans many requests), more programs than units (most idle)."""
+    _run(name, WholePageTuning(programs=programs))
+
+
+def test_decode_wholepage_graph_replay_ragged_new_lengths():
+    """The schedule is computed on the device from seq_lens at every call: capture once, replay with
+    other ragged length mixes (long-first, all empty, one long request, many short), each right."""
+    capacity = [9000] * 3 + [2000] * 61
+    prob, query, sk = _problem(capacity, 32, 8, 128, 16, True, seed=41, sinks=True)
+    seq_lens = prob.seq_lens.clone()
+    out = torch.full_like(query, float("nan"))
+
+    def call() -> None:
+        uq.decode_attention(query, prob.kv_cache, prob.block_table, seq_lens, 0.09, sinks=sk, out=out)
+
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        call()
+    torch.cuda.current_stream().wait_stream(stream)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=stream):
+        call()
+    mixes = ([9000, 1, 8999] + [(i * 37) % 2000 for i in range(61)], [0] * 64, [9000] + [0] * 63,
+             [1] * 64, [17] * 3 + [2000] * 61)
+    for new in mixes:
+        seq_lens.copy_(torch.tensor(new, dtype=torch.int32))
+        out.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        ref = R.decode_attention(query.float(), prob.kv_cache, prob.block_table, seq_lens, 0.09, sinks=sk)
+        check_close(out, ref, f"replay {new[:4]}...")
 
 
 @pytest.mark.parametrize("name", ["gqa4-hk8-b64-long", "gqa6-hk2-b32-window-softcap", "gqa16-hk1-b16-batch64"])

@@ -353,7 +353,7 @@ def run_bench(shapes: list[str], plot: str | None, layouts: list[str], with_stre
             plan = plans.plan_decode(p.query, p.kv_cache, p.block_table, p.seq_lens, s["D"] ** -0.5, None, None,
                                      None, p.out, config.get().tuning)
             kind = "whole-page" if plan.spec.kernel == "uq_decode_wholepage" else "split-KV"
-            label = f"{kind}, splits {plan.notes['num_splits']}"
+            label = f"{kind}, " + ", ".join(f"{k} {v}" for k, v in plan.notes.items())
             if with_stream:
                 rows.append(_row(f"{name} stream-{layout}", bench_stream(p, s["block"], splits), p.stored_bytes,
                                  ceiling, sdpa_us))
@@ -588,3 +588,151 @@ def run_prefill_bench(chunks: tuple[int, ...] = PREFILL_CHUNKS, contexts: tuple[
             "suggested_threshold": suggested, "suggested_threshold_eager": suggested_eager,
             "current_threshold": heuristics.CONTINUATION_THRESHOLD,
             "device": torch.cuda.get_device_name(0), "version": uq.__version__}
+
+
+# ---------------------------------------------------------------- the serving suite (--serving)
+
+@dataclass(frozen=True)
+class ServingShape:
+    """One batch a serving engine runs: ``lens`` (per request), heads, head size, block size, page order."""
+
+    name: str
+    lens: tuple[int, ...]
+    Hq: int
+    Hk: int
+    D: int
+    block: int = 16
+    head_major: bool = True
+
+
+def ragged_lens(n: int, lo: int, hi: int, seed: int) -> tuple[int, ...]:
+    """``n`` lengths log-uniform in ``[lo, hi]`` (a server's mix of short and long requests), shuffled by ``seed``."""
+    gen = torch.Generator().manual_seed(seed)
+    u = torch.rand(n, generator=gen, dtype=torch.float64)
+    lens = torch.exp(torch.log(torch.tensor(float(lo))) + u * (torch.log(torch.tensor(float(hi / lo)))))
+    out = lens.round().to(torch.int64).clamp(lo, hi)
+    out[0], out[1] = lo, hi  # the spread is exactly hi / lo
+    return tuple(int(x) for x in out[torch.randperm(n, generator=gen)])
+
+
+def serving_shapes() -> list[ServingShape]:
+    """The ``--serving`` rows: ragged batches (>= 64 requests, lengths spread 64x), GQA 16, one kv head,
+    short requests, token-major pages, and the uniform shapes A-D at vLLM's block size 16."""
+    shapes = [ServingShape("ragged 96 req 192..12288 (32/8)", ragged_lens(96, 192, 12288, seed=7), 32, 8, 128),
+              ServingShape("ragged 64 req 128..16384 (32/8)", ragged_lens(64, 128, 16384, seed=11), 32, 8, 128),
+              ServingShape("ragged 80 req 256..16384 (32/4)", ragged_lens(80, 256, 16384, seed=5), 32, 4, 128),
+              ServingShape("GQA16 32/2 B8x32k", (32768,) * 8, 32, 2, 128),
+              ServingShape("GQA16 16/1 B16x16k", (16384,) * 16, 16, 1, 128),
+              ServingShape("one kv head 8/1 B16x32k", (32768,) * 16, 8, 1, 128),
+              ServingShape("short 256 req x 1k (32/8)", (1024,) * 256, 32, 8, 128),
+              ServingShape("A token-major bs16", (32768,) * 8, 32, 8, 128, head_major=False)]
+    for name, s in SHAPES.items():
+        shapes.append(ServingShape(f"{name} bs16", (s["L"],) * s["B"], s["Hq"], s["Hk"], s["D"]))
+    return shapes
+
+
+def make_ragged_problem(lens: tuple[int, ...], Hq: int, Hk: int, D: int, block: int, head_major: bool = True,
+                        seed: int = 0) -> DecodeProblem:
+    """A paged cache of requests of lengths ``lens`` (shuffled blocks, the table padded with valid ids), K/V
+    written through ultraquant.store_kv (only the requests' tokens)."""
+    import ultraquant as uq
+
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    nb = [-(-n // block) for n in lens]
+    nblk, width = sum(nb), max(max(nb), 1)
+    slot = uq.slot_size(D)
+    raw = torch.empty((nblk, Hk, block, slot) if head_major else (nblk, block, Hk, slot), dtype=torch.uint8,
+                      device="cuda")
+    cache = raw.permute(0, 2, 1, 3) if head_major else raw
+    perm = torch.randperm(nblk, device="cuda", generator=gen).to(torch.int32)
+    bt = torch.zeros(len(lens), width, dtype=torch.int32, device="cuda")
+    off = 0
+    for i, n in enumerate(nb):
+        bt[i, :n] = perm[off:off + n]
+        off += n
+    lens_t = torch.tensor(lens, dtype=torch.int32, device="cuda")
+    starts = torch.cumsum(lens_t.long(), 0) - lens_t.long()
+    total = int(lens_t.sum())
+    chunk = 16384
+    for s in range(0, total, chunk):
+        n = min(chunk, total - s)
+        tok = torch.arange(s, s + n, device="cuda")
+        b = torch.searchsorted(starts, tok, right=True) - 1
+        pos = tok - starts[b]
+        slots = bt[b, pos // block].long() * block + pos % block
+        k = torch.randn(n, Hk, D, device="cuda", dtype=torch.bfloat16, generator=gen)
+        v = torch.randn(n, Hk, D, device="cuda", dtype=torch.bfloat16, generator=gen)
+        uq.store_kv(k, v, cache, slots)
+    q = torch.randn(len(lens), Hq, D, device="cuda", dtype=torch.bfloat16, generator=gen)
+    return DecodeProblem(q, cache, bt, lens_t, torch.empty_like(q), total * Hk * slot)
+
+
+def _splitkv_diff(p: DecodeProblem, D: int) -> float:
+    """Largest |decode - split-KV decode| over the largest |split-KV decode| (two independent kernels agree)."""
+    import ultraquant as uq
+    from ultraquant import config as uq_config
+
+    out = uq.decode_attention(p.query, p.kv_cache, p.block_table, p.seq_lens, D ** -0.5)
+    tuning = replace(uq_config.get().tuning, decode_wholepage=False)
+    with uq_config.overridden(tuning=tuning, backend="triton"):
+        ref = uq.decode_attention(p.query, p.kv_cache, p.block_table, p.seq_lens, D ** -0.5).float()
+    return float((out.float() - ref).abs().max() / ref.abs().max().clamp_min(1e-12))
+
+
+def run_serving_bench(aot_vs_jit: bool = True, names: list[str] | None = None) -> dict:
+    """Time every :func:`serving_shapes` batch (decode through the policy and JIT / AOT; without
+    ``aot_vs_jit`` one row: the blob where one serves it, else the policy's), each against the
+    read ceiling of this run, bf16 SDPA where one dense call covers the batch (uniform lengths), and the
+    time a bf16 kernel at the ceiling would take; check each against split-KV decode. Return a JSON-able dict."""
+    import ultraquant as uq
+    from ultraquant import config
+    from ultraquant.kernels import plans
+
+    torch.manual_seed(0)
+    ceiling = measure_ceiling()
+    print(f"ceiling (streaming read, int32x4 loads): {ceiling:.2f} TB/s", flush=True)
+    rows: list[dict] = []
+    for s in serving_shapes():
+        if names and not any(n in s.name for n in names):
+            continue
+        p = make_ragged_problem(s.lens, s.Hq, s.Hk, s.D, s.block, s.head_major, seed=len(rows) + 3)
+        uniform = len(set(s.lens)) == 1
+        sdpa_us = bench_sdpa(len(s.lens), s.lens[0], s.Hq, s.Hk, s.D) if uniform else None
+        bf16_bytes = 2 * sum(s.lens) * s.Hk * s.D * 2
+        bf16_ceiling_us = bf16_bytes / (ceiling * 1e12) * 1e6
+        plan = plans.plan_decode(p.query, p.kv_cache, p.block_table, p.seq_lens, s.D ** -0.5, None, None, None,
+                                 p.out, config.get().tuning)
+        kind = "whole-page" if plan.spec.kernel == "uq_decode_wholepage" else "split-KV"
+        diff = _splitkv_diff(p, s.D)
+        timed = {}
+        if not aot_vs_jit:  # the blob when one serves the row (named "aot"), else whatever the policy runs
+            from ultraquant.errors import UltraQuantError
+
+            try:
+                with config.overridden(backend="aot"):
+                    timed["aot"] = bench_decode(p, s.D)
+            except UltraQuantError as exc:
+                print(f"  {s.name}: no blob ({exc})"[:300], flush=True)
+        if not timed:
+            timed["uq"] = bench_decode(p, s.D)
+        if aot_vs_jit:
+            jit_us, aot_us = bench_aot_vs_jit(p, s.D)
+            timed["jit"] = jit_us
+            if isinstance(aot_us, str):
+                print(f"  {s.name} aot: no blob: {aot_us}"[:400], flush=True)
+            else:
+                timed["aot"] = aot_us
+        for how, us in timed.items():
+            r = _row(f"{s.name} {how} ({kind})", us, p.stored_bytes, ceiling, sdpa_us)
+            rows.append({**asdict(r), "shape": s.name, "how": how, "kernel": kind, "notes": plan.notes,
+                         "requests": len(s.lens), "tokens": sum(s.lens), "min_len": min(s.lens),
+                         "max_len": max(s.lens), "block": s.block, "head_major": s.head_major,
+                         "Hq": s.Hq, "Hk": s.Hk, "D": s.D, "sdpa_us": sdpa_us,
+                         "vs_bf16_at_ceiling": bf16_ceiling_us / us, "max_rel_diff_vs_splitkv": diff})
+            sp = "" if r.speedup_vs_sdpa is None else f"{r.speedup_vs_sdpa:.2f}x sdpa"
+            print(f"  {r.name:58s} {us:8.1f} us {r.pct_ceiling:5.1f}% {sp:>11s} "
+                  f"{bf16_ceiling_us / us:5.2f}x bf16@ceil diff {diff:.1e}", flush=True)
+        del p
+        torch.cuda.empty_cache()
+    return {"ceiling_tbps": ceiling, "serving": rows, "device": torch.cuda.get_device_name(0),
+            "version": uq.__version__}

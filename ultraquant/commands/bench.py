@@ -8,7 +8,7 @@ import json
 import click
 import torch
 
-from ultraquant.bench.decode import SHAPES, run_bench, run_prefill_bench
+from ultraquant.bench.decode import SHAPES, run_bench, run_prefill_bench, run_serving_bench
 
 
 @click.command()
@@ -24,10 +24,17 @@ from ultraquant.bench.decode import SHAPES, run_bench, run_prefill_bench
                    "only the ceiling and the store rows run.")
 @click.option("--prefill", is_flag=True,
               help="Only time the prefill continuation routes (kernel vs dequant + SDPA) and suggest the threshold.")
+@click.option("--serving", is_flag=True,
+              help="Only time the serving batches (ragged lengths, block 16, GQA 16, one kv head, token-major "
+                   "pages, A-D at block 16) against this run's ceiling and bf16 SDPA.")
+@click.option("--serving-rows", default="", help="With --serving: only rows whose name contains one of these "
+              "comma-separated strings.")
+@click.option("--no-aot", is_flag=True, help="With --serving: skip the JIT/AOT pair of rows (the policy's row only).")
 @click.option("--host", is_flag=True,
               help="Only time the host cost per eager decode/store call, AOT blobs vs Triton JIT (needs blobs).")
 def command(shapes: str, layouts: str, plot: str | None, json_path: str | None, no_stream: bool,
-            sweep_shapes: str, store_variants: bool, prefill: bool, host: bool) -> None:
+            sweep_shapes: str, store_variants: bool, prefill: bool, serving: bool, serving_rows: str,
+            no_aot: bool, host: bool) -> None:
     """Time decode and store on this GPU against the read ceiling and bf16 SDPA (needs CUDA)."""
     if not torch.cuda.is_available():
         raise click.ClickException("ultraquant bench needs a CUDA GPU")
@@ -42,6 +49,13 @@ def command(shapes: str, layouts: str, plot: str | None, json_path: str | None, 
         if json_path:
             with open(json_path, "w") as f:
                 json.dump({"host_us": rows, "gpu": torch.cuda.get_device_name()}, f, indent=1)
+        return
+    if serving:
+        picked = [x.strip() for x in serving_rows.split(",") if x.strip()] or None
+        result = run_serving_bench(aot_vs_jit=not no_aot, names=picked)
+        if json_path:
+            with open(json_path, "w") as f:
+                json.dump(result, f, indent=1)
         return
     if prefill:
         result = run_prefill_bench()

@@ -9,9 +9,12 @@ selections cannot disagree about a call. The Triton JIT path runs ``fn[plan.grid
 
 from __future__ import annotations
 
+import logging
+
 import torch
 
 from ..config import Tuning
+from ..format import slot_size
 from .families import prefill as prefill_family
 from .families.decode_splitkv import decode_splitkv_spec, plan_decode_splitkv
 from .families.decode_wholepage import WholePageTuning, decode_wholepage_spec, plan_decode_wholepage, wholepage_call
@@ -21,6 +24,8 @@ from .specialization import LaunchPlan, Specialization, slot_alignment, target_o
 
 NO_TUNING = Tuning()
 """The plans' own choices everywhere."""
+
+_log = logging.getLogger("ultraquant")
 
 
 def takes_wholepage(head_size: int, gqa: int, num_kv_heads: int | None, block_size: int,
@@ -34,9 +39,37 @@ def takes_wholepage(head_size: int, gqa: int, num_kv_heads: int | None, block_si
     return wholepage_call(head_size, gqa, num_kv_heads, block_size, cache_strides, target_of(device), cache_aligned)
 
 
-def wholepage_tuning(tuning: Tuning) -> WholePageTuning:
-    """The whole-page launch shape under the run-time tuning (a forced split count carries over)."""
-    return WholePageTuning(splits=tuning.decode_splits)
+_warned_layouts: set[tuple[int, ...]] = set()
+
+
+def warn_slow_layout(head_size: int, gqa: int, num_kv_heads: int, block_size: int, cache_strides: tuple[int, ...],
+                     device: torch.device, tuning: Tuning = NO_TUNING) -> bool:
+    """Log once per stride pattern when only the cache's layout keeps a decode off the whole-page kernel
+    (token-major pages at Hk > 1 on NVIDIA: split-KV decode, about half as fast); True when it warned.
+    ``ultraquant.empty_kv_cache`` allocates the fast (head-major) layout."""
+    if not tuning.decode_wholepage or target_of(device) != "cuda":
+        return False
+    head_major = tuple(cache_strides[:3])
+    if wholepage_call(head_size, gqa, num_kv_heads, block_size, head_major, "cuda"):
+        return False  # served already
+    s = slot_size(head_size)
+    if not wholepage_call(head_size, gqa, num_kv_heads, block_size, (num_kv_heads * block_size * s, s, block_size * s),
+                          "cuda"):
+        return False  # the config is split-KV's whatever the layout
+    key = (head_size, gqa, num_kv_heads, block_size, *head_major)
+    if key in _warned_layouts:
+        return False
+    _warned_layouts.add(key)
+    _log.warning("ultraquant: decode over a cache with strides %s (token-major pages, %d kv heads) runs split-KV "
+                 "decode, about half as fast as the whole-page decode over head-major pages: allocate the cache "
+                 "with ultraquant.empty_kv_cache (docs/kernels.md, 'Which decode runs')", head_major, num_kv_heads)
+    return True
+
+
+def wholepage_tuning(tuning: Tuning, batch: int = 1) -> WholePageTuning:
+    """The whole-page launch shape under the run-time tuning: its defaults, and a forced split count
+    ``s`` as a persistent grid of ``batch * s`` programs (``s`` pieces per request of an equal batch)."""
+    return WholePageTuning(programs=batch * tuning.decode_splits if tuning.decode_splits else None)
 
 
 def decode_call_spec(head_size: int, gqa: int, block_size: int, query_dtype: torch.dtype | str,
@@ -78,7 +111,8 @@ def plan_decode(query: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.
         d, hq // hk, hk, bs, tuple(kv_cache.stride()), query.device, tuning, kv_cache.data_ptr() % 16 == 0
     ):
         return plan_decode_wholepage(query, kv_cache, block_table, seq_lens, scale, sinks, sliding_window, softcap, out,
-                                     tuning=wholepage_tuning(tuning))
+                                     tuning=wholepage_tuning(tuning, b))
+    warn_slow_layout(d, hq // hk, hk, bs, tuple(kv_cache.stride()), query.device, tuning)
     spec = decode_call_spec(d, hq // hk, bs, query.dtype, out.dtype, sinks is not None, sliding_window is not None,
                             softcap is not None, tuple(kv_cache.stride()[:3]), query.device, tuning)
     return plan_decode_splitkv(
@@ -100,4 +134,4 @@ def plan_prefill(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, kv
 
 
 __all__ = ["LaunchPlan", "NO_TUNING", "decode_call_spec", "plan_decode", "plan_dequant", "plan_prefill", "plan_store",
-           "prefill_call_spec", "store_few_rows", "takes_wholepage", "wholepage_tuning"]
+           "prefill_call_spec", "store_few_rows", "takes_wholepage", "warn_slow_layout", "wholepage_tuning"]

@@ -6,9 +6,11 @@ kv heads of a token range and streams them through a ``cp.async`` shared-memory 
 runs. It covers D = 128, GQA <= 16, 1 <= Hk <= 8 (a power of two), blocks that are a multiple of 16
 tokens, head-major caches whose 16-token runs are contiguous and 16-byte aligned
 (:func:`whole_runs`); :func:`wholepage_supports` is the rule, everything else is split-KV decode's.
-Same run-time arguments as split-KV decode (``DECODE_PARAMS``, the bounds contract's included) and the same per-device
-workspace. The production plan (``ultraquant.kernels.plans.plan_decode``) routes every decode that
-:func:`wholepage_call` accepts here.
+Split-KV decode's run-time arguments with the batch size in the split count's slot
+(:data:`WHOLEPAGE_PARAMS`, the bounds contract's included) and the same per-device workspace; a
+persistent grid (:func:`wholepage_programs`) whose work the kernel balances from ``seq_lens`` on the device
+(:func:`wholepage_schedule` models it). The production plan (``ultraquant.kernels.plans.plan_decode``)
+routes every decode that :func:`wholepage_call` accepts here.
 """
 
 from __future__ import annotations
@@ -28,19 +30,26 @@ from ..workspace import decode_workspace, dummy_f32
 from .decode_splitkv import DECODE_PARAMS, decode_args
 
 WHOLEPAGE_PROGRAMS_PER_SM = 1
-"""Programs per multiprocessor the split count aims for (181 registers x 8 warps and the ring's
-shared memory leave room for one)."""
+"""Programs per multiprocessor of the persistent grid (181 registers x 8 warps and the ring's shared
+memory leave room for one)."""
 
 WHOLEPAGE_MIN_SPLIT_TOKENS = 512
-"""A split never gets fewer tokens than this at the static ``max_seq_len`` bound (fewer, larger
-splits won in every prototype)."""
+"""The schedule never deals a program fewer tokens than this at the batch's average (fewer, larger
+pieces won in every prototype): ``active = min(programs, cdiv(total, MIN_UNITS))``."""
+
+WHOLEPAGE_PARAMS: tuple[tuple[str, str], ...] = tuple(
+    ("num_requests", t) if n == "num_splits" else (n, t) for n, t in DECODE_PARAMS
+)
+"""The kernel's run-time parameters: split-KV decode's (:data:`DECODE_PARAMS`), the split count's slot
+holding the batch size (the kernel derives its pieces from ``seq_lens``; its grid is persistent)."""
 
 
 @dataclass(frozen=True)
 class WholePageTuning:
     """Launch shape of the whole-page decode: ``warps`` (Hk kv heads x warps/Hk token groups), a ring of ``stages`` x
     ``nsub`` sub-tiles of ``tw`` tokens per warp (16: one run; ``None``: 4 at D=128, 2 at D=256, so the
-    ring stays ~140 KB), an optional register cap, an optional split count; ``rows_in_n``: query rows in
+    ring stays ~140 KB), an optional register cap, an optional persistent grid size (``programs``;
+    default :func:`wholepage_programs`); ``rows_in_n``: query rows in
     the MMA N dimension (8 rows, used where GQA <= 8). Defaults: the fastest timed on the H200
     (benchmarks/NOTES.md, "Whole-page decode")."""
 
@@ -50,7 +59,7 @@ class WholePageTuning:
     stages: int = 2
     tw: int = 16
     maxnreg: int | None = None
-    splits: int | None = None
+    programs: int | None = None
 
 
 def whole_runs(head_size: int, strides: tuple[int, ...], num_kv_heads: int) -> bool:
@@ -143,7 +152,8 @@ def decode_wholepage_spec(
     rows_in_n = tuning.rows_in_n and int(gqa) <= 8
     return Specialization(
         kernel="uq_decode_wholepage",
-        signature=signature_of(DECODE_PARAMS, query=type_name(query_dtype), out=type_name(out_dtype or query_dtype)),
+        signature=signature_of(WHOLEPAGE_PARAMS, query=type_name(query_dtype),
+                               out=type_name(out_dtype or query_dtype)),
         constexprs={
             "D": d,
             "LOG2D": d.bit_length() - 1,
@@ -160,6 +170,7 @@ def decode_wholepage_spec(
             "HAS_WINDOW": bool(has_window),
             "HAS_SOFTCAP": bool(has_softcap),
             "ROWS_IN_N": rows_in_n,
+            "MIN_TOKENS": WHOLEPAGE_MIN_SPLIT_TOKENS,
         },
         num_warps=hk * wt,
         num_stages=1,
@@ -168,13 +179,72 @@ def decode_wholepage_spec(
     )
 
 
-def wholepage_splits(batch: int, max_tokens: int, device: torch.device, forced: int | None = None) -> int:
-    """Split count from static shapes: one wave of ``WHOLEPAGE_PROGRAMS_PER_SM`` programs per SM, never
-    splits shorter than ``WHOLEPAGE_MIN_SPLIT_TOKENS``; ``forced`` overrides (tuning)."""
-    if forced:
-        return forced
-    want = (num_sms(device) * WHOLEPAGE_PROGRAMS_PER_SM) // max(1, batch)
-    return max(1, min(want, cdiv(max_tokens, WHOLEPAGE_MIN_SPLIT_TOKENS)))
+def wholepage_programs(device: torch.device, forced: int | None = None) -> int:
+    """The persistent grid: ``WHOLEPAGE_PROGRAMS_PER_SM`` programs per SM, fixed per device (so a
+    captured graph replays for any lengths); ``forced`` overrides (tuning, tests)."""
+    return int(forced) if forced else num_sms(device) * WHOLEPAGE_PROGRAMS_PER_SM
+
+
+def stage_tokens(head_size: int, num_kv_heads: int, tuning: WholePageTuning = WholePageTuning()) -> int:
+    """Tokens of one ring stage (``TT = NSUB * WT * 16``): the schedule's unit of work."""
+    spec = decode_wholepage_spec(head_size=head_size, gqa=1, num_kv_heads=num_kv_heads, block_size=16, tuning=tuning)
+    c = spec.constexprs
+    return c["NSUB"] * c["WT"] * c["TW"]
+
+
+@dataclass(frozen=True)
+class Piece:
+    """One program's share of one request in the schedule: tokens ``[t_lo, t_hi)``, its workspace slot,
+    and the programs ``first .. first + parts - 1`` that hold the request's pieces."""
+
+    program: int
+    request: int
+    t_lo: int
+    t_hi: int
+    slot: int
+    first: int
+    parts: int
+
+
+def wholepage_schedule(seq_lens: list[int], programs: int, stage: int, cap: int, window: int | None = None,
+                       min_tokens: int = WHOLEPAGE_MIN_SPLIT_TOKENS) -> list[Piece]:
+    """A pure-Python model of the kernel's balanced schedule (``_schedule``/``_units``/``_owner`` in
+    gluon/decode_wholepage.py), for tests: every request has ``max(1, cdiv(len - lo_run, stage))``
+    units (``lo_run``: the window's first token rounded down to a stage), the batch's ``total`` units
+    go in equal contiguous shares to ``active = min(programs, cdiv(total, min_units))`` programs (equal
+    requests, at most ``programs`` of them: ``k = min(programs // B, cdiv(units, min_units))`` whole
+    programs each, the static split of a uniform batch), and a
+    request's piece on program p has workspace slot ``p + request`` (unique: the pieces form a
+    staircase). Lengths are clamped to ``[0, cap]`` as the kernel does."""
+    min_units = max(1, min_tokens // stage)
+    units, lows = [], []
+    for n in seq_lens:
+        n = min(max(int(n), 0), cap)
+        lo = max(n - window, 0) if window is not None else 0
+        lo_run = lo // stage * stage
+        units.append(max(cdiv(n - lo_run, stage), 1))
+        lows.append((lo_run, n))
+    total = max(sum(units), 1)
+    active = min(programs, cdiv(total, min_units))
+    if units and min(units) == max(units) and len(units) <= programs:  # equal requests: whole programs each
+        active = len(units) * max(1, min(programs // len(units), cdiv(units[0], min_units)))
+
+    def owner(u: int) -> int:
+        return ((u + 1) * active - 1) // total
+
+    pieces = []
+    cs = 0
+    for b, u in enumerate(units):
+        ce = cs + u
+        first, last = owner(cs), owner(ce - 1)
+        lo_run, n = lows[b]
+        for p in range(first, last + 1):
+            w0, w1 = min(p * total // active, total), min((p + 1) * total // active, total)
+            t_lo = lo_run + (max(cs, w0) - cs) * stage
+            t_hi = min(lo_run + (min(ce, w1) - cs) * stage, n)
+            pieces.append(Piece(p, b, t_lo, t_hi, p + b, first, last - first + 1))
+        cs = ce
+    return pieces
 
 
 def plan_decode_wholepage(
@@ -189,7 +259,8 @@ def plan_decode_wholepage(
     out: torch.Tensor,
     tuning: WholePageTuning = WholePageTuning(),
 ) -> LaunchPlan:
-    """Launch of the whole-page decode (callers check :func:`wholepage_supports` first); grid ``(B, 1, splits)``."""
+    """Launch of the whole-page decode (callers check :func:`wholepage_supports` first): a persistent grid
+    ``(programs, 1, 1)`` that balances the batch's work from ``seq_lens`` on the device (no host sync)."""
     b, hq, d = query.shape
     hk, bs = kv_cache.shape[2], kv_cache.shape[1]
     if not whole_runs(d, tuple(kv_cache.stride()), hk) or kv_cache.data_ptr() % 16:
@@ -210,8 +281,8 @@ def plan_decode_wholepage(
         tuning=tuning,
     )
     c = spec.constexprs
-    splits = wholepage_splits(b, block_table.shape[1] * bs, query.device, tuning.splits)
-    parts = b * hk * splits * c["WT"]
+    programs = wholepage_programs(query.device, tuning.programs)
+    parts = (programs + b) * hk  # slots program + request (wholepage_schedule)
     part, ml, counter = decode_workspace(query.device, parts * c["ROWS"] * d, parts * 2 * c["ROWS"], b * hk)
     args = decode_args(
         query,
@@ -225,10 +296,10 @@ def plan_decode_wholepage(
         scale,
         softcap,
         sliding_window,
-        splits,
+        b,
     )
     return LaunchPlan(
-        fit_divisible(spec, args, alignable(spec.kernel)), args, (b, 1, splits), notes={"num_splits": splits}
+        fit_divisible(spec, args, alignable(spec.kernel)), args, (programs, 1, 1), notes={"programs": programs}
     )
 
 
@@ -259,13 +330,17 @@ def decode_wholepage(
 
 
 __all__ = [
+    "Piece",
+    "WHOLEPAGE_PARAMS",
     "WholePageTuning",
     "WHOLEPAGE_PROGRAMS_PER_SM",
     "decode_wholepage",
     "decode_wholepage_spec",
     "plan_decode_wholepage",
     "wholepage_call",
-    "wholepage_splits",
+    "stage_tokens",
+    "wholepage_programs",
+    "wholepage_schedule",
     "wholepage_supports",
     "whole_runs",
 ]

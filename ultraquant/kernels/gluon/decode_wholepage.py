@@ -1,14 +1,26 @@
-"""The whole-page decode: split-KV paged decode that streams whole pages, for NVIDIA sm_90, in Gluon.
+"""The whole-page decode: paged decode that streams whole pages over a balanced persistent grid, for
+NVIDIA sm_90, in Gluon.
 
-Same run-time arguments, workspace and single-launch split merge as :func:`uq_decode_splitkv` (split-KV); the
-difference is the read structure. One program (CTA) owns ALL kv heads of a token range of one
-request (grid ``(B, 1, splits)``) and streams it through an asynchronous global -> shared-memory ring
-(``cp.async``, ``STAGES`` deep): stage ``i`` holds ``TT = NSUB * WT * 16`` consecutive tokens of every
-kv head as ``NSUB * NW`` runs of 16 whole slots, each run one contiguous piece of a head-major page
-copied with 16-byte ``cp.async`` (17 rows of 128 B at D=128) into the ring exactly as it lies in
-global memory. The math reads its operands (K codes, V codes, the two scale words) straight from
-that raw ring through padded shared layouts (136-byte slots = 128 + 8 padding bytes), so no copy is
-split into pieces.
+Schedule (graph-safe, no host plan): the grid is fixed per device (``(programs, 1, 1)``, one program
+per SM); every call, each program reads ``seq_lens`` and computes the same schedule (:func:`_schedule`):
+a request has ``max(1, cdiv(len - lo_run, TT))`` units (``TT``-token ring stages from its window's first
+stage), the batch's ``total`` units are dealt in equal contiguous shares ``[p total // active, (p + 1)
+total // active)`` to ``active = min(programs, cdiv(total, MIN_UNITS))`` programs, so a request's tokens
+may span programs and a program may serve several requests in turn (one piece each). A piece leaves one
+partial per kv head in workspace slot ``program + request`` (unique: the pieces form a staircase); every
+program derives from the same arithmetic which programs hold a request's pieces (:func:`_owner`), so
+the one that takes the request's last ticket merges them in the same launch and writes ``out``. The
+run-time arguments are split-KV decode's, the split count's slot holding the batch size
+(``WHOLEPAGE_PARAMS``; a pure-Python model of the schedule:
+``families.decode_wholepage.wholepage_schedule``).
+
+Reads: one program (CTA) owns ALL kv heads of a piece and streams it through an asynchronous
+global -> shared-memory ring (``cp.async``, ``STAGES`` deep): stage ``i`` holds ``TT = NSUB * WT * 16``
+consecutive tokens of every kv head as ``NSUB * NW`` runs of 16 whole slots, each run one contiguous
+piece of a head-major page copied with 16-byte ``cp.async`` (17 rows of 128 B at D=128) into the ring
+exactly as it lies in global memory. The math reads its operands (K codes, V codes, the two scale
+words) straight from that raw ring through padded shared layouts (136-byte slots = 128 + 8 padding
+bytes), so no copy is split into pieces.
 
 Math, per warp (warp ``w`` serves kv head ``w // WT`` and the ``w % WT``-th ``TW`` tokens of each
 sub-tile; per-warp online softmax, no cross-warp traffic in the loop), as the Gluon experiment of
@@ -17,7 +29,7 @@ the query rotated once in registers, FP4 codes decoded by inline PTX straight in
 (a code word's four fp16 pairs in 11 instructions, :func:`_word_pairs`), K scales after the MMA per
 32-element group, V scales like split-KV (each token's largest scale on the probability with a running
 reference exponent; V outliers 2^20 apart stay exact). After the loop the WT warps of each kv head
-combine their (m, l, acc) inside the program and each program leaves one partial per kv head in the
+combine their (m, l, acc) inside the program and each piece leaves one partial per kv head in the
 workspace; the last program of a request (atomic ticket) merges them for all heads, folds the sinks
 and writes ``out``.
 """
@@ -615,16 +627,91 @@ def _partial_rows(accs, NT: gl.constexpr, NW: gl.constexpr, ROWS: gl.constexpr, 
 
 
 @gluon.jit
+def _units(length, window, cap, TT: gl.constexpr, HAS_WINDOW: gl.constexpr):
+    """Work units of a request of ``length`` tokens (clamped to ``[0, cap]``): its ``TT``-token stages from
+    the stage holding the window's first token, at least 1 (an empty request still has its zeros
+    written by the program that owns its unit). Scalar or tensor ``length``."""
+    n = gl.minimum(gl.maximum(length, 0), cap)
+    lo = n * 0
+    if HAS_WINDOW:
+        lo = gl.maximum(n - window, 0)
+    return gl.maximum(gl.cdiv(n - (lo // TT) * TT, TT), 1)
+
+
+@gluon.jit
+def _add(a, b):
+    """``a + b`` (the combine of the schedule's prefix sum)."""
+    return a + b
+
+
+@gluon.jit
+def _owner(unit, progs, total):
+    """The program whose units ``[p total // progs, (p + 1) total // progs)`` hold ``unit``."""
+    return (((unit + 1).to(gl.int64) * progs - 1) // total).to(gl.int32)
+
+
+@gluon.jit
+def _schedule(seqlen_ptr, num_requests, window, cap, pid, progs, TT: gl.constexpr, HAS_WINDOW: gl.constexpr,
+              MIN_UNITS: gl.constexpr, NW: gl.constexpr):
+    """The balanced schedule from ``seq_lens`` on the device: the batch's ``total`` units
+    (:func:`_units`) over ``active = min(progs, cdiv(total, MIN_UNITS))`` programs (a piece is never
+    shorter than ``MIN_UNITS`` at the batch's average; equal requests, at most ``progs`` of them: ``k``
+    whole programs each, ``k = min(progs // B, cdiv(units, MIN_UNITS))``), program ``pid``'s share ``[w0, w1) =
+    [pid total // active, (pid + 1) total // active)`` (empty from ``active`` on), the first and last
+    request it touches and the first one's first unit ``cs`` (``b_last < b_first``: no work). Two
+    passes over ``seq_lens`` (the second hits L1)."""
+    L: gl.constexpr = gl.BlockedLayout([4], [32], [NW], [0])
+    CH: gl.constexpr = 128 * NW
+    zero = gl.sum(gl.zeros([CH], gl.int32, L), axis=0)
+    total = zero
+    umax = zero
+    umin = zero + 2147483647
+    for c0 in range(0, num_requests, CH):
+        j = c0 + gl.arange(0, CH, L)
+        ok = j < num_requests
+        ln = gl.load(seqlen_ptr + j, mask=ok, other=0)
+        u = _units(ln, window, cap, TT, HAS_WINDOW)
+        total += gl.sum(gl.where(ok, u, 0), axis=0)
+        umax = gl.maximum(umax, gl.max(gl.where(ok, u, 0), axis=0))
+        umin = gl.minimum(umin, gl.min(gl.where(ok, u, 2147483647), axis=0))
+    total = gl.maximum(total, 1)
+    active = gl.minimum(progs, gl.cdiv(total, MIN_UNITS))
+    # equal requests: k whole programs each (shares end on request ends: no program pays two pieces)
+    k = gl.maximum(gl.minimum(progs // gl.maximum(num_requests, 1), gl.cdiv(umax, MIN_UNITS)), 1)
+    active = gl.where((umax == umin) & (num_requests <= progs), k * num_requests, active)
+    w0 = gl.minimum(pid.to(gl.int64) * total // active, total).to(gl.int32)
+    w1 = gl.minimum((pid + 1).to(gl.int64) * total // active, total).to(gl.int32)
+    b_first = zero  # requests that end at or before w0, and their units
+    cs = zero
+    b_last = zero  # requests that end before w1: the index of the one holding unit w1 - 1
+    done = zero
+    for c0 in range(0, num_requests, CH):
+        j = c0 + gl.arange(0, CH, L)
+        ok = j < num_requests
+        ln = gl.load(seqlen_ptr + j, mask=ok, other=0)
+        u = gl.where(ok, _units(ln, window, cap, TT, HAS_WINDOW), 0)
+        end = gl.associative_scan(u, 0, _add) + done
+        before = ok & (end <= w0)
+        b_first += gl.sum(before.to(gl.int32), axis=0)
+        cs += gl.sum(gl.where(before, u, 0), axis=0)
+        b_last += gl.sum((ok & (end < w1)).to(gl.int32), axis=0)
+        done += gl.sum(u, axis=0)
+    b_last = gl.where(w1 > w0, b_last, b_first - 1)
+    return total, active, w0, w1, b_first, cs, b_last
+
+
+@gluon.jit
 def uq_decode_wholepage(q_ptr, cache_ptr, bt_ptr, seqlen_ptr, sinks_ptr, out_ptr, part_ptr, ml_ptr, counter_ptr,
-                        err_ptr, scale, softcap, window, num_splits, num_blocks, bt_cols,
+                        err_ptr, scale, softcap, window, num_requests, num_blocks, bt_cols,
                         stride_qb, stride_qh, stride_ob, stride_oh,
                         stride_cb, stride_ct, stride_ch, stride_btb,
                         D: gl.constexpr, LOG2D: gl.constexpr, GQA: gl.constexpr, ROWS: gl.constexpr,
                         GQA_PAD: gl.constexpr, HK: gl.constexpr, WT: gl.constexpr, NSUB: gl.constexpr,
                         STAGES: gl.constexpr, TW: gl.constexpr, BLOCK_SIZE: gl.constexpr, HAS_SINKS: gl.constexpr,
                         HAS_WINDOW: gl.constexpr, HAS_SOFTCAP: gl.constexpr,
-                        ROWS_IN_N: gl.constexpr):
-    """Whole-page split-KV paged decode, grid ``(B, 1, num_splits)``; see the module docstring.
+                        ROWS_IN_N: gl.constexpr, MIN_TOKENS: gl.constexpr):
+    """Whole-page paged decode over a persistent grid ``(programs, 1, 1)`` balanced from ``seq_lens`` on
+    the device (``num_requests``: the batch size); see the module docstring.
     ``ROWS_IN_N``: the query rows are the MMA N dimension (S^T = K Q^T, O^T = V^T P^T, 8 rows: GQA <= 8)
     instead of 16 padded M rows."""
     gl.static_assert(D == 128 or (D == 256 and ROWS_IN_N), "the whole-page decode: D=128, or D=256 with rows in N")
@@ -637,6 +724,7 @@ def uq_decode_wholepage(q_ptr, cache_ptr, bt_ptr, seqlen_ptr, sinks_ptr, out_ptr
     G: gl.constexpr = D // 32
     TT: gl.constexpr = NSUB * WT * TW
     PAIR: gl.constexpr = NSUB  # runs per online-softmax update: the whole stage
+    MIN_UNITS: gl.constexpr = max(1, MIN_TOKENS // TT)  # the schedule's shortest piece at the average
     MERGE: gl.constexpr = _merge_step(HK * GQA_PAD * D // (32 * NW), HK)  # partials per merge step
 
     # ---- layouts: warp = MMA batch
@@ -707,295 +795,301 @@ def uq_decode_wholepage(q_ptr, cache_ptr, bt_ptr, seqlen_ptr, sinks_ptr, out_ptr
     WARPT: gl.constexpr = gl.SliceLayout(1, ROWT)       # [NW]
     VW: gl.constexpr = gl.SliceLayout(2, gl.SliceLayout(3, VL))  # [NW, TW] V scale words
 
-    b = gl.program_id(0)
-    sp = gl.program_id(2)
-    length = gl.load(seqlen_ptr + b)
+    # ---- the balanced schedule (module docstring): this program's units [w0, w1) of the batch's total
+    pid = gl.program_id(0)
+    progs = gl.num_programs(0)
     cap = bt_cols * BLOCK_SIZE  # bounds: a length outside [0, the row's capacity] is clamped, error word set
-    gl.store(err_ptr + ERR_SEQ_LEN, 1, mask=(length < 0) | (length > cap))
-    length = gl.minimum(gl.maximum(length, 0), cap)
-    lo = 0
-    if HAS_WINDOW:
-        lo = gl.maximum(length - window, 0)
-    lo_run = (lo // TT) * TT  # stages start on TT-token boundaries (whole runs); tokens below lo are masked
-    per = gl.cdiv(gl.cdiv(length - lo_run, num_splits), TT) * TT
-    t_lo = lo_run + sp * per
-    t_hi = gl.minimum(t_lo + per, length)
-    n_it = gl.cdiv(gl.maximum(t_hi - t_lo, 0), TT)
-    bt_row = bt_ptr + b.to(gl.int64) * stride_btb
-    # ---- the query, loaded before the ring copies queue up ahead of it
-    qr = gl.arange(0, ROWS, gl.SliceLayout(0, gl.SliceLayout(2, QL)))
-    qc = gl.arange(0, D, gl.SliceLayout(0, gl.SliceLayout(1, QL)))
-    qw = gl.arange(0, NW, gl.SliceLayout(1, gl.SliceLayout(2, QL)))
-    qr3 = gl.expand_dims(gl.expand_dims(qr, 0), 2)
-    qc3 = gl.expand_dims(gl.expand_dims(qc, 0), 1)
-    qh3 = gl.expand_dims(gl.expand_dims(qw // WT, 1), 2)
-    qoff = (qh3 * GQA + qr3) * stride_qh + qc3
-    q_in = gl.load(q_ptr + b.to(gl.int64) * stride_qb + qoff, mask=(qr3 < GQA) & (qc3 < D), other=0.0)
-    inside = _blocks_inside(bt_row, t_lo, t_hi, num_blocks, err_ptr, BLOCK_SIZE, NW)
+    total, active, w0, w1, b_first, cs, b_last = _schedule(seqlen_ptr, num_requests, window, cap, pid, progs,
+                                                           TT, HAS_WINDOW, MIN_UNITS, NW)
+    for b in range(b_first, b_last + 1):
+        length = gl.load(seqlen_ptr + b)
+        gl.store(err_ptr + ERR_SEQ_LEN, 1, mask=(length < 0) | (length > cap))
+        length = gl.minimum(gl.maximum(length, 0), cap)
+        lo = 0
+        if HAS_WINDOW:
+            lo = gl.maximum(length - window, 0)
+        lo_run = (lo // TT) * TT  # stages start on TT-token boundaries (whole runs); tokens below lo are masked
+        ce = cs + _units(length, window, cap, TT, HAS_WINDOW)
+        t_lo = lo_run + (gl.maximum(cs, w0) - cs) * TT
+        t_hi = gl.minimum(lo_run + (gl.minimum(ce, w1) - cs) * TT, length)
+        n_it = gl.cdiv(gl.maximum(t_hi - t_lo, 0), TT)
+        first = _owner(cs, active, total)  # the programs that hold pieces of request b: first .. last
+        nparts = _owner(ce - 1, active, total) - first + 1
+        bt_row = bt_ptr + b.to(gl.int64) * stride_btb
+        # ---- the query, loaded before the ring copies queue up ahead of it
+        qr = gl.arange(0, ROWS, gl.SliceLayout(0, gl.SliceLayout(2, QL)))
+        qc = gl.arange(0, D, gl.SliceLayout(0, gl.SliceLayout(1, QL)))
+        qw = gl.arange(0, NW, gl.SliceLayout(1, gl.SliceLayout(2, QL)))
+        qr3 = gl.expand_dims(gl.expand_dims(qr, 0), 2)
+        qc3 = gl.expand_dims(gl.expand_dims(qc, 0), 1)
+        qh3 = gl.expand_dims(gl.expand_dims(qw // WT, 1), 2)
+        qoff = (qh3 * GQA + qr3) * stride_qh + qc3
+        q_in = gl.load(q_ptr + b.to(gl.int64) * stride_qb + qoff, mask=(qr3 < GQA) & (qc3 < D), other=0.0)
+        inside = _blocks_inside(bt_row, t_lo, t_hi, num_blocks, err_ptr, BLOCK_SIZE, NW)
 
-    # ---- prologue: STAGES - 1 stages in flight
-    for i in gl.static_range(STAGES - 1):
-        _issue_stage(ring, i, cache_ptr, bt_row, t_lo + i * TT, t_hi, stride_cb, stride_ch, inside, num_blocks,
-                     NSUB, NW, WT, SLOT, BLOCK_SIZE)
-        async_copy.commit_group()
+        # ---- prologue: STAGES - 1 stages in flight
+        for i in gl.static_range(STAGES - 1):
+            _issue_stage(ring, i, cache_ptr, bt_row, t_lo + i * TT, t_hi, stride_cb, stride_ch, inside, num_blocks,
+                         NSUB, NW, WT, SLOT, BLOCK_SIZE)
+            async_copy.commit_group()
 
-    # ---- query: rotate, scale, fp16 halves times a per-row power of two (as split-KV), once
-    q = q_in.to(gl.float32)
-    if D == 128:
-        q = _fwht_rows(q, NW, ROWS, D, LOG2D)
-    else:
-        q = _fwht_split(q, NW, ROWS, D, LOG2D, QL2)
-    if HAS_SOFTCAP:
-        q = q * scale
-    else:
-        q = q * (scale * LOG2E)
-    amax = gl.max(gl.abs(q), axis=2)
-    e = gl.maximum(_floor_log2(amax), -100)
-    if ROWS_IN_N:
-        # fp16 with the row's largest element in [2**14, 2**15); K's fp16 codes are fp4 * 2**-14
-        q = q * gl.expand_dims(_pow2(14 - e), 2)
-        if D == 256:  # groups 0..3 and 4..7 (two _qk_runs per run)
-            q = gl.convert_layout(q, _halves_layout(NW, ROWS))
-            qa, qb = gl.split(gl.permute(gl.reshape(q, [NW, ROWS, 2, 128]), [0, 1, 3, 2]))
-            q0, q1, q2, q3 = _query_frags(qa, NW, MMA)
-            q4, q5, q6, q7 = _query_frags(qb, NW, MMA)
+        # ---- query: rotate, scale, fp16 halves times a per-row power of two (as split-KV), once
+        q = q_in.to(gl.float32)
+        if D == 128:
+            q = _fwht_rows(q, NW, ROWS, D, LOG2D)
         else:
-            q0, q1, q2, q3 = _query_frags(q, NW, MMA)
+            q = _fwht_split(q, NW, ROWS, D, LOG2D, QL2)
+        if HAS_SOFTCAP:
+            q = q * scale
+        else:
+            q = q * (scale * LOG2E)
+        amax = gl.max(gl.abs(q), axis=2)
+        e = gl.maximum(_floor_log2(amax), -100)
+        if ROWS_IN_N:
+            # fp16 with the row's largest element in [2**14, 2**15); K's fp16 codes are fp4 * 2**-14
+            q = q * gl.expand_dims(_pow2(14 - e), 2)
+            if D == 256:  # groups 0..3 and 4..7 (two _qk_runs per run)
+                q = gl.convert_layout(q, _halves_layout(NW, ROWS))
+                qa, qb = gl.split(gl.permute(gl.reshape(q, [NW, ROWS, 2, 128]), [0, 1, 3, 2]))
+                q0, q1, q2, q3 = _query_frags(qa, NW, MMA)
+                q4, q5, q6, q7 = _query_frags(qb, NW, MMA)
+            else:
+                q0, q1, q2, q3 = _query_frags(q, NW, MMA)
+                q4 = 0
+                q5 = 0
+                q6 = 0
+                q7 = 0
+            q_e = 0
+            q_o = 0
+            rowscale = _pow2(e)
+        else:
+            q = q * gl.expand_dims(_pow2(14 - e), 2)
+            q_e, q_o = gl.split(gl.reshape(q, [NW, ROWS, H, 2]))
+            q_e = gl.convert_layout(q_e.to(gl.float16), QA)
+            q_o = gl.convert_layout(q_o.to(gl.float16), QA)
+            q0 = 0
+            q1 = 0
+            q2 = 0
+            q3 = 0
             q4 = 0
             q5 = 0
             q6 = 0
             q7 = 0
-        q_e = 0
-        q_o = 0
-        rowscale = _pow2(e)
-    else:
-        q = q * gl.expand_dims(_pow2(14 - e), 2)
-        q_e, q_o = gl.split(gl.reshape(q, [NW, ROWS, H, 2]))
-        q_e = gl.convert_layout(q_e.to(gl.float16), QA)
-        q_o = gl.convert_layout(q_o.to(gl.float16), QA)
-        q0 = 0
-        q1 = 0
-        q2 = 0
-        q3 = 0
-        q4 = 0
-        q5 = 0
-        q6 = 0
-        q7 = 0
-        rowscale = _pow2(e - 14)
-    # score axes: rows (query rows) and tokens; QR/QW/TK: per-row, per-warp, per-token state layouts
-    RAX: gl.constexpr = _pick(ROWS_IN_N, 2, 1)
-    TAX: gl.constexpr = 3 - RAX
-    QR: gl.constexpr = _pick(ROWS_IN_N, ROWT, ROW)
-    QW: gl.constexpr = _pick(ROWS_IN_N, WARPT, WARP)
-    TK: gl.constexpr = _pick(ROWS_IN_N, TOKT, TOK)
-    KWL: gl.constexpr = _pick(ROWS_IN_N, TOKT, KW)
-    rowfac = gl.convert_layout(rowscale, QR)
-    rows = gl.arange(0, ROWS, gl.SliceLayout(0, QR))
-    rowbias = gl.expand_dims(gl.where(rows < GQA, 0.0, float("-inf")), 0)
+            rowscale = _pow2(e - 14)
+        # score axes: rows (query rows) and tokens; QR/QW/TK: per-row, per-warp, per-token state layouts
+        RAX: gl.constexpr = _pick(ROWS_IN_N, 2, 1)
+        TAX: gl.constexpr = 3 - RAX
+        QR: gl.constexpr = _pick(ROWS_IN_N, ROWT, ROW)
+        QW: gl.constexpr = _pick(ROWS_IN_N, WARPT, WARP)
+        TK: gl.constexpr = _pick(ROWS_IN_N, TOKT, TOK)
+        KWL: gl.constexpr = _pick(ROWS_IN_N, TOKT, KW)
+        rowfac = gl.convert_layout(rowscale, QR)
+        rows = gl.arange(0, ROWS, gl.SliceLayout(0, QR))
+        rowbias = gl.expand_dims(gl.where(rows < GQA, 0.0, float("-inf")), 0)
 
-    # ---- per-warp token offsets in the per-token layout; K groups in the K operand layout; V byte groups
-    ws = gl.expand_dims(gl.arange(0, NW, gl.SliceLayout(1, TK)) % WT, 1) * TW
-    ns = gl.expand_dims(_physical_token(gl.arange(0, TW, gl.SliceLayout(0, TK))), 0)
-    kgroup = 0  # m16 only: the K and V groups of the fp16-halves path
-    vgroup = 0
-    if not ROWS_IN_N:
-        kgroup = _iota3(H, 1, KB) // 16
-        SV: gl.constexpr = gl.SliceLayout(3, VL)
-        gv = gl.expand_dims(gl.expand_dims(gl.arange(0, 8, gl.SliceLayout(0, gl.SliceLayout(1, SV))), 0), 1)
-        R3: gl.constexpr = gl.SliceLayout(0, gl.SliceLayout(1, gl.SliceLayout(2, VL)))
-        rv = gl.expand_dims(gl.expand_dims(gl.expand_dims(gl.arange(0, 8, R3), 0), 1), 2)
-        vgroup = gl.expand_dims(gv // 2, 3) + rv * 0
+        # ---- per-warp token offsets in the per-token layout; K groups in the K operand layout; V byte groups
+        ws = gl.expand_dims(gl.arange(0, NW, gl.SliceLayout(1, TK)) % WT, 1) * TW
+        ns = gl.expand_dims(_physical_token(gl.arange(0, TW, gl.SliceLayout(0, TK))), 0)
+        kgroup = 0  # m16 only: the K and V groups of the fp16-halves path
+        vgroup = 0
+        if not ROWS_IN_N:
+            kgroup = _iota3(H, 1, KB) // 16
+            SV: gl.constexpr = gl.SliceLayout(3, VL)
+            gv = gl.expand_dims(gl.expand_dims(gl.arange(0, 8, gl.SliceLayout(0, gl.SliceLayout(1, SV))), 0), 1)
+            R3: gl.constexpr = gl.SliceLayout(0, gl.SliceLayout(1, gl.SliceLayout(2, VL)))
+            rv = gl.expand_dims(gl.expand_dims(gl.expand_dims(gl.arange(0, 8, R3), 0), 1), 2)
+            vgroup = gl.expand_dims(gv // 2, 3) + rv * 0
 
-    # accumulators: rows in N, 8 tiles [NW, 16 dims, 8 rows] (_pv_word); m16, even / odd dims [NW, 16, 64]
-    NT: gl.constexpr = D // 16 if ROWS_IN_N else 2
-    ACC: gl.constexpr = _pick(ROWS_IN_N, [NW, 16, ROWS], [NW, ROWS, H])
-    accs = ()
-    for _t in gl.static_range(NT):
-        accs = accs + (gl.zeros(ACC, gl.float32, MMA),)
-    m_i = gl.full([NW, ROWS], float("-inf"), gl.float32, QR)
-    l_i = gl.zeros([NW, ROWS], gl.float32, QR)
-    run = gl.full([NW], -254, gl.int32, QW)
-    for it in range(n_it):
-        # stage `it` landed (at most STAGES - 2 younger groups pending); the barrier also retires
-        # every warp's reads of the buffer the next issue overwrites
-        async_copy.wait_group(STAGES - 2)
+        # accumulators: rows in N, 8 tiles [NW, 16 dims, 8 rows] (_pv_word); m16, even / odd dims [NW, 16, 64]
+        NT: gl.constexpr = D // 16 if ROWS_IN_N else 2
+        ACC: gl.constexpr = _pick(ROWS_IN_N, [NW, 16, ROWS], [NW, ROWS, H])
+        accs = ()
+        for _t in gl.static_range(NT):
+            accs = accs + (gl.zeros(ACC, gl.float32, MMA),)
+        m_i = gl.full([NW, ROWS], float("-inf"), gl.float32, QR)
+        l_i = gl.zeros([NW, ROWS], gl.float32, QR)
+        run = gl.full([NW], -254, gl.int32, QW)
+        for it in range(n_it):
+            # stage `it` landed (at most STAGES - 2 younger groups pending); the barrier also retires
+            # every warp's reads of the buffer the next issue overwrites
+            async_copy.wait_group(STAGES - 2)
+            gl.thread_barrier()
+            nxt = (it + STAGES - 1) % STAGES
+            _issue_stage(ring, nxt, cache_ptr, bt_row, t_lo + (it + STAGES - 1) * TT, t_hi, stride_cb, stride_ch,
+                         inside, num_blocks, NSUB, NW, WT, SLOT, BLOCK_SIZE)
+            async_copy.commit_group()
+            cur = (it % STAGES) * NSUB
+            t0 = t_lo + it * TT
+            for jp in gl.static_range(NSUB // PAIR):
+                j = jp * PAIR
+                kw = _piece(ks.index(cur + j), [NW, TW], KWL, KWL)
+                # scores of PAIR runs, then ONE online-softmax update for all of them (one cross-lane
+                # max, one sum, one rescale of the accumulator per PAIR * 16 tokens)
+                ss = ()
+                for i in gl.static_range(PAIR):
+                    kwi = kw
+                    if i > 0:
+                        kwi = _piece(ks.index(cur + j + i), [NW, TW], KWL, KWL)
+                    kwi1 = kwi
+                    if D == 256:
+                        kwi1 = _piece(ks1.index(cur + j + i), [NW, TW], KWL, KWL)
+                    e_i = cur + j + i
+                    ss = ss + (_run_scores(kwa.index(e_i), kwb.index(e_i), kwc.index(e_i), kwd.index(e_i),
+                                           kc8.index(e_i), kwi, kwi1, q0, q1, q2, q3, q4, q5, q6, q7, q_e, q_o,
+                                           kgroup, rowfac, rowbias, t0 + (j + i) * (WT * TW) + ws + ns, t_hi, lo,
+                                           inside, bt_row, num_blocks, softcap, D, NW, TW, ROWS, H, ROWS_IN_N,
+                                           HAS_SOFTCAP, HAS_WINDOW, BLOCK_SIZE, MMA, KB, TK, RAX, TAX),)
+                smax = ss[0]
+                for i in gl.static_range(1, PAIR):
+                    smax = gl.maximum(smax, ss[i])
+                m_new = gl.maximum(m_i, gl.max(smax, axis=TAX))
+                m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)
+                alpha = gl.exp2(m_i - m_safe)
+                ps = ()
+                for i in gl.static_range(PAIR):
+                    ps = ps + (gl.exp2(ss[i] - gl.expand_dims(m_safe, TAX)),)
+                psum = ps[0]
+                for i in gl.static_range(1, PAIR):
+                    psum = psum + ps[i]
+                l_i = l_i * alpha + gl.sum(psum, axis=TAX)
+                m_i = m_new
+
+                # V: scale word per token, reference exponent from the largest contribution of the runs
+                vws = ()
+                vws1 = ()
+                vtops = ()
+                vexps = ()
+                for i in gl.static_range(PAIR):
+                    if ROWS_IN_N:  # the score layout's tokens
+                        vw = _piece(vs.index(cur + j + i), [NW, TW], TK, TK)
+                        vtop = _token_top(vw)
+                        vw1 = vw
+                        if D == 256:
+                            vw1 = _piece(vs1.index(cur + j + i), [NW, TW], TK, TK)
+                            vtop = gl.maximum(vtop, _token_top(vw1))
+                        vws1 = vws1 + (vw1,)
+                        vexps = vexps + (vtop - 127,)
+                    else:
+                        vw = gl.expand_dims(_piece(vs.index(cur + j + i), [NW, TW], VW, VW), 2)
+                        vtop = _token_top(vw)
+                        vexps = vexps + (gl.convert_layout(gl.max(vtop, axis=2), TK) - 127,)
+                    vws = vws + (vw,)
+                    vtops = vtops + (vtop,)
+                cmax = ps[0] * gl.expand_dims(_pow2(gl.minimum(vexps[0], 127)), RAX)
+                for i in gl.static_range(1, PAIR):
+                    cmax = gl.maximum(cmax, ps[i] * gl.expand_dims(_pow2(gl.minimum(vexps[i], 127)), RAX))
+                ctop = _floor_log2(gl.max(gl.max(cmax, axis=TAX), axis=1))
+                shrink = _floor_log2(gl.max(alpha, axis=1))
+                new_run = gl.maximum(run + shrink, ctop)
+                c = gl.expand_dims(alpha * gl.expand_dims(_pow2(gl.minimum(run - new_run, 127)), 1), TAX)
+                nr = gl.expand_dims(gl.convert_layout(new_run, gl.SliceLayout(1, TK)), 1)
+                scaled = ()
+                for t in gl.static_range(NT):
+                    scaled = scaled + (accs[t] * c,)
+                accs = scaled
+                for i in gl.static_range(PAIR):
+                    if ROWS_IN_N:
+                        pfr, rel = _pv_operands(ps[i], gl.expand_dims(vws[i], 2), gl.expand_dims(vws1[i], 2),
+                                                gl.expand_dims(vtops[i], 2), gl.expand_dims(nr, 2), D, NW, MMA)
+                        vwt = (_piece(vwa.index(cur + j + i), [NW, 16, ROWS], MMA, MMA),
+                               _piece(vwb.index(cur + j + i), [NW, 16, ROWS], MMA, MMA))
+                        if D == 256:
+                            vwt = vwt + (_piece(vwc.index(cur + j + i), [NW, 16, ROWS], MMA, MMA),
+                                         _piece(vwd.index(cur + j + i), [NW, 16, ROWS], MMA, MMA))
+                        tiles = ()
+                        for v in gl.static_range(NT // 4):  # tile 4 v + k: byte k of the thread's V word v
+                            t0_, t1_, t2_, t3_ = _pv_word(accs[4 * v], accs[4 * v + 1], accs[4 * v + 2],
+                                                          accs[4 * v + 3], vwt[v], rel, pfr)
+                            tiles = tiles + (t0_, t1_, t2_, t3_)
+                        accs = tiles
+                    else:
+                        acc_e, acc_o = _run_pv(accs[0], accs[1], vc8.index(cur + j + i), vws[i], vtops[i], vexps[i],
+                                               ps[i], nr, vgroup, NW, TW, H, ROWS_IN_N, VL, VLW, VA, VB, PTB, PA, RAX)
+                        accs = (acc_e, acc_o)
+                run = new_run
+        async_copy.wait_group(0)
+
+        pair0 = b * HK
+        # ---- the program's partial of each kv head (acc * 2**run, m, l; its WT token groups combined
+        # here, across warps) to the workspace, coalesced: slot (pid + b)*HK + h (the schedule's piece index)
+        f = gl.expand_dims(gl.expand_dims(_pow2(gl.minimum(run, 127)), 1), TAX)
+        scaled = ()
+        for t in gl.static_range(NT):
+            scaled = scaled + (accs[t] * f,)
+        EP: gl.constexpr = gl.BlockedLayout([1, WT, 1, 4], [1, 1, 1, 32], [HK, 1, WT, 1], [3, 1, 2, 0])  # WT in-thread
+        E3: gl.constexpr = gl.SliceLayout(3, EP)
+        x4 = gl.convert_layout(gl.reshape(_partial_rows(scaled, NT, NW, ROWS, D, ROWS_IN_N), [HK, WT, ROWS, D]), EP)
+        m4 = gl.convert_layout(gl.reshape(m_i, [HK, WT, ROWS]), E3)
+        l4 = gl.convert_layout(gl.reshape(l_i, [HK, WT, ROWS]), E3)
+        m_c = gl.max(m4, axis=1)
+        m_z = gl.where(m_c == float("-inf"), 0.0, m_c)
+        sc = gl.exp2(m4 - gl.expand_dims(m_z, 1))
+        acc_c = gl.sum(x4 * gl.expand_dims(sc, 3), axis=1)
+        l_c = gl.sum(l4 * sc, axis=1)
+        P3: gl.constexpr = gl.SliceLayout(1, EP)
+        P2: gl.constexpr = gl.SliceLayout(1, E3)
+        ph = _iota3(HK, 0, P3)
+        pr = _iota3(ROWS, 1, P3)
+        pc = _iota3(D, 2, P3)
+        pslot = ((pid + b) * HK + ph).to(gl.int64)
+        gl.store(part_ptr + pslot * (ROWS * D) + pr * D + pc, acc_c, mask=(pr < GQA) & (pc >= 0) & (ph >= 0))
+        ph2 = gl.expand_dims(gl.arange(0, HK, gl.SliceLayout(1, P2)), 1)
+        pr2 = gl.expand_dims(gl.arange(0, ROWS, gl.SliceLayout(0, P2)), 0)
+        mlp = ml_ptr + ((pid + b) * HK + ph2).to(gl.int64) * (2 * ROWS) + pr2
+        mlmask = (pr2 < GQA) & (ph2 >= 0)
+        gl.store(mlp, m_c, mask=mlmask)
+        gl.store(mlp + ROWS, l_c, mask=mlmask)
         gl.thread_barrier()
-        nxt = (it + STAGES - 1) % STAGES
-        _issue_stage(ring, nxt, cache_ptr, bt_row, t_lo + (it + STAGES - 1) * TT, t_hi, stride_cb, stride_ch,
-                     inside, num_blocks, NSUB, NW, WT, SLOT, BLOCK_SIZE)
-        async_copy.commit_group()
-        cur = (it % STAGES) * NSUB
-        t0 = t_lo + it * TT
-        for jp in gl.static_range(NSUB // PAIR):
-            j = jp * PAIR
-            kw = _piece(ks.index(cur + j), [NW, TW], KWL, KWL)
-            # scores of PAIR runs, then ONE online-softmax update for all of them (one cross-lane
-            # max, one sum, one rescale of the accumulator per PAIR * 16 tokens)
-            ss = ()
-            for i in gl.static_range(PAIR):
-                kwi = kw
-                if i > 0:
-                    kwi = _piece(ks.index(cur + j + i), [NW, TW], KWL, KWL)
-                kwi1 = kwi
-                if D == 256:
-                    kwi1 = _piece(ks1.index(cur + j + i), [NW, TW], KWL, KWL)
-                e_i = cur + j + i
-                ss = ss + (_run_scores(kwa.index(e_i), kwb.index(e_i), kwc.index(e_i), kwd.index(e_i),
-                                       kc8.index(e_i), kwi, kwi1, q0, q1, q2, q3, q4, q5, q6, q7, q_e, q_o,
-                                       kgroup, rowfac, rowbias, t0 + (j + i) * (WT * TW) + ws + ns, t_hi, lo,
-                                       inside, bt_row, num_blocks, softcap, D, NW, TW, ROWS, H, ROWS_IN_N,
-                                       HAS_SOFTCAP, HAS_WINDOW, BLOCK_SIZE, MMA, KB, TK, RAX, TAX),)
-            smax = ss[0]
-            for i in gl.static_range(1, PAIR):
-                smax = gl.maximum(smax, ss[i])
-            m_new = gl.maximum(m_i, gl.max(smax, axis=TAX))
-            m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)
-            alpha = gl.exp2(m_i - m_safe)
-            ps = ()
-            for i in gl.static_range(PAIR):
-                ps = ps + (gl.exp2(ss[i] - gl.expand_dims(m_safe, TAX)),)
-            psum = ps[0]
-            for i in gl.static_range(1, PAIR):
-                psum = psum + ps[i]
-            l_i = l_i * alpha + gl.sum(psum, axis=TAX)
-            m_i = m_new
-
-            # V: scale word per token, reference exponent from the largest contribution of the runs
-            vws = ()
-            vws1 = ()
-            vtops = ()
-            vexps = ()
-            for i in gl.static_range(PAIR):
-                if ROWS_IN_N:  # the score layout's tokens
-                    vw = _piece(vs.index(cur + j + i), [NW, TW], TK, TK)
-                    vtop = _token_top(vw)
-                    vw1 = vw
-                    if D == 256:
-                        vw1 = _piece(vs1.index(cur + j + i), [NW, TW], TK, TK)
-                        vtop = gl.maximum(vtop, _token_top(vw1))
-                    vws1 = vws1 + (vw1,)
-                    vexps = vexps + (vtop - 127,)
-                else:
-                    vw = gl.expand_dims(_piece(vs.index(cur + j + i), [NW, TW], VW, VW), 2)
-                    vtop = _token_top(vw)
-                    vexps = vexps + (gl.convert_layout(gl.max(vtop, axis=2), TK) - 127,)
-                vws = vws + (vw,)
-                vtops = vtops + (vtop,)
-            cmax = ps[0] * gl.expand_dims(_pow2(gl.minimum(vexps[0], 127)), RAX)
-            for i in gl.static_range(1, PAIR):
-                cmax = gl.maximum(cmax, ps[i] * gl.expand_dims(_pow2(gl.minimum(vexps[i], 127)), RAX))
-            ctop = _floor_log2(gl.max(gl.max(cmax, axis=TAX), axis=1))
-            shrink = _floor_log2(gl.max(alpha, axis=1))
-            new_run = gl.maximum(run + shrink, ctop)
-            c = gl.expand_dims(alpha * gl.expand_dims(_pow2(gl.minimum(run - new_run, 127)), 1), TAX)
-            nr = gl.expand_dims(gl.convert_layout(new_run, gl.SliceLayout(1, TK)), 1)
-            scaled = ()
-            for t in gl.static_range(NT):
-                scaled = scaled + (accs[t] * c,)
-            accs = scaled
-            for i in gl.static_range(PAIR):
-                if ROWS_IN_N:
-                    pfr, rel = _pv_operands(ps[i], gl.expand_dims(vws[i], 2), gl.expand_dims(vws1[i], 2),
-                                            gl.expand_dims(vtops[i], 2), gl.expand_dims(nr, 2), D, NW, MMA)
-                    vwt = (_piece(vwa.index(cur + j + i), [NW, 16, ROWS], MMA, MMA),
-                           _piece(vwb.index(cur + j + i), [NW, 16, ROWS], MMA, MMA))
-                    if D == 256:
-                        vwt = vwt + (_piece(vwc.index(cur + j + i), [NW, 16, ROWS], MMA, MMA),
-                                     _piece(vwd.index(cur + j + i), [NW, 16, ROWS], MMA, MMA))
-                    tiles = ()
-                    for v in gl.static_range(NT // 4):  # tile 4 v + k: byte k of the thread's V word v
-                        t0_, t1_, t2_, t3_ = _pv_word(accs[4 * v], accs[4 * v + 1], accs[4 * v + 2],
-                                                      accs[4 * v + 3], vwt[v], rel, pfr)
-                        tiles = tiles + (t0_, t1_, t2_, t3_)
-                    accs = tiles
-                else:
-                    acc_e, acc_o = _run_pv(accs[0], accs[1], vc8.index(cur + j + i), vws[i], vtops[i], vexps[i],
-                                           ps[i], nr, vgroup, NW, TW, H, ROWS_IN_N, VL, VLW, VA, VB, PTB, PA, RAX)
-                    accs = (acc_e, acc_o)
-            run = new_run
-    async_copy.wait_group(0)
-
-    pair0 = b * HK
-    # ---- the program's partial of each kv head (acc * 2**run, m, l; its WT token groups combined
-    # here, across warps) to the workspace, coalesced: slot ((b*HK + h)*S + sp)*WT
-    f = gl.expand_dims(gl.expand_dims(_pow2(gl.minimum(run, 127)), 1), TAX)
-    scaled = ()
-    for t in gl.static_range(NT):
-        scaled = scaled + (accs[t] * f,)
-    EP: gl.constexpr = gl.BlockedLayout([1, WT, 1, 4], [1, 1, 1, 32], [HK, 1, WT, 1], [3, 1, 2, 0])  # WT in-thread
-    E3: gl.constexpr = gl.SliceLayout(3, EP)
-    x4 = gl.convert_layout(gl.reshape(_partial_rows(scaled, NT, NW, ROWS, D, ROWS_IN_N), [HK, WT, ROWS, D]), EP)
-    m4 = gl.convert_layout(gl.reshape(m_i, [HK, WT, ROWS]), E3)
-    l4 = gl.convert_layout(gl.reshape(l_i, [HK, WT, ROWS]), E3)
-    m_c = gl.max(m4, axis=1)
-    m_z = gl.where(m_c == float("-inf"), 0.0, m_c)
-    sc = gl.exp2(m4 - gl.expand_dims(m_z, 1))
-    acc_c = gl.sum(x4 * gl.expand_dims(sc, 3), axis=1)
-    l_c = gl.sum(l4 * sc, axis=1)
-    P3: gl.constexpr = gl.SliceLayout(1, EP)
-    P2: gl.constexpr = gl.SliceLayout(1, E3)
-    ph = _iota3(HK, 0, P3)
-    pr = _iota3(ROWS, 1, P3)
-    pc = _iota3(D, 2, P3)
-    pslot = (((pair0 + ph) * num_splits + sp) * WT).to(gl.int64)
-    gl.store(part_ptr + pslot * (ROWS * D) + pr * D + pc, acc_c, mask=(pr < GQA) & (pc >= 0) & (ph >= 0))
-    ph2 = gl.expand_dims(gl.arange(0, HK, gl.SliceLayout(1, P2)), 1)
-    pr2 = gl.expand_dims(gl.arange(0, ROWS, gl.SliceLayout(0, P2)), 0)
-    mlp = ml_ptr + (((pair0 + ph2) * num_splits + sp) * WT).to(gl.int64) * (2 * ROWS) + pr2
-    mlmask = (pr2 < GQA) & (ph2 >= 0)
-    gl.store(mlp, m_c, mask=mlmask)
-    gl.store(mlp + ROWS, l_c, mask=mlmask)
-    gl.thread_barrier()
-    ticket = gl.atomic_add(counter_ptr + pair0, 1)
-    if ticket == num_splits - 1:
-        # ---- last program of this request: merge every head's num_splits partials (slot 0 of each)
-        ML: gl.constexpr = gl.BlockedLayout([1, 1, 4], [1, 1, 32], [HK, 1, NW // HK], [2, 1, 0])
-        mh = gl.expand_dims(gl.expand_dims(gl.arange(0, HK, gl.SliceLayout(1, gl.SliceLayout(2, ML))), 1), 2)
-        mr = gl.expand_dims(gl.expand_dims(gl.arange(0, GQA_PAD, gl.SliceLayout(0, gl.SliceLayout(2, ML))), 0), 2)
-        mc = gl.expand_dims(gl.expand_dims(gl.arange(0, D, gl.SliceLayout(0, gl.SliceLayout(1, ML))), 0), 1)
-        M2: gl.constexpr = gl.SliceLayout(2, ML)
-        mh2 = gl.expand_dims(gl.arange(0, HK, gl.SliceLayout(1, M2)), 1)
-        mr2 = gl.expand_dims(gl.arange(0, GQA_PAD, gl.SliceLayout(0, M2)), 0)
-        acc = gl.zeros([HK, GQA_PAD, D], gl.float32, ML)
-        m_a = gl.full([HK, GQA_PAD], float("-inf"), gl.float32, M2)
-        l_a = gl.zeros([HK, GQA_PAD], gl.float32, M2)
-        nparts = num_splits
-        rmask3 = (mr < GQA) & (mc >= 0) & (mh >= 0)
-        rmask2 = (mr2 < GQA) & (mh2 >= 0)
-        for s0 in range(0, nparts, MERGE):  # MERGE partials per step: their loads overlap
-            accs2 = ()
-            ms2 = ()
-            ls2 = ()
-            for k in gl.static_range(MERGE):
-                s = s0 + k
-                src3 = (((pair0 + mh) * nparts + s) * WT).to(gl.int64)
-                src2 = (((pair0 + mh2) * nparts + s) * WT).to(gl.int64)
-                accs2 = accs2 + (gl.load(part_ptr + src3 * (ROWS * D) + mr * D + mc, mask=rmask3 & (s < nparts),
+        ticket = gl.atomic_add(counter_ptr + pair0, 1)
+        if ticket == nparts - 1:
+            # ---- last program of this request: merge every head's nparts partials (slots first + b ..)
+            ML: gl.constexpr = gl.BlockedLayout([1, 1, 4], [1, 1, 32], [HK, 1, NW // HK], [2, 1, 0])
+            mh = gl.expand_dims(gl.expand_dims(gl.arange(0, HK, gl.SliceLayout(1, gl.SliceLayout(2, ML))), 1), 2)
+            mr = gl.expand_dims(gl.expand_dims(gl.arange(0, GQA_PAD, gl.SliceLayout(0, gl.SliceLayout(2, ML))), 0), 2)
+            mc = gl.expand_dims(gl.expand_dims(gl.arange(0, D, gl.SliceLayout(0, gl.SliceLayout(1, ML))), 0), 1)
+            M2: gl.constexpr = gl.SliceLayout(2, ML)
+            mh2 = gl.expand_dims(gl.arange(0, HK, gl.SliceLayout(1, M2)), 1)
+            mr2 = gl.expand_dims(gl.arange(0, GQA_PAD, gl.SliceLayout(0, M2)), 0)
+            acc = gl.zeros([HK, GQA_PAD, D], gl.float32, ML)
+            m_a = gl.full([HK, GQA_PAD], float("-inf"), gl.float32, M2)
+            l_a = gl.zeros([HK, GQA_PAD], gl.float32, M2)
+            rmask3 = (mr < GQA) & (mc >= 0) & (mh >= 0)
+            rmask2 = (mr2 < GQA) & (mh2 >= 0)
+            for s0 in range(0, nparts, MERGE):  # MERGE partials per step: their loads overlap
+                accs2 = ()
+                ms2 = ()
+                ls2 = ()
+                for k in gl.static_range(MERGE):
+                    s = s0 + k
+                    src3 = ((first + s + b) * HK + mh).to(gl.int64)
+                    src2 = ((first + s + b) * HK + mh2).to(gl.int64)
+                    accs2 = accs2 + (gl.load(part_ptr + src3 * (ROWS * D) + mr * D + mc, mask=rmask3 & (s < nparts),
+                                             other=0.0, cache_modifier=".cg"),)
+                    ms2 = ms2 + (gl.load(ml_ptr + src2 * (2 * ROWS) + mr2, mask=rmask2 & (s < nparts),
+                                         other=float("-inf"), cache_modifier=".cg"),)
+                    ls2 = ls2 + (gl.load(ml_ptr + src2 * (2 * ROWS) + ROWS + mr2, mask=rmask2 & (s < nparts),
                                          other=0.0, cache_modifier=".cg"),)
-                ms2 = ms2 + (gl.load(ml_ptr + src2 * (2 * ROWS) + mr2, mask=rmask2 & (s < nparts),
-                                     other=float("-inf"), cache_modifier=".cg"),)
-                ls2 = ls2 + (gl.load(ml_ptr + src2 * (2 * ROWS) + ROWS + mr2, mask=rmask2 & (s < nparts),
-                                     other=0.0, cache_modifier=".cg"),)
-            m_n = m_a
-            for k in gl.static_range(MERGE):
-                m_n = gl.maximum(m_n, ms2[k])
-            m_s = gl.where(m_n == float("-inf"), 0.0, m_n)
-            a1 = gl.exp2(m_a - m_s)
-            acc = acc * gl.expand_dims(a1, 2)
-            l_a = l_a * a1
-            for k in gl.static_range(MERGE):
-                a2 = gl.exp2(ms2[k] - m_s)
-                acc = acc + accs2[k] * gl.expand_dims(a2, 2)
-                l_a = l_a + ls2[k] * a2
-            m_a = m_n
-        heads2 = mh2 * GQA + mr2
-        if HAS_SINKS:
-            sink = gl.load(sinks_ptr + heads2, mask=rmask2, other=0.0).to(gl.float32) * LOG2E
-            m_n = gl.maximum(m_a, sink)
-            acc = acc * gl.expand_dims(gl.exp2(m_a - m_n), 2)
-            l_a = l_a * gl.exp2(m_a - m_n) + gl.exp2(sink - m_n)
-        denom = gl.where(l_a > 0.0, l_a, 1.0)
-        o = gl.where(gl.expand_dims(l_a > 0.0, 2), acc / gl.expand_dims(denom, 2), 0.0)
-        optr = out_ptr + b.to(gl.int64) * stride_ob + (mh * GQA + mr) * stride_oh + mc
-        gl.store(optr, o.to(out_ptr.dtype.element_ty), mask=rmask3)
-        gl.atomic_xchg(counter_ptr + pair0, 0)
+                m_n = m_a
+                for k in gl.static_range(MERGE):
+                    m_n = gl.maximum(m_n, ms2[k])
+                m_s = gl.where(m_n == float("-inf"), 0.0, m_n)
+                a1 = gl.exp2(m_a - m_s)
+                acc = acc * gl.expand_dims(a1, 2)
+                l_a = l_a * a1
+                for k in gl.static_range(MERGE):
+                    a2 = gl.exp2(ms2[k] - m_s)
+                    acc = acc + accs2[k] * gl.expand_dims(a2, 2)
+                    l_a = l_a + ls2[k] * a2
+                m_a = m_n
+            heads2 = mh2 * GQA + mr2
+            if HAS_SINKS:
+                sink = gl.load(sinks_ptr + heads2, mask=rmask2, other=0.0).to(gl.float32) * LOG2E
+                m_n = gl.maximum(m_a, sink)
+                acc = acc * gl.expand_dims(gl.exp2(m_a - m_n), 2)
+                l_a = l_a * gl.exp2(m_a - m_n) + gl.exp2(sink - m_n)
+            denom = gl.where(l_a > 0.0, l_a, 1.0)
+            o = gl.where(gl.expand_dims(l_a > 0.0, 2), acc / gl.expand_dims(denom, 2), 0.0)
+            optr = out_ptr + b.to(gl.int64) * stride_ob + (mh * GQA + mr) * stride_oh + mc
+            gl.store(optr, o.to(out_ptr.dtype.element_ty), mask=rmask3)
+            gl.atomic_xchg(counter_ptr + pair0, 0)
+        cs = ce
