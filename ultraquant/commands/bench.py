@@ -24,10 +24,13 @@ from ultraquant.bench.decode import SHAPES, run_bench, run_prefill_bench
                    "only the ceiling and the store rows run.")
 @click.option("--prefill", is_flag=True,
               help="Only time the prefill continuation routes (kernel vs dequant + SDPA) and suggest the threshold.")
+@click.option("--spec-decode", "spec_decode", is_flag=True,
+              help="Only time speculative-decoding steps (2, 4, 8 new tokens) against one decode step (A geometry "
+                   "at block 16, and a ragged batch).")
 @click.option("--host", is_flag=True,
               help="Only time the host cost per eager decode/store call, AOT blobs vs Triton JIT (needs blobs).")
 def command(shapes: str, layouts: str, plot: str | None, json_path: str | None, no_stream: bool,
-            sweep_shapes: str, store_variants: bool, prefill: bool, host: bool) -> None:
+            sweep_shapes: str, store_variants: bool, prefill: bool, spec_decode: bool, host: bool) -> None:
     """Time decode and store on this GPU against the read ceiling and bf16 SDPA (needs CUDA)."""
     if not torch.cuda.is_available():
         raise click.ClickException("ultraquant bench needs a CUDA GPU")
@@ -42,6 +45,14 @@ def command(shapes: str, layouts: str, plot: str | None, json_path: str | None, 
         if json_path:
             with open(json_path, "w") as f:
                 json.dump({"host_us": rows, "gpu": torch.cuda.get_device_name()}, f, indent=1)
+        return
+    if spec_decode:
+        from ultraquant.bench.specdecode import run_spec_decode_bench
+
+        result = run_spec_decode_bench()
+        if json_path:
+            with open(json_path, "w") as f:
+                json.dump(result, f, indent=1)
         return
     if prefill:
         result = run_prefill_bench()

@@ -61,6 +61,14 @@ FAMILIES: tuple[Family, ...] = (
         _DENSE_QO,
     ),
     Family(
+        "spec_decode_attention",
+        "uq_decode_multiquery",
+        "gluon.decode_multiquery:uq_decode_multiquery",
+        "decode_multiquery",
+        "decode_multiquery_spec",
+        ("stride_qn", "stride_qh", "stride_on", "stride_oh"),
+    ),
+    Family(
         "prefill_attention",
         "uq_prefill",
         "triton.attention:uq_prefill",
