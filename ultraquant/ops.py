@@ -20,7 +20,8 @@ from .kernels import flags, heuristics, plans
 from .kernels.flags import KernelError
 
 __all__ = ["store_kv", "decode_attention", "dequant_kv", "dequant_kv_packed", "prefill_attention",
-           "spec_decode_attention", "spec_decode_takes_kernel", "check_errors", "KernelError", "CONTINUATION_THRESHOLD"]
+           "spec_decode_attention", "spec_decode_takes_kernel", "spec_decode_served",
+           "check_errors", "KernelError", "CONTINUATION_THRESHOLD"]
 
 CONTINUATION_THRESHOLD = heuristics.CONTINUATION_THRESHOLD
 """Small/large continuation-chunk boundary (new tokens) the attention layer reads."""
@@ -335,6 +336,12 @@ def spec_decode_takes_kernel(query: torch.Tensor, kv_cache: torch.Tensor, max_qu
     return plans.takes_multiquery(query.shape[2], query.shape[1] // hk, hk, kv_cache.shape[1],
                                   tuple(kv_cache.stride()), query.device, int(max_query_len), config.get().tuning,
                                   kv_cache.data_ptr() % 16 == 0)
+
+
+def spec_decode_served(query: torch.Tensor, kv_cache: torch.Tensor, max_query_len: int) -> bool:
+    """True when :func:`spec_decode_attention` serves these tensors: the reference (CPU tensors) or the
+    multi-query decode (:func:`spec_decode_takes_kernel`)."""
+    return policy.route(query.device) == "reference" or spec_decode_takes_kernel(query, kv_cache, max_query_len)
 
 
 def _spec_decode_impl(query: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tensor,
