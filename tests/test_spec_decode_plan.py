@@ -199,3 +199,44 @@ def test_unsupported_words():
     assert mq.unsupported(dict(head_size=128, gqa=4, num_kv_heads=8, block_size=16, dtype="bf16")) == ""
     assert "D=128" in mq.unsupported(dict(head_size=256, gqa=4, num_kv_heads=8, block_size=16, dtype="bf16"))
     assert "fp32" in mq.unsupported(dict(head_size=128, gqa=4, num_kv_heads=8, block_size=16, dtype="fp32"))
+
+
+def test_the_matrix_builds_the_plans_key(monkeypatch):
+    """An sm_90 build config of the matrix row specializes to exactly the key the plan launches (so the
+    runtime finds the blob), whatever the call's token count."""
+    import ultraquant.kernels.families.decode_wholepage as wp
+    from ultraquant.codegen import matrix
+
+    monkeypatch.setattr(wp, "num_sms", lambda device: 132)
+    sel = matrix.Selection(head_sizes=(128,), gqa=(4,), block_sizes=(16,), kv_heads=(8,),
+                           ops=("spec_decode_attention",))
+    points, skipped = matrix.expand(matrix.OPS, sel, "sm_90", ["triton"])
+    assert len(points) == len(matrix.ATTENTION_FEATURES) and not skipped
+    plain = next(p for p in points if not any(p.config[f] for f in ("has_sinks", "has_window", "has_softcap")))
+    built = catalog.specializer("spec_decode_attention")(**plain.config)
+    prob, query, qsl = _step([300, 17], [4, 2], 32, 8, 16, seed=6)
+    query = query.to(torch.bfloat16)
+    for tokens in (2, 4, 16):
+        plan = plans.plan_spec_decode(query, prob.kv_cache, prob.block_table, prob.seq_lens, qsl, tokens, 0.1, None,
+                                      None, None, torch.empty_like(query))
+        assert plan.spec.key() == built.key()
+    assert matrix.expand(matrix.OPS, matrix.Selection(head_sizes=(256,), gqa=(4,), block_sizes=(16,), kv_heads=(8,),
+                                                      ops=("spec_decode_attention",)), "sm_90", ["triton"])[0] == []
+
+
+
+def test_model_specializations_plan_the_multiquery_decode(monkeypatch):
+    """Warmup's planner lists the multi-query decode for a head-major cache on an NVIDIA GPU when asked
+    (``spec_decode_attention`` in ``ops``), nothing where the rule does not take it."""
+    from ultraquant import policy
+
+    monkeypatch.setattr(policy, "_torch_device", lambda device: torch.device("cuda"))
+    monkeypatch.setattr(plans, "target_of", lambda device: "cuda")
+    head = (16 * 8 * 136, 136, 16 * 136)
+    model = {"head_size": 128, "block_size": 16, "num_q_heads": 32, "num_kv_heads": 8, "has_sinks": True,
+             "ops": ["spec_decode_attention"]}
+    (spec,) = policy.model_specializations({**model, "cache_strides": list(head)})
+    assert spec.kernel == "uq_decode_multiquery" and spec.constexprs["HAS_SINKS"] and spec.constexprs["GQA"] == 4
+    assert policy.model_specializations(model) == []  # no cache strides: no rule to apply
+    assert policy.model_specializations({**model, "head_size": 256, "cache_strides": [16 * 8 * 272, 272, 16 * 272]}) \
+        == []
