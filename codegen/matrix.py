@@ -25,6 +25,7 @@ from typing import Any
 from ultraquant.errors import UltraQuantError
 from ultraquant.format import SUPPORTED_HEAD_SIZES
 from ultraquant.kernels.families import decode_flydsl as flydsl_family
+from ultraquant.kernels.families import decode_multiquery as multiquery_family
 from ultraquant.kernels.families import decode_wholepage as wholepage_family
 
 DEFAULT_HEAD_SIZES: tuple[int, ...] = SUPPORTED_HEAD_SIZES
@@ -34,8 +35,9 @@ DEFAULT_DTYPES: tuple[str, ...] = ("bf16",)
 """Query/key/value/output dtype; fp16 is available (``DTYPES=bf16,fp16``) but not built by default."""
 
 AXES: tuple[str, ...] = ("head_size", "gqa", "block_size", "dtype", "num_kv_heads")
-"""The matrix axes, in the order configs are enumerated (and their names in a config dict); only the whole-page decode
-has a ``num_kv_heads`` axis (``KV_HEADS=``, default :data:`WHOLEPAGE_KV_HEADS`)."""
+"""The matrix axes, in the order configs are enumerated (and their names in a config dict); only the whole-page
+decode and the multi-query decode (its speculative-decoding sibling) have a ``num_kv_heads`` axis (``KV_HEADS=``,
+default :data:`WHOLEPAGE_KV_HEADS`)."""
 
 Config = dict[str, Any]
 
@@ -125,6 +127,15 @@ OPS: tuple[OpRow, ...] = (
           grid="(programs, 1, 1): a persistent grid per device "
                "(ultraquant.kernels.families.decode_wholepage.wholepage_programs), the work balanced from "
                "seq_lens on the device; head-major caches only (takes_wholepage)"),
+    # The multi-query decode (Gluon, sm_90): speculative-decoding steps of up to 16 new tokens per request
+    # (ultraquant.spec_decode_attention, routed by ultraquant.kernels.plans.takes_multiquery); one blob per kv-head
+    # count, and one for every token count: the count bound is a run-time argument, not a constexpr.
+    OpRow("spec_decode_attention", ("head_size", "gqa", "block_size", "dtype", "num_kv_heads"),
+          rename={"dtype": "query_dtype"}, features=ATTENTION_FEATURES, flag_defaults=ATTENTION_FLAGS,
+          archs=("sm_90",),
+          grid="(cdiv(max_query_len * GQA, 16), num_seqs, num_splits); num_splits fixed from static shapes "
+               "(multiquery_splits of num_seqs x tiles), so graphs replay any per-request counts up to "
+               "max_query_len; head-major caches only (takes_multiquery)"),
     OpRow("prefill_attention", ("head_size", "gqa", "block_size", "dtype"), rename={"dtype": "query_dtype"},
           features=ATTENTION_FEATURES, flag_defaults=ATTENTION_FLAGS, targeted=True,
           grid="(cdiv(num_tokens, ROWS // GQA_PAD) + num_seqs, num_kv_heads, 1)"),
@@ -168,6 +179,8 @@ SKIPS: tuple[Skip, ...] = (
     Skip(("decode_attention_flydsl",), lambda c, a: a == "gfx950" and c.get("head_size") == 512,
          "the gfx942-style FlyDSL decode on gfx950 at D=512 spills 2 VGPRs in some configs (GQA 1 window, "
          "GQA 16; found by MATRIX=cover 2026-12-02); the gfx950 row decode_attention_flydsl_mx serves them first"),
+    Skip(("spec_decode_attention",), lambda c, a: multiquery_family.unsupported(c),
+         "outside the multi-query decode's rule (its family's unsupported() gives the exact reason)"),
     Skip(("decode_attention_flydsl", "decode_attention_flydsl_mx"), lambda c, a: flydsl_family.unsupported(c),
          "outside the FlyDSL decode's limits (its family's unsupported() gives the exact reason)"),
 )
@@ -206,6 +219,11 @@ SPILLS_ALLOWED: tuple[SpillAllowance, ...] = (
                    "loads (the last program's merge, whose layout replicates a partial at 1 kv head); the 16-row "
                    "(m16) path at GQA 9-16 with 4 kv heads: 32 B, 4-5 local loads in a 3333-instruction loop "
                    "(tools/wholepage_sass.py)", 512),
+    SpillAllowance(("spec_decode_attention",),
+                   lambda c, a: c.get("num_kv_heads", 8) <= 4 or (c.get("has_softcap") and c.get("has_window")),
+                   "the multi-query decode (16-row path at 255 registers) with 1-4 kv heads: 32-88 B measured; "
+                   "8 kv heads: none, but 8 B with soft cap + window (offline sm_90 builds, benchmarks/NOTES.md "
+                   "'Speculative-decoding steps')", 512),
 )
 """Configs whose scratch/spills/local memory are accepted, each with the measured figures and a byte
 budget; every other blob must use none (the build and ``ultraquant verify`` enforce both)."""

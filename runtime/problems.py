@@ -15,6 +15,7 @@ feature flags fails them.
 from __future__ import annotations
 
 import hashlib
+import itertools
 import re
 from collections.abc import Callable
 from pathlib import Path
@@ -47,7 +48,7 @@ def register(kernel_name: str) -> Callable[[Problem], Problem]:
     return deco
 
 
-SELFTEST_VERSION = 7
+SELFTEST_VERSION = 8
 """Version of the self-test problems and pass criteria below, part of every cached verdict's key: bump
 it whenever this file changes what a self-test launches or accepts, so verdicts recorded with the old
 problems are not trusted. 1: the problems of sessions 1-2; 2: verdicts also bound to the manifest key;
@@ -55,9 +56,10 @@ problems are not trusted. 1: the problems of sessions 1-2; 2: verdicts also boun
 4: the decode problem's query blocks differ in scale and keys weigh K positions 16-63 (MFMA layouts);
 5: the whole-page decode problem (head-major cache, several splits); 6: a few-rows store blob is told by its
 target's spec (8 rows on NVIDIA); 7: kernels renamed by design (``uq_decode_splitkv``,
-``uq_decode_wholepage``: manifest keys changed)."""
+``uq_decode_wholepage``: manifest keys changed); 8: the multi-query decode problem (``uq_decode_multiquery``), the whole-page
+problem on several programs of the balanced schedule."""
 
-PROBLEMS_SOURCE_SHA256 = "b3931d0e381aa50c58cbeb76d7b3a23885428251d493b946d0ab31d2bfb9d6e1"
+PROBLEMS_SOURCE_SHA256 = "620da4084a78e032aa04e8b6a50fcc779264cdd9c5f8730144eb7bfef8493393"
 """sha256 of this file with this line's hash blanked (see :func:`source_hash`); a test fails when the
 file changes and this is not updated, the reminder to bump :data:`SELFTEST_VERSION`."""
 
@@ -222,6 +224,36 @@ def _decode_check(kernel: Kernel, spec: Specialization, dev: Device, lens: list[
         return False, why
     want = reference.decode_attention(query.float(), cache, table, seq_lens, scale, sinks=sinks,
                                       sliding_window=window, softcap=softcap)
+    err = _rel_err(out, want)
+    return bool(torch.isfinite(out).all()) and err <= ATTENTION_RTOL, f"rel err {err:.2e}"
+
+
+@register("uq_decode_multiquery")
+def decode_multiquery_problem(kernel: Kernel, spec: Specialization, dev: Device) -> tuple[bool, str]:
+    """A speculative-decoding step over a head-major copy of a paged cache: 4 requests (1100, 5, 45, 30
+    tokens) x the blob's kv heads with 8, 5, 1 and 0 new tokens (ragged; two M tiles at GQA >= 3), their
+    K/V in the cache; the longest takes several splits. Block-scaled query, weighted keys."""
+    from ultraquant.kernels.families.decode_multiquery import plan_decode_multiquery
+
+    c, gen = spec.constexprs, _gen()
+    d, gqa, bs, hk = c["D"], c["GQA"], c["BLOCK_SIZE"], c["HK"]
+    hq, lens, news = gqa * hk, [1100, 5, 45, 30], [8, 5, 1, 0]
+    qd, od = _dtype(spec, "q_ptr"), _dtype(spec, "out_ptr")
+    paged, table, seq_lens, _, _ = _paged(dev, lens, hk, d, bs, torch.float32, gen, key_weight(d))
+    cache = torch.empty((paged.shape[0], hk, bs, paged.shape[3]), dtype=paged.dtype, device=dev).transpose(1, 2)
+    cache.copy_(paged)
+    n = sum(news)
+    qsl = torch.tensor([0, *itertools.accumulate(news)], dtype=torch.int32, device=dev)
+    query = block_scaled_query((n, hq), d, gen).to(qd).to(dev)
+    sinks, window, softcap = _options(c, hq, gen, dev)
+    scale = d ** -0.5
+    out = torch.full((n, hq, d), float("nan"), dtype=od, device=dev)
+    plan = plan_decode_multiquery(query, cache, table, seq_lens, qsl, 8, scale, sinks, window, softcap, out)
+    why = _launch(kernel, plan, dev)
+    if why:
+        return False, why
+    want = reference.spec_decode_attention(query.float(), cache, table, seq_lens, qsl, scale, max_query_len=8,
+                                           sinks=sinks, sliding_window=window, softcap=softcap)
     err = _rel_err(out, want)
     return bool(torch.isfinite(out).all()) and err <= ATTENTION_RTOL, f"rel err {err:.2e}"
 

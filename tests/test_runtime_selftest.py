@@ -98,3 +98,46 @@ def test_problem_refuses_a_blob_of_another_config():
     blob = InterpretedBlob(other)
     ok, detail = problems.store_problem(blob, spec, CPU)
     assert not ok and "not this blob's" in detail and blob.launches == 0
+
+
+class _ReferenceBlob:
+    """A multi-query decode "blob" (the Gluon kernel runs on sm_90 only) that writes the reference's
+    answer, or ``wrong``'s corruption of it, into the launch's output: exercises the problem's
+    construction, plan-key check and pass criterion on the CPU."""
+
+    def __init__(self, spec: Specialization, wrong: bool = False) -> None:
+        self.entry, self.wrong, self.launches = _Entry(spec), wrong, 0
+
+    def launch(self, args, grid) -> None:
+        from ultraquant import reference
+        from ultraquant.kernels.families.decode_multiquery import MULTIQUERY_PARAMS
+
+        self.launches += 1
+        a = dict(zip((n for n, _ in MULTIQUERY_PARAMS), args, strict=True))
+        has = self.entry.key
+        sinks = a["sinks_ptr"] if "HAS_SINKS=True" in has else None
+        window = a["window"] if "HAS_WINDOW=True" in has else None
+        softcap = a["softcap"] if "HAS_SOFTCAP=True" in has else None
+        want = reference.spec_decode_attention(a["q_ptr"].float(), a["cache_ptr"], a["bt_ptr"], a["seqlen_ptr"],
+                                               a["qsl_ptr"], a["scale"], max_query_len=a["max_tokens"], sinks=sinks,
+                                               sliding_window=window, softcap=softcap)
+        if self.wrong:  # a blob that misses the last new token's causal step: its rows see one token less
+            want[-1] = want[-2]
+        a["out_ptr"].copy_(want)
+
+
+@pytest.mark.parametrize("features", [{}, {"has_sinks": True, "has_window": True}, {"has_softcap": True}])
+def test_multiquery_problem_passes_and_catches_a_wrong_blob(features, monkeypatch):
+    from ultraquant.kernels.families import decode_multiquery as mq_family
+    from ultraquant.kernels.families import decode_wholepage as wp_family
+
+    monkeypatch.setattr(wp_family, "num_sms", lambda device: 132)
+    spec = mq_family.decode_multiquery_spec(head_size=128, gqa=4, num_kv_heads=2, block_size=16, **features)
+    ok, detail = problems.decode_multiquery_problem(_ReferenceBlob(spec), spec, CPU)
+    assert ok, detail
+    ok, detail = problems.decode_multiquery_problem(_ReferenceBlob(spec, wrong=True), spec, CPU)
+    assert not ok, detail
+    other = mq_family.decode_multiquery_spec(head_size=128, gqa=4, num_kv_heads=4, block_size=16, **features)
+    blob = _ReferenceBlob(other)
+    ok, detail = problems.decode_multiquery_problem(blob, spec, CPU)
+    assert not ok and "not this blob's" in detail and blob.launches == 0

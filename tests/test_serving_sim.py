@@ -23,7 +23,7 @@ import pytest
 import torch
 
 import ultraquant
-from ultraquant import reference
+from ultraquant import ops, reference
 from ultraquant.attention import AttentionMetadata, UltraQuantAttention
 from ultraquant.format import slot_size
 
@@ -260,7 +260,9 @@ class Simulation:
         t = 0
         for i, (r, n) in enumerate(batch):
             ctx, end = r.computed, r.computed + n
-            if i < num_decodes:  # decode rows read their own (quantized) token from the cache too
+            if i < num_decodes or self._chunk_from_cache(ctx, n, query):
+                # decode rows (and small continuations on the multi-query decode) read their own
+                # (quantized) tokens from the cache too
                 k, v = r.kq[:end], r.vq[:end]
             else:
                 k = torch.cat([r.kq[:ctx], r.k[ctx:end].double()])
@@ -269,6 +271,12 @@ class Simulation:
                                          self.sinks, self.cfg.window, self.cfg.softcap))
             t += n
         return torch.cat(rows)
+
+    def _chunk_from_cache(self, ctx: int, n: int, query: torch.Tensor) -> bool:
+        """Whether the layer serves this continuation by the multi-query decode (its K/V read back from
+        the cache): a small one (every small run is then <= 16 tokens) where the kernel covers the layer."""
+        return (0 < ctx and n <= self.layer.threshold <= 16
+                and ops.spec_decode_takes_kernel(query, self.kv_cache, self.layer.threshold))
 
     def compare(self, got: torch.Tensor, expect: torch.Tensor) -> None:
         """Per-element error relative to the output scale, and the per-row cosine."""
@@ -450,6 +458,20 @@ def test_serving_simulation_cpu(name: str) -> None:
     tol = 1e-5 if cfg.dtype == torch.float32 else 1e-2
     assert sim.max_err <= tol, sim.max_err
     assert sim.min_cos >= 1 - tol, sim.min_cos
+
+
+def test_serving_simulation_with_the_multiquery_route(monkeypatch) -> None:
+    """Small continuations on the multi-query route (forced on the CPU: the reference spec-decode, their
+    own K/V read back from the cache): the oracle follows the route, at the reference's precision; and the
+    oracle of the raw-K/V route is measurably off there (so the route is really taken)."""
+    monkeypatch.setattr(ops, "spec_decode_takes_kernel", lambda q, c, m: m <= 16)
+    cfg = SimConfig(seed=4, threshold=5)
+    sim = Simulation(cfg).run()
+    assert sim.layer.prefill_routes["small:multiquery"] > 0, dict(sim.layer.prefill_routes)
+    assert sim.max_err <= 1e-5 and sim.min_cos >= 1 - 1e-5, (sim.max_err, sim.min_cos)
+    monkeypatch.setattr(Simulation, "_chunk_from_cache", lambda self, ctx, n, query: False)
+    wrong = Simulation(cfg).run()
+    assert wrong.max_err > 1e-4, wrong.max_err
 
 
 def test_oracle_detects_a_wrong_cache() -> None:

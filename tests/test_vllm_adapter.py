@@ -394,16 +394,21 @@ def test_register_routes_the_ultraquant_backend(vllm_env) -> None:
         member.clear_override()
 
 
-@pytest.mark.parametrize("head_major", [False, True])
-def test_builder_and_impl_serve_a_vllm_batch(vllm_env, head_major: bool) -> None:
-    vb, _, ub = _modules(vllm_env)
-    common, query, key, value, logical = _vllm_batch(head_major=head_major, dtype=torch.bfloat16, seed=1)
-    cam = vb.CommonAttentionMetadata(
+def _common_metadata(vb, common):
+    """vLLM's own ``CommonAttentionMetadata`` of a :func:`_vllm_batch` namespace."""
+    return vb.CommonAttentionMetadata(
         query_start_loc=common.query_start_loc, query_start_loc_cpu=common.query_start_loc_cpu,
         seq_lens=common.seq_lens, num_reqs=common.num_reqs, num_actual_tokens=common.num_actual_tokens,
         max_query_len=common.max_query_len, max_seq_len=common.max_seq_len,
         block_table_tensor=common.block_table_tensor, slot_mapping=common.slot_mapping,
         seq_lens_cpu_upper_bound=common.seq_lens_cpu_upper_bound)
+
+
+@pytest.mark.parametrize("head_major", [False, True])
+def test_builder_and_impl_serve_a_vllm_batch(vllm_env, head_major: bool) -> None:
+    vb, _, ub = _modules(vllm_env)
+    common, query, key, value, logical = _vllm_batch(head_major=head_major, dtype=torch.bfloat16, seed=1)
+    cam = _common_metadata(vb, common)
     config = SimpleNamespace(parallel_config=SimpleNamespace(decode_context_parallel_size=1),
                              speculative_config=None)
     builder = ub.UltraQuantMetadataBuilder(SimpleNamespace(block_size=4), ["layer.0"], config,
@@ -444,6 +449,31 @@ def test_builder_and_impl_serve_a_vllm_batch(vllm_env, head_major: bool) -> None
     assert impl.forward(None, query, key, value, logical, None, out) is out and not out.any()
     _ = ultraquant  # the public package stays importable alongside the stubs
     assert spec.BACKEND_NAME == ub.UltraQuantBackend.get_name()
+
+
+def test_builder_under_speculative_decoding(vllm_env) -> None:
+    """With 3 speculative tokens: requests of 1..4 tokens are decodes (one spec-decoding launch), uniform
+    decode batches get CUDA graphs that replay any counts up to 4; the step serves like the reference."""
+    vb, _, ub = _modules(vllm_env)
+    common, query, key, value, logical = _vllm_batch(head_major=True, seed=2)
+    cam = _common_metadata(vb, common)
+    config = SimpleNamespace(parallel_config=SimpleNamespace(decode_context_parallel_size=1),
+                             speculative_config=SimpleNamespace(num_speculative_tokens=3, parallel_drafting=False),
+                             use_v2_model_runner=True)
+    builder = ub.UltraQuantMetadataBuilder(SimpleNamespace(block_size=4), ["layer.0"], config, torch.device("cpu"))
+    assert builder.reorder_batch_threshold == 4
+    assert builder.get_cudagraph_support(config, None) is vb.AttentionCGSupport.UNIFORM_BATCH
+    assert builder.get_varlen_cudagraph_max_query_len(config, None) == 4
+    md = builder.build(0, cam)
+    assert (md.num_decodes, md.num_decode_tokens, md.decode_query_len) == (2, 2, 4)  # the 6-token chunk stops it
+    impl = ub.UltraQuantImpl(4, 64, 0.125, 2, None, None, "ultraquant_4bit", None, "decoder", None)
+    n = common.num_actual_tokens
+    impl.do_kv_cache_update(None, key, value, logical, common.slot_mapping[:n])
+    out = torch.full((query.shape[0], 4, 64), float("nan"))
+    impl.forward(None, query, key, value, logical, md, out)
+    assert impl.attn.route_counts["spec_decode"] == 1
+    expect = _expected(common, query, key, value, ops_cache_view(logical), 2, 0.125)
+    torch.testing.assert_close(out[:n], expect, atol=2e-2, rtol=2e-2)
 
 
 def test_serving_simulation_through_vllm_classes(vllm_env) -> None:

@@ -2,7 +2,8 @@
 
 The public API: the format helpers (:func:`slot_size`, :func:`hadamard`, :func:`empty_kv_cache`: a
 head-major paged cache), the ops
-(:func:`store_kv`, :func:`decode_attention`, :func:`dequant_kv`, :func:`prefill_attention`, which
+(:func:`store_kv`, :func:`decode_attention`, :func:`dequant_kv`, :func:`prefill_attention`,
+:func:`spec_decode_attention`, which
 pick an AOT blob, the Triton JIT kernel or the PyTorch reference per call), :func:`check_errors`
 (out-of-range values the kernels met), :func:`warmup` (load and
 self-test a model's blobs before CUDA graph capture), and
@@ -12,7 +13,15 @@ self-test a model's blobs before CUDA graph capture), and
 from . import reference
 from .errors import UltraQuantError
 from .format import empty_kv_cache, hadamard, slot_size
-from .ops import KernelError, check_errors, decode_attention, dequant_kv, prefill_attention, store_kv
+from .ops import (
+    KernelError,
+    check_errors,
+    decode_attention,
+    dequant_kv,
+    prefill_attention,
+    spec_decode_attention,
+    store_kv,
+)
 from .policy import warmup
 
 __version__ = "0.1.0"
@@ -28,6 +37,7 @@ __all__ = [
     "prefill_attention",
     "reference",
     "slot_size",
+    "spec_decode_attention",
     "store_kv",
     "warmup",
 ]

@@ -7,13 +7,20 @@ the way a paged serving engine (vLLM) hands it over:
 1. **store**: the new tokens' K/V go into the paged cache (:func:`ultraquant.store_kv`), through
    ``slot_mapping`` (negative = padding, skipped);
 2. **decode**: the first ``num_decodes`` requests have one new token each; one
-   :func:`ultraquant.decode_attention` call serves them all, writing into the caller's ``out``;
+   :func:`ultraquant.decode_attention` call serves them all, writing into the caller's ``out``.
+   Under speculative decoding (``metadata.decode_query_len`` > 1) they have 1..``decode_query_len``
+   new tokens each (counts read on the device from ``query_start_loc``) and one
+   :func:`ultraquant.spec_decode_attention` call (the multi-query decode; their K/V were stored
+   first) serves them, or, where no multi-query kernel serves the layer, one
+   :func:`ultraquant.prefill_attention` call on their raw K/V;
 3. **prefill**: the remaining requests, each a chunk of new tokens at the end of its sequence, are
    split on the host, from the metadata's CPU copies (never from device tensors), into runs of one
    kind, each served by the route that suits it: *first chunks* (empty prefix) by torch SDPA on
    their raw K/V (:func:`ultraquant.dense.first_chunks`); *small continuations* (prefix in the cache,
-   at most ``continuation_threshold`` new tokens) by :func:`ultraquant.prefill_attention`, the
-   kernel's decode-shaped multi-query path that reads the 4-bit cache directly; *large
+   at most ``continuation_threshold`` new tokens) by :func:`ultraquant.spec_decode_attention` (the
+   multi-query decode, reading the chunk's own K/V from the cache like a decode) where
+   :func:`ultraquant.ops.spec_decode_takes_kernel` holds, else by :func:`ultraquant.prefill_attention`,
+   the kernel's decode-shaped multi-query path that reads the 4-bit cache directly; *large
    continuations* (one request per run) by dequantizing the prefix once and running SDPA
    (:func:`ultraquant.dense.continuation`). Soft-capped layers (SDPA has no soft cap) and batches
    without host copies send every run to the kernel.
@@ -75,7 +82,7 @@ class AttentionMetadata:
     num_actual_tokens: int
     """Tokens of real requests (the query may be padded beyond this for a CUDA graph)."""
     num_decodes: int
-    """Leading requests with exactly one new token each."""
+    """Leading decode requests: one new token each (1..``decode_query_len`` under speculative decoding)."""
     max_query_len: int
     """Longest chunk in the batch (host int, an upper bound is fine)."""
     max_seq_len: int
@@ -84,6 +91,11 @@ class AttentionMetadata:
     """Host copy of ``query_start_loc`` (exact)."""
     seq_lens_cpu: torch.Tensor | None = None
     """Host copy of ``seq_lens``; it must be exact for the prefill rows (decode rows are not read)."""
+    decode_query_len: int = 1
+    """Most new tokens of a decode request: 1, or 1 + the drafted tokens of a speculative-decoding step
+    (the bound a CUDA graph is captured with; each request's own count comes from ``query_start_loc``)."""
+    decode_tokens: int | None = None
+    """Tokens of the decode requests (``query_start_loc[num_decodes]``, a host int); None: one each."""
 
     @property
     def num_reqs(self) -> int:
@@ -92,17 +104,20 @@ class AttentionMetadata:
 
     @property
     def num_decode_tokens(self) -> int:
-        """Tokens of the decode requests (one each)."""
-        return self.num_decodes
+        """Tokens of the decode requests (one each unless ``decode_tokens`` says otherwise)."""
+        return self.num_decodes if self.decode_tokens is None else int(self.decode_tokens)
 
     @classmethod
     def build(cls, *, query_lens: Sequence[int], seq_lens: Sequence[int],
               block_table: Sequence[Sequence[int]] | torch.Tensor, slot_mapping: Sequence[int] | torch.Tensor,
-              device: torch.device | str = "cpu", num_padding_tokens: int = 0) -> AttentionMetadata:
+              device: torch.device | str = "cpu", num_padding_tokens: int = 0,
+              decode_query_len: int = 1) -> AttentionMetadata:
         """Metadata from host lists, decodes first, as a scheduler would make it.
 
         ``block_table`` rows are padded with zeros to the longest row. ``num_padding_tokens`` extra
         slot_mapping entries of -1 are appended (tokens a CUDA graph pads the batch with).
+        ``decode_query_len`` > 1 (speculative decoding): leading requests of 1..``decode_query_len``
+        new tokens are the decodes.
         """
         q = [int(x) for x in query_lens]
         s = [int(x) for x in seq_lens]
@@ -110,8 +125,10 @@ class AttentionMetadata:
             raise UltraQuantError(f"query_lens: {len(q)} entries but seq_lens has {len(s)}")
         if any(a < 0 or a > b for a, b in zip(q, s, strict=True)):
             raise UltraQuantError("query_lens: each must be in [0, seq_len]")
+        if isinstance(decode_query_len, bool) or not isinstance(decode_query_len, int) or decode_query_len < 1:
+            raise UltraQuantError(f"decode_query_len: expected a positive int, got {decode_query_len!r}")
         num_decodes = 0
-        while num_decodes < len(q) and q[num_decodes] == 1:
+        while num_decodes < len(q) and 1 <= q[num_decodes] <= decode_query_len:
             num_decodes += 1
         qsl = [0]
         for x in q:
@@ -135,7 +152,8 @@ class AttentionMetadata:
             seq_lens=seq_cpu.to(device), query_start_loc=qsl_cpu.to(device), block_table=bt,
             slot_mapping=sm.to(device), num_actual_tokens=qsl[-1], num_decodes=num_decodes,
             max_query_len=max(q, default=0), max_seq_len=max(s, default=0),
-            query_start_loc_cpu=qsl_cpu, seq_lens_cpu=seq_cpu)
+            query_start_loc_cpu=qsl_cpu, seq_lens_cpu=seq_cpu, decode_query_len=decode_query_len,
+            decode_tokens=None if decode_query_len == 1 else qsl[num_decodes])
 
 
 @dataclass(frozen=True)
@@ -234,9 +252,11 @@ class UltraQuantAttention:
         kind, ``first``, ``small``, ``large`` (or ``prefill``: one unplanned kernel call): for tests
         and logs. :attr:`prefill_routes` says which implementation served the runs."""
         self.prefill_routes: Counter[str] = Counter()
-        """Prefill runs per ``kind:route``, route ``sdpa`` (:mod:`ultraquant.dense`) or ``kernel``
-        (:func:`ultraquant.prefill_attention`), e.g. ``first:sdpa``, ``small:kernel``,
-        ``large:kernel`` (a soft-capped layer): the route each run actually took."""
+        """Prefill runs per ``kind:route``, route ``sdpa`` (:mod:`ultraquant.dense`), ``kernel``
+        (:func:`ultraquant.prefill_attention`) or ``multiquery`` (:func:`ultraquant.spec_decode_attention`),
+        e.g. ``first:sdpa``, ``small:kernel``, ``small:multiquery``, ``large:kernel`` (a soft-capped
+        layer): the route each run actually took; speculative-decoding decodes count as
+        ``spec_decode:multiquery`` or ``spec_decode:kernel``."""
 
     # ------------------------------------------------------------------ setup
 
@@ -279,7 +299,7 @@ class UltraQuantAttention:
         return sinks_ok and ws is not None and ws.device == device and ws.shape[0] > num_reqs
 
     def warmup_decode(self, kv_cache: torch.Tensor, *, max_num_reqs: int, max_seq_len: int,
-                      dtype: torch.dtype, skip_cpu: bool = True) -> int:
+                      dtype: torch.dtype, skip_cpu: bool = True, decode_query_len: int = 1) -> int:
         """Size the decode ops' workspaces for every batch of 1..``max_num_reqs`` requests, before
         any CUDA graph capture; returns the number of warm-up launches (0 when already done).
 
@@ -289,7 +309,8 @@ class UltraQuantAttention:
         first, on all-empty sequences (seq_lens 0: nothing is read), with a block table twice as
         wide as ``max_seq_len`` needs (the split count grows with the width, so this bounds what a
         real table asks for). Done once per distinct shape per process; skipped on the CPU (the
-        reference keeps no workspace) unless ``skip_cpu=False``.
+        reference keeps no workspace) unless ``skip_cpu=False``. ``decode_query_len`` > 1 (speculative
+        decoding): also one multi-query decode launch per size (no tokens: nothing is read).
         """
         device = kv_cache.device
         if (skip_cpu and device.type == "cpu") or max_num_reqs <= 0 or _capturing(device):
@@ -298,7 +319,7 @@ class UltraQuantAttention:
         width = 2 * max(1, -(-max_seq_len // bs))
         key = (str(device), tuple(kv_cache.shape), tuple(kv_cache.stride()), self.num_heads, self.head_size,
                dtype, width, max_num_reqs, self.sinks is not None or self._sinks_src is not None,
-               self.sliding_window is not None, self.softcap is not None)
+               self.sliding_window is not None, self.softcap is not None, decode_query_len)
         if key in _WARMED:
             return 0
         self.setup(device, max_num_reqs=max_num_reqs)
@@ -309,6 +330,15 @@ class UltraQuantAttention:
         opts = {"sinks": self.sinks, "sliding_window": self.sliding_window, "softcap": self.softcap}
         for b in range(max_num_reqs, 0, -1):
             ops.decode_attention(q[:b], kv_cache, table[:b], lens[:b], self.scale, out=out[:b], **opts)
+        if decode_query_len > 1 and ops.spec_decode_takes_kernel(q, kv_cache, decode_query_len):
+            qs = torch.zeros(max_num_reqs * decode_query_len, self.num_heads, self.head_size, dtype=dtype,
+                             device=device)
+            outs = torch.empty_like(qs)
+            qsl = torch.zeros(max_num_reqs + 1, dtype=torch.int32, device=device)
+            for b in range(max_num_reqs, 0, -1):
+                ops.spec_decode_attention(qs[: b * decode_query_len], kv_cache, table[:b], lens[:b], qsl[: b + 1],
+                                          self.scale, max_query_len=decode_query_len,
+                                          out=outs[: b * decode_query_len], **opts)
         _WARMED.add(key)
         return max_num_reqs
 
@@ -364,12 +394,15 @@ class UltraQuantAttention:
         if n == 0:
             return out
         nd = metadata.num_decodes
+        nt = metadata.num_decode_tokens
         opts = {"sinks": self.sinks, "sliding_window": self.sliding_window, "softcap": self.softcap}
-        if nd:
+        if nd and metadata.decode_query_len == 1:
             ops.decode_attention(_rows(q, nd), kv_cache, _rows(metadata.block_table, nd),
                                  _rows(metadata.seq_lens, nd), self.scale, out=_rows(o, nd), **opts)
             self.route_counts["decode"] += 1
-        if nd < metadata.num_reqs and nd < n:
+        elif nd:
+            self._spec_decode(q, key, value, kv_cache, metadata, o, opts)
+        if nd < metadata.num_reqs and nt < n:
             if key is None or value is None:
                 raise UltraQuantError("key/value: a prefill chunk attends to its raw K/V; got None")
             k = key.view(key.shape[0], self.num_kv_heads, d)
@@ -378,6 +411,32 @@ class UltraQuantAttention:
         return out
 
     __call__ = forward
+
+    def _spec_decode(self, q: torch.Tensor, key: torch.Tensor | None, value: torch.Tensor | None,
+                     kv_cache: torch.Tensor, md: AttentionMetadata, o: torch.Tensor, opts: dict) -> None:
+        """The decode requests of a speculative-decoding step (1..``decode_query_len`` new tokens each,
+        their K/V already stored): one :func:`ultraquant.spec_decode_attention` call (the multi-query
+        decode, graph-safe: counts from ``query_start_loc`` on the device; the reference on the CPU, which
+        reads the new tokens from the cache as a decode does); one prefill-kernel launch on their raw
+        K/V on a GPU where no multi-query kernel serves the layer."""
+        nd, nt, mq = md.num_decodes, md.num_decode_tokens, md.decode_query_len
+        qsl = md.query_start_loc[: nd + 1]
+        bt, lens = _rows(md.block_table, nd), _rows(md.seq_lens, nd)
+        if ops.spec_decode_served(q, kv_cache, mq):
+            ops.spec_decode_attention(_rows(q, nt), kv_cache, bt, lens, qsl, self.scale, max_query_len=mq,
+                                      out=_rows(o, nt), **opts)
+            self.prefill_routes["spec_decode:multiquery" if ops.spec_decode_takes_kernel(q, kv_cache, mq)
+                                else "spec_decode:reference"] += 1
+        else:
+            if key is None or value is None:
+                raise UltraQuantError("key/value: a speculative-decoding step off the multi-query decode "
+                                      "attends to its raw K/V; got None")
+            k = key.view(key.shape[0], self.num_kv_heads, self.head_size)
+            v = value.view(value.shape[0], self.num_kv_heads, self.head_size)
+            ops.prefill_attention(_rows(q, nt), _rows(k, nt), _rows(v, nt), kv_cache, bt, lens, qsl, self.scale,
+                                  out=_rows(o, nt), **opts)
+            self.prefill_routes["spec_decode:kernel"] += 1
+        self.route_counts["spec_decode"] += 1
 
     def _prefill(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor,
                  md: AttentionMetadata, o: torch.Tensor, opts: dict) -> None:
@@ -390,7 +449,7 @@ class UltraQuantAttention:
         nd, n, b = md.num_decodes, md.num_actual_tokens, md.num_reqs
         if md.query_start_loc_cpu is None or md.seq_lens_cpu is None:
             # No host copies: one call over the whole prefill sub-batch; the ops plan it themselves.
-            runs = [PrefillRun("prefill", nd, b, nd, n)]
+            runs = [PrefillRun("prefill", nd, b, md.num_decode_tokens, n)]
             qsl_cpu: list[int] = []
         else:
             runs = prefill_runs(md.query_start_loc_cpu, md.seq_lens_cpu, nd, self.threshold)
@@ -412,10 +471,18 @@ class UltraQuantAttention:
             else:
                 qsl = ws[: r1 - r0 + 1]
                 torch.sub(md.query_start_loc[r0 : r1 + 1], a, out=qsl)
-                ops.prefill_attention(q[a:z], k[a:z], v[a:z], kv_cache, md.block_table[r0:r1],
-                                      md.seq_lens[r0:r1], qsl, self.scale, out=o[a:z], **opts)
+                longest = _longest(qsl_cpu, r0, r1) if run.kind == "small" else 0
+                if longest and ops.spec_decode_takes_kernel(q, kv_cache, longest):
+                    # their K/V are in the cache already (stored first): the multi-query decode reads them there
+                    ops.spec_decode_attention(q[a:z], kv_cache, md.block_table[r0:r1], md.seq_lens[r0:r1], qsl,
+                                              self.scale, max_query_len=longest, out=o[a:z], **opts)
+                    route = "multiquery"
+                else:
+                    ops.prefill_attention(q[a:z], k[a:z], v[a:z], kv_cache, md.block_table[r0:r1],
+                                          md.seq_lens[r0:r1], qsl, self.scale, out=o[a:z], **opts)
             self.route_counts[run.kind] += 1
-            self.prefill_routes[f"{run.kind}:{'kernel' if route is None else 'sdpa'}"] += 1
+            label = {None: "kernel", "multiquery": "multiquery"}.get(route, "sdpa")
+            self.prefill_routes[f"{run.kind}:{label}"] += 1
 
     def _dense_route(self, run: PrefillRun, qsl_cpu: list[int], md: AttentionMetadata, block_size: int,
                      dtype: torch.dtype) -> str | None:
@@ -455,6 +522,11 @@ class UltraQuantAttention:
             self.setup(device, max_num_reqs=max(entries - 1, 256))
         assert self._qsl_ws is not None
         return self._qsl_ws
+
+
+def _longest(qsl_cpu: list[int], r0: int, r1: int) -> int:
+    """Most new tokens of requests ``r0..r1-1`` (host query_start_loc)."""
+    return max(qsl_cpu[i + 1] - qsl_cpu[i] for i in range(r0, r1))
 
 
 def _rows(t: torch.Tensor, n: int) -> torch.Tensor:

@@ -20,6 +20,7 @@ from .kernels import flags, heuristics, plans
 from .kernels.flags import KernelError
 
 __all__ = ["store_kv", "decode_attention", "dequant_kv", "dequant_kv_packed", "prefill_attention",
+           "spec_decode_attention", "spec_decode_takes_kernel", "spec_decode_served",
            "check_errors", "KernelError", "CONTINUATION_THRESHOLD"]
 
 CONTINUATION_THRESHOLD = heuristics.CONTINUATION_THRESHOLD
@@ -319,6 +320,85 @@ def prefill_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tenso
         _op("prefill_attention", _prefill_impl)(query, key, value, kv_cache, block_table, seq_lens,
                                                 query_start_loc, float(scale), sinks, sliding_window,
                                                 None if softcap is None else float(softcap), out)
+    return out
+
+
+# ---------------------------------------------------------------- speculative-decoding steps
+
+
+def spec_decode_takes_kernel(query: torch.Tensor, kv_cache: torch.Tensor, max_query_len: int) -> bool:
+    """True when :func:`spec_decode_attention` on these tensors runs the multi-query decode kernel
+    (NVIDIA sm_90 coverage, :func:`ultraquant.kernels.plans.takes_multiquery`); False where the
+    attention layer keeps the step on ``prefill_attention`` (CPU, AMD, D=256, token-major caches)."""
+    if policy.route(query.device) == "reference":
+        return False
+    hk = kv_cache.shape[2]
+    return plans.takes_multiquery(query.shape[2], query.shape[1] // hk, hk, kv_cache.shape[1],
+                                  tuple(kv_cache.stride()), query.device, int(max_query_len), config.get().tuning,
+                                  kv_cache.data_ptr() % 16 == 0)
+
+
+def spec_decode_served(query: torch.Tensor, kv_cache: torch.Tensor, max_query_len: int) -> bool:
+    """True when :func:`spec_decode_attention` serves these tensors: the reference (CPU tensors) or the
+    multi-query decode (:func:`spec_decode_takes_kernel`)."""
+    return policy.route(query.device) == "reference" or spec_decode_takes_kernel(query, kv_cache, max_query_len)
+
+
+def _spec_decode_impl(query: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tensor,
+                      seq_lens: torch.Tensor, query_start_loc: torch.Tensor, max_query_len: int, scale: float,
+                      sinks: torch.Tensor | None, sliding_window: int | None, softcap: float | None,
+                      out: torch.Tensor) -> None:
+    if policy.route(query.device) == "reference":
+        reference.spec_decode_attention(query, kv_cache, block_table, seq_lens, query_start_loc, scale,
+                                        max_query_len=max_query_len, sinks=sinks, sliding_window=sliding_window,
+                                        softcap=softcap, out=out)
+        return
+    if not spec_decode_takes_kernel(query, kv_cache, max_query_len):
+        raise UltraQuantError(
+            "spec_decode_attention: no kernel serves this step here (the multi-query decode needs sm_90, D=128, "
+            "a head-major 16-byte aligned cache, <= 16 new tokens per request); use prefill_attention with the "
+            "step's raw K/V")
+    policy.launch(plans.plan_spec_decode(_last_dim_contiguous(query), kv_cache, block_table, seq_lens,
+                                         query_start_loc, max_query_len, scale, sinks, sliding_window, softcap, out,
+                                         config.get().tuning))
+
+
+_spec_decode_op = torch.library.custom_op("ultraquant::spec_decode_attention", _spec_decode_impl,
+                                          mutates_args=("out",))
+
+
+@_spec_decode_op.register_fake
+def _spec_decode_fake(query: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tensor,
+                      seq_lens: torch.Tensor, query_start_loc: torch.Tensor, max_query_len: int, scale: float,
+                      sinks: torch.Tensor | None, sliding_window: int | None, softcap: float | None,
+                      out: torch.Tensor) -> None:
+    return None
+
+
+def spec_decode_attention(query: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tensor,
+                          seq_lens: torch.Tensor, query_start_loc: torch.Tensor, scale: float, *,
+                          max_query_len: int, sinks: torch.Tensor | None = None,
+                          sliding_window: int | None = None, softcap: float | None = None,
+                          out: torch.Tensor | None = None) -> torch.Tensor:
+    """A speculative-decoding step: up to ``max_query_len`` (<= 16) new tokens per request, whose K/V
+    the step already stored in the cache, each attending causally to the cache: (N, Hq, D).
+
+    One launch of the multi-query decode (grid from static shapes and ``max_query_len``; per-request
+    counts read from ``query_start_loc`` on the device: graph-capturable at the largest count). See
+    :func:`ultraquant.reference.spec_decode_attention`; :func:`spec_decode_takes_kernel` says where a
+    kernel serves it.
+    """
+    if _validating():
+        validate.check_spec_decode(query, kv_cache, block_table, seq_lens, query_start_loc, max_query_len, scale,
+                                   sinks, sliding_window, softcap, out)
+    if out is None:
+        out = torch.empty_like(query)
+    elif out.stride(-1) != 1:
+        raise UltraQuantError("out: the last dimension must be contiguous")
+    if query.shape[0] and seq_lens.shape[0]:
+        _op("spec_decode_attention", _spec_decode_impl)(query, kv_cache, block_table, seq_lens, query_start_loc,
+                                                        int(max_query_len), float(scale), sinks, sliding_window,
+                                                        None if softcap is None else float(softcap), out)
     return out
 
 

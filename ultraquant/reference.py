@@ -339,3 +339,28 @@ def prefill_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tenso
         q_pos = torch.arange(prefix, length, device=query.device)
         result[a:b] = _attend(query[a:b].double(), k, v, q_pos, start, scale, sinks, sliding_window, softcap)
     return _write(result, query, out)
+
+
+def spec_decode_attention(query: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tensor,
+                          seq_lens: torch.Tensor, query_start_loc: torch.Tensor, scale: float, *,
+                          max_query_len: int, sinks: torch.Tensor | None = None,
+                          sliding_window: int | None = None, softcap: float | None = None,
+                          out: torch.Tensor | None = None) -> torch.Tensor:
+    """A speculative-decoding step: request i's new tokens ``query_start_loc[i]:query_start_loc[i+1]``
+    (at most ``max_query_len``) sit at the end of its ``seq_lens[i]`` tokens, whose K/V are ALL in the
+    cache (the step stored its own first): each attends causally to the cache. Equals
+    :func:`prefill_attention` with ``key``/``value`` = the cache's rows of the new tokens."""
+    geo = validate.check_spec_decode(query, kv_cache, block_table, seq_lens, query_start_loc, max_query_len,
+                                     scale, sinks, sliding_window, softcap, out)
+    result = torch.zeros(query.shape, dtype=torch.float64, device=query.device)
+    starts = query_start_loc.tolist()
+    for i, length in enumerate(seq_lens.tolist()):
+        a, b = starts[i], starts[i + 1]
+        if a == b:
+            continue
+        prefix = length - (b - a)
+        start = _window_start(prefix, sliding_window)
+        k, v = decode_slots(_request_slots(kv_cache, block_table, i, start, length), geo.head_size)
+        q_pos = torch.arange(prefix, length, device=query.device)
+        result[a:b] = _attend(query[a:b].double(), k, v, q_pos, start, scale, sinks, sliding_window, softcap)
+    return _write(result, query, out)

@@ -265,6 +265,33 @@ def check_prefill(query: object, key: object, value: object, kv_cache: object, b
     return geo
 
 
+def check_spec_decode(query: object, kv_cache: object, block_table: object, seq_lens: object,
+                      query_start_loc: object, max_query_len: object, scale: object, sinks: object,
+                      sliding_window: object, softcap: object, out: object) -> CacheGeometry:
+    """All checks of spec_decode_attention: varlen query (N, Hq, D), the new tokens' K/V in the cache,
+    ``max_query_len`` a positive int bounding every request's new tokens (checked on values where
+    they are checkable)."""
+    check_tensor("query", query, dtypes=FLOAT_DTYPES, ndim=3)
+    n, hq, d = query.shape
+    dev = query.device
+    geo = check_cache(kv_cache, d)
+    if kv_cache.device != dev:
+        raise UltraQuantError(f"kv_cache: expected a tensor on {dev}, got one on {kv_cache.device}")
+    check_heads(hq, geo.num_kv_heads)
+    check_block_table(block_table, seq_lens, geo, dev)
+    check_query_start_loc(query_start_loc, seq_lens, n, dev)
+    if isinstance(max_query_len, bool) or not isinstance(max_query_len, int) or max_query_len < 1:
+        raise UltraQuantError(f"max_query_len: expected a positive int, got {max_query_len!r}")
+    if values_checkable(query_start_loc):
+        q_lens = query_start_loc.to("cpu", torch.int64).diff()
+        if q_lens.numel() and int(q_lens.max()) > max_query_len:
+            raise UltraQuantError(f"query_start_loc: a request has more than max_query_len={max_query_len} tokens")
+    check_scale(scale)
+    check_attention_options(hq, dev, sinks, sliding_window, softcap)
+    check_out(out, (n, hq, d), dev)
+    return geo
+
+
 def check_dequant(kv_cache: object, block_table: object, seq_lens: object,
                   head_size: int | None, read_values: bool = False) -> CacheGeometry:
     """All checks of dequant_kv; the head size comes from the slot size unless given

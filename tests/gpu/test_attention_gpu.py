@@ -51,6 +51,12 @@ GPU_CASES = {
         max_prompt=300, max_gen=8, token_budget=256, max_running=10, threshold=16, head_major=True,
         sinks=True, window=100, softcap=30.0, dtype=torch.bfloat16, check_cache_every=4,
         cache_mismatch_frac=MISMATCH, seed=11),
+    # head-major D=128 with threshold 16: small continuations take the multi-query decode (their own K/V
+    # read back from the cache; the oracle knows: Simulation._chunk_from_cache)
+    "bf16-headmajor-d128-gqa4-block16-multiquery": sim.SimConfig(
+        num_heads=16, num_kv_heads=4, head_size=128, block_size=16, num_blocks=160, num_requests=20,
+        max_prompt=400, max_gen=8, token_budget=384, max_running=10, threshold=16, head_major=True,
+        sinks=True, dtype=torch.bfloat16, check_cache_every=4, cache_mismatch_frac=MISMATCH, seed=13),
     "fp16-d256-block64-gqa1": sim.SimConfig(
         num_heads=4, num_kv_heads=4, head_size=256, block_size=64, num_blocks=48, num_requests=12,
         max_prompt=500, max_gen=6, token_budget=384, max_running=8, threshold=64, dtype=torch.float16,
@@ -66,6 +72,8 @@ def test_serving_simulation_gpu(name: str) -> None:
     assert s.stats["mixed_steps"] > 0 and s.reused_blocks > 0 and s.stats["cache_checks"] > 0
     for kind in ("store", "decode", "first", "small", "large"):
         assert s.layer.route_counts[kind] > 0, (kind, dict(s.layer.route_counts))
+    if name.endswith("-multiquery"):
+        assert s.layer.prefill_routes["small:multiquery"] > 0, dict(s.layer.prefill_routes)
     assert s.max_err <= MAX_ERR, s.max_err
     assert s.min_cos >= MIN_COS, s.min_cos
 

@@ -30,11 +30,14 @@ from ultraquant.bench.decode import SHAPES, run_bench, run_prefill_bench, run_se
 @click.option("--serving-rows", default="", help="With --serving: only rows whose name contains one of these "
               "comma-separated strings.")
 @click.option("--no-aot", is_flag=True, help="With --serving: skip the JIT/AOT pair of rows (the policy's row only).")
+@click.option("--spec-decode", "spec_decode", is_flag=True,
+              help="Only time speculative-decoding steps (2, 4, 8 new tokens) against one decode step (A geometry "
+                   "at block 16, and a ragged batch).")
 @click.option("--host", is_flag=True,
               help="Only time the host cost per eager decode/store call, AOT blobs vs Triton JIT (needs blobs).")
 def command(shapes: str, layouts: str, plot: str | None, json_path: str | None, no_stream: bool,
             sweep_shapes: str, store_variants: bool, prefill: bool, serving: bool, serving_rows: str,
-            no_aot: bool, host: bool) -> None:
+            no_aot: bool, spec_decode: bool, host: bool) -> None:
     """Time decode and store on this GPU against the read ceiling and bf16 SDPA (needs CUDA)."""
     if not torch.cuda.is_available():
         raise click.ClickException("ultraquant bench needs a CUDA GPU")
@@ -50,9 +53,14 @@ def command(shapes: str, layouts: str, plot: str | None, json_path: str | None, 
             with open(json_path, "w") as f:
                 json.dump({"host_us": rows, "gpu": torch.cuda.get_device_name()}, f, indent=1)
         return
-    if serving:
-        picked = [x.strip() for x in serving_rows.split(",") if x.strip()] or None
-        result = run_serving_bench(aot_vs_jit=not no_aot, names=picked)
+    if serving or spec_decode:
+        if serving:
+            picked = [x.strip() for x in serving_rows.split(",") if x.strip()] or None
+            result = run_serving_bench(aot_vs_jit=not no_aot, names=picked)
+        else:
+            from ultraquant.bench.specdecode import run_spec_decode_bench
+
+            result = run_spec_decode_bench()
         if json_path:
             with open(json_path, "w") as f:
                 json.dump(result, f, indent=1)

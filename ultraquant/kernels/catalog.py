@@ -48,6 +48,8 @@ FAMILIES: tuple[Family, ...] = (
            "decode_splitkv_spec", _DENSE_QO),
     Family("decode_attention_wholepage", "uq_decode_wholepage", "gluon.decode_wholepage:uq_decode_wholepage",
            "decode_wholepage", "decode_wholepage_spec", _DENSE_QO),
+    Family("spec_decode_attention", "uq_decode_multiquery", "gluon.decode_multiquery:uq_decode_multiquery",
+           "decode_multiquery", "decode_multiquery_spec", ("stride_qn", "stride_qh", "stride_on", "stride_oh")),
     Family("prefill_attention", "uq_prefill", "triton.attention:uq_prefill", "prefill", "prefill_spec",
            ("stride_qn", "stride_qh", "stride_kn", "stride_kh", "stride_vn", "stride_vh", "stride_on", "stride_oh")),
     Family("decode_attention_flydsl", "uq_decode_flydsl", None, "decode_flydsl", "decode_flydsl_spec", _DENSE_QO,

@@ -1,7 +1,8 @@
 """Which family plans a call: a public op's validated arguments -> one :class:`LaunchPlan`.
 
-The one routing rule among kernels lives here (:func:`takes_wholepage`: whole-page decode on NVIDIA
-where its coverage rule holds, split-KV decode elsewhere), so the JIT path, warmup and codegen's
+The routing rules among kernels live here (:func:`takes_wholepage`: whole-page decode on NVIDIA
+where its coverage rule holds, split-KV decode elsewhere; :func:`takes_multiquery`: which
+speculative-decoding steps the multi-query decode serves), so the JIT path, warmup and codegen's
 selections cannot disagree about a call. The Triton JIT path runs ``fn[plan.grid](*plan.args,
 **plan.spec.constexprs, ...)``; the AOT runtime launches the blob whose manifest key is
 ``plan.spec.key()`` with the same args and grid.
@@ -16,6 +17,7 @@ import torch
 from ..config import Tuning
 from ..format import slot_size
 from .families import prefill as prefill_family
+from .families.decode_multiquery import multiquery_call, plan_decode_multiquery
 from .families.decode_splitkv import decode_splitkv_spec, plan_decode_splitkv
 from .families.decode_wholepage import WholePageTuning, decode_wholepage_spec, plan_decode_wholepage, wholepage_call
 from .families.dequant import plan_dequant
@@ -133,5 +135,28 @@ def plan_prefill(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, kv
                                        sinks, sliding_window, softcap, out, spec, tuning.prefill_splits)
 
 
-__all__ = ["LaunchPlan", "NO_TUNING", "decode_call_spec", "plan_decode", "plan_dequant", "plan_prefill", "plan_store",
-           "prefill_call_spec", "store_few_rows", "takes_wholepage", "warn_slow_layout", "wholepage_tuning"]
+def takes_multiquery(head_size: int, gqa: int, num_kv_heads: int, block_size: int, cache_strides: tuple[int, ...],
+                     device: torch.device, max_query_len: int, tuning: Tuning = NO_TUNING,
+                     cache_aligned: bool = True) -> bool:
+    """THE speculative-decoding rule: the multi-query decode (Gluon, sm_90) where the whole-page
+    decode's cache rule holds (and ``tuning.decode_wholepage`` is on), D=128, and at most 16 new
+    tokens per request; elsewhere the attention layer sends the step to the prefill kernel."""
+    if not tuning.decode_wholepage:
+        return False
+    return multiquery_call(head_size, gqa, num_kv_heads, block_size, cache_strides, target_of(device),
+                           max_query_len, cache_aligned)
+
+
+def plan_spec_decode(query: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tensor, seq_lens: torch.Tensor,
+                     query_start_loc: torch.Tensor, max_query_len: int, scale: float, sinks: torch.Tensor | None,
+                     sliding_window: int | None, softcap: float | None, out: torch.Tensor,
+                     tuning: Tuning = NO_TUNING) -> LaunchPlan:
+    """Launch of the multi-query decode (callers check :func:`takes_multiquery`); the grid comes from
+    static shapes and the host bound ``max_query_len`` (no host sync)."""
+    return plan_decode_multiquery(query, kv_cache, block_table, seq_lens, query_start_loc, max_query_len, scale,
+                                  sinks, sliding_window, softcap, out, tuning.decode_splits)
+
+
+__all__ = ["LaunchPlan", "NO_TUNING", "decode_call_spec", "plan_decode", "plan_dequant", "plan_prefill",
+           "plan_spec_decode", "plan_store", "prefill_call_spec", "store_few_rows", "takes_multiquery",
+           "takes_wholepage", "warn_slow_layout", "wholepage_tuning"]

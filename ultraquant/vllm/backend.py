@@ -7,7 +7,9 @@ pieces, each implementing one of vLLM's abstract interfaces from ``vllm.v1.atten
   ``Hk * block_size * slot_size(D)`` bytes (``customize_spec``), block sizes 16/32/64/128, head sizes
   64..512, sinks and sliding windows, decoder attention only.
 - :class:`UltraQuantMetadataBuilder` (``AttentionMetadataBuilder``): decodes reordered to the front
-  (threshold 1), CUDA graphs for uniform single-token decode batches; ``build`` maps
+  (threshold 1; 1 + the speculative tokens under speculative decoding, served as decodes by the
+  multi-query decode), CUDA graphs for uniform decode batches (single-token, or up to 1 + k tokens
+  per request under speculative decoding: counts from ``query_start_loc`` on the device); ``build`` maps
   ``CommonAttentionMetadata`` with :func:`ultraquant.vllm.spec.layer_metadata` (host data only).
 - :class:`UltraQuantImpl` (``AttentionImpl``): ``do_kv_cache_update`` stores (vLLM calls it before
   ``forward``, and skips it for layers that share another layer's cache); ``forward`` serves the
@@ -37,6 +39,7 @@ from .spec import (
     BACKEND_NAME,
     KV_CACHE_DTYPE,
     SUPPORTED_BLOCK_SIZES,
+    decode_query_len_of,
     kv_cache_shape,
     layer_metadata,
     ops_cache_view,
@@ -59,13 +62,30 @@ class UltraQuantMetadataBuilder(AttentionMetadataBuilder[UltraQuantVllmMetadata]
     def __init__(self, kv_cache_spec: Any, layer_names: list[str], vllm_config: Any,
                  device: torch.device) -> None:
         super().__init__(kv_cache_spec, layer_names, vllm_config, device)
-        # One-token requests first: the layer serves them with one decode launch.
-        self._init_reorder_batch_threshold(1, supports_spec_as_decode=False)
+        # Decodes first: the layer serves them with one launch (one-token decodes, or speculative-decoding
+        # steps of up to 1 + k tokens each through the multi-query decode).
+        self._init_reorder_batch_threshold(1, supports_spec_as_decode=True)
+        self._decode_query_len = max(1, int(self.reorder_batch_threshold or 1))
+
+    @classmethod
+    def get_cudagraph_support(cls, vllm_config: Any, kv_cache_spec: Any) -> AttentionCGSupport:
+        """Uniform single-token decode batches; uniform decode batches of 1 + k tokens under speculative
+        decoding (the multi-query decode's grid depends on the bound only)."""
+        if decode_query_len_of(vllm_config) > 1:
+            return AttentionCGSupport.UNIFORM_BATCH
+        return cls._cudagraph_support
+
+    @classmethod
+    def get_varlen_cudagraph_max_query_len(cls, vllm_config: Any, kv_cache_spec: Any) -> int | None:
+        """Under speculative decoding a captured decode graph replays any counts 1..1 + k per request
+        (padding requests 0): the multi-query decode reads them from ``query_start_loc`` on the device."""
+        n = decode_query_len_of(vllm_config)
+        return n if n > 1 else None
 
     def build(self, common_prefix_len: int, common_attn_metadata: CommonAttentionMetadata,
               fast_build: bool = False) -> UltraQuantVllmMetadata:
         """Map the batch (no device work: slices and host reads only)."""
-        md = layer_metadata(common_attn_metadata, UltraQuantVllmMetadata)
+        md = layer_metadata(common_attn_metadata, UltraQuantVllmMetadata, self._decode_query_len)
         assert isinstance(md, UltraQuantVllmMetadata)
         return md
 
@@ -129,7 +149,7 @@ class UltraQuantImpl(AttentionImpl[UltraQuantVllmMetadata]):
             # Before the first capture (vLLM captures after eager warm-up runs): size the decode
             # workspaces for every batch size the graphs may use.
             self.attn.warmup_decode(cache, max_num_reqs=self._max_num_reqs, max_seq_len=self._max_model_len,
-                                    dtype=query.dtype)
+                                    dtype=query.dtype, decode_query_len=attn_metadata.decode_query_len)
             self._warmed = True
         self.attn.forward(query, key, value, cache, attn_metadata, output, store=False)
         return output

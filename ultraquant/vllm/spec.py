@@ -89,21 +89,33 @@ def ops_cache_view(kv_cache: torch.Tensor) -> torch.Tensor:
     return kv_cache.transpose(1, 2)
 
 
-def count_decodes(query_start_loc_cpu: torch.Tensor) -> int:
-    """Leading requests with exactly one new token (vLLM reorders them to the front); host tensor."""
+def count_decodes(query_start_loc_cpu: torch.Tensor, decode_query_len: int = 1) -> int:
+    """Leading requests with 1..``decode_query_len`` new tokens (vLLM reorders them to the front; 1:
+    plain decodes, 1 + the drafted tokens under speculative decoding); host tensor."""
     check_tensor("query_start_loc_cpu", query_start_loc_cpu, dtypes=(torch.int32, torch.int64), ndim=1)
     if query_start_loc_cpu.device.type != "cpu":
         raise UltraQuantError("query_start_loc_cpu: expected a CPU tensor")
     q_lens = (query_start_loc_cpu[1:] - query_start_loc_cpu[:-1]).tolist()
     n = 0
-    while n < len(q_lens) and q_lens[n] == 1:
+    while n < len(q_lens) and 1 <= q_lens[n] <= decode_query_len:
         n += 1
     return n
 
 
-def layer_metadata(common: Any,
-                   metadata_cls: type[AttentionMetadata] = AttentionMetadata) -> AttentionMetadata:
+def decode_query_len_of(vllm_config: Any) -> int:
+    """Most new tokens of a decode request under ``vllm_config``: 1 + its speculative tokens (1 without
+    speculative decoding)."""
+    spec = getattr(vllm_config, "speculative_config", None)
+    k = getattr(spec, "num_speculative_tokens", None) if spec is not None else None
+    return 1 + int(k) if k else 1
+
+
+def layer_metadata(common: Any, metadata_cls: type[AttentionMetadata] = AttentionMetadata,
+                   decode_query_len: int = 1) -> AttentionMetadata:
     """Map vLLM's ``CommonAttentionMetadata`` (any object with its field names) to the layer's metadata.
+
+    ``decode_query_len`` > 1 (the builder's reorder threshold under speculative decoding): the leading
+    requests of 1..``decode_query_len`` tokens are decodes, served by one multi-query launch.
 
     Reads only host data (``query_start_loc_cpu``, ints); device tensors are passed through as views.
     ``seq_lens_cpu_upper_bound`` (exact for prefill rows, which are the only rows the layer reads on
@@ -118,15 +130,18 @@ def layer_metadata(common: Any,
         seq_cpu = seq_cpu[:num_reqs]
     else:
         seq_cpu = None
+    nd = count_decodes(qsl_cpu, decode_query_len)
     return metadata_cls(
         seq_lens=common.seq_lens[:num_reqs],
         query_start_loc=common.query_start_loc[: num_reqs + 1],
         block_table=common.block_table_tensor[:num_reqs],
         slot_mapping=common.slot_mapping,
         num_actual_tokens=int(common.num_actual_tokens),
-        num_decodes=count_decodes(qsl_cpu),
+        num_decodes=nd,
         max_query_len=int(common.max_query_len),
         max_seq_len=int(common.max_seq_len),
         query_start_loc_cpu=qsl_cpu,
         seq_lens_cpu=seq_cpu,
+        decode_query_len=decode_query_len,
+        decode_tokens=None if decode_query_len == 1 else int(qsl_cpu[nd]),
     )
