@@ -405,6 +405,8 @@ COVER_INTERACTIONS: dict[str, tuple[tuple[str, ...], ...]] = {
     "decode_attention_flydsl_mx": _ATTENTION_PAIRS,
     # Whole-page decode: its row split (m16 path at GQA >= 9) and its spill allowance follow GQA x kv heads.
     "decode_attention_wholepage": (("head_size", "gqa"), ("gqa", "num_kv_heads")),
+    # The multi-query decode: the whole-page ring and rows, so the same interactions.
+    "spec_decode_attention": (("head_size", "gqa"), ("gqa", "num_kv_heads")),
     # Dequant: every combination (48 blobs of ~1-2 s): the D=64 spill on sm_90 needed all three of
     # head size 64, a block of >= 32 tokens and a 16-bit output.
     "dequant_kv": (("head_size", "block_size", FEATURES),),
