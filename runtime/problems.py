@@ -56,10 +56,10 @@ problems are not trusted. 1: the problems of sessions 1-2; 2: verdicts also boun
 4: the decode problem's query blocks differ in scale and keys weigh K positions 16-63 (MFMA layouts);
 5: the whole-page decode problem (head-major cache, several splits); 6: a few-rows store blob is told by its
 target's spec (8 rows on NVIDIA); 7: kernels renamed by design (``uq_decode_splitkv``,
-``uq_decode_wholepage``: manifest keys changed); 8: the multi-query decode problem (``uq_decode_multiquery``), the whole-page
-problem on several programs of the balanced schedule."""
+``uq_decode_wholepage``: manifest keys changed); 8: the multi-query decode problem
+(``uq_decode_multiquery``), the whole-page problem on several programs of the balanced schedule."""
 
-PROBLEMS_SOURCE_SHA256 = "620da4084a78e032aa04e8b6a50fcc779264cdd9c5f8730144eb7bfef8493393"
+PROBLEMS_SOURCE_SHA256 = "3dec949d48272d33c9db667c12e650e2e7a2c324f17fbc5f83a4492946abb55b"
 """sha256 of this file with this line's hash blanked (see :func:`source_hash`); a test fails when the
 file changes and this is not updated, the reminder to bump :data:`SELFTEST_VERSION`."""
 
