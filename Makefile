@@ -40,7 +40,7 @@ bench:
 #   make kernels ARCH=gfx942                      the `popular` preset: common open models at TP 1,2,4,8
 #   make kernels ARCH=gfx942 MODELS=path/to/config.json[,...] [TP=1,2,8] [BLOCK_SIZES=16]
 #   make kernels ARCH=gfx942 MATRIX=full [HEAD_SIZES=64,128 GQA=4,8 BLOCK_SIZES=16 DTYPES=bf16]
-#   (any of them: OPS=... KV_HEADS=1,8 JOBS=2 APT=1)  KV_HEADS: decode v8's kv-head counts (default 1,2,4,8)  APT=1 lets the build apt-get the FlyDSL tools (root)
+#   (any of them: OPS=... KV_HEADS=1,8 JOBS=2 APT=1)  KV_HEADS: the whole-page decodes' kv-head counts (default 1,2,4,8)  APT=1 lets the build apt-get the FlyDSL tools (root)
 #   make wheel   ARCH=gfx942,gfx950,sm_90  (same selection) -> $(DIST)/ultraquant-<v>+<arches>.<preset>-*.whl
 ARCH       ?= gfx942,gfx950,sm_90
 GENERATED  ?= generated

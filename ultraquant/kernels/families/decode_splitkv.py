@@ -41,7 +41,7 @@ def decode_args(query: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.
                 sinks: torch.Tensor, out: torch.Tensor, workspace: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
                 err: torch.Tensor, scale: float, softcap: float | None, window: int | None,
                 splits: int) -> tuple[Any, ...]:
-    """The run-time arguments of every decode kernel (v7, v8, the FlyDSL decodes), in DECODE_PARAMS order."""
+    """The run-time arguments of every decode kernel (split-KV, whole-page, FlyDSL), in DECODE_PARAMS order."""
     return (query, kv_cache, block_table, seq_lens, sinks, out, *workspace, err, float(scale), float(softcap or 0.0),
             int(window or 0), splits, kv_cache.shape[0], block_table.shape[1], query.stride(0), query.stride(1),
             out.stride(0), out.stride(1), kv_cache.stride(0), kv_cache.stride(1), kv_cache.stride(2),
@@ -60,7 +60,7 @@ def decode_splitkv_spec(*, head_size: int, gqa: int, block_size: int, query_dtyp
     ``tile``/``warps``/``stages``/``maxnreg`` override the tuned defaults (sweeps only).
     """
     d = check_head_size(head_size)
-    # Defaults from the H200 sweeps (benchmarks/NOTES.md, "Decode v7").
+    # Defaults from the H200 sweeps (benchmarks/NOTES.md, "v7 (session 2)": the split-KV decode).
     tile = tile or (64 if d <= 256 else 32)
     warps = warps or (4 if d <= 128 else 8)
     stages = stages or 2
