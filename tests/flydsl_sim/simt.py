@@ -125,6 +125,22 @@ def _float_of(bits: np.ndarray, ty: Ty) -> np.ndarray:
     raise NotImplementedError(ty)
 
 
+def _perm_b32(hi: np.ndarray, lo: np.ndarray, sel: np.ndarray) -> np.ndarray:
+    """``v_perm_b32`` (``llvm.amdgcn.perm(src_hi, src_lo, sel)``): byte k of the result is byte
+    ``sel_k`` of the 64-bit ``src_hi:src_lo`` for ``sel_k`` < 8, 0x00 for 0x0c, 0xff for 0x0d and above
+    (AMD CDNA3 ISA, V_PERM_B32; FlyDSL's ``rocdl.perm_b32`` names the operands). The sign-replicating
+    selectors 8..11 are not modelled (the kernel uses none)."""
+    both = ((hi.astype(np.int64) & 0xFFFFFFFF) << 32) | (lo.astype(np.int64) & 0xFFFFFFFF)
+    out = np.zeros_like(both)
+    for k in range(4):
+        s = (sel.astype(np.int64) >> (8 * k)) & 0xFF
+        if np.any((s >= 8) & (s < 12)):
+            raise NotImplementedError("v_perm_b32 sign-replicating selector")
+        byte = np.where(s < 8, (both >> (8 * np.minimum(s, 7))) & 0xFF, np.where(s == 12, 0, 0xFF))
+        out |= byte << (8 * k)
+    return _wrap(out, 32)
+
+
 @dataclass
 class Memory:
     """Byte buffers addressed as ``(buffer_id << 40) | offset``."""
@@ -426,6 +442,10 @@ class Wave:
             env[out] = self._per_wave(lambda x, y, z: lay.mfma_16x16x16(
                 torch.from_numpy(x.copy()), torch.from_numpy(y.copy()),
                 torch.from_numpy(z.astype(np.float32).copy())).numpy(), fa, fb, a[2])
+        elif name.startswith("rocdl.mfma.f32.16x16x16f16"):  # operands are f16 values already
+            env[out] = self._per_wave(lambda x, y, z: lay.mfma_16x16x16(
+                torch.from_numpy(x.astype(np.float32)), torch.from_numpy(y.astype(np.float32)),
+                torch.from_numpy(z.astype(np.float32).copy()), "f16").numpy(), a[0], a[1], a[2])
         elif name == "rocdl.mfma.scale.f32.16x16x128.f8f6f4":
             env[out] = self._per_wave(lambda *x: self._scaled_mfma(at["fmt"], list(x)), *a)
         elif name == "rocdl.cvt.pk.fp8.f32":
@@ -461,6 +481,8 @@ class Wave:
                 return np.exp2(a[0].astype(np.float32))
             if name == "llvm.amdgcn.log.f32":
                 return np.log2(a[0].astype(np.float32))
+        if name == "llvm.amdgcn.perm":
+            return _perm_b32(a[0], a[1], a[2])
         raise NotImplementedError(f"intrinsic {name}")
 
     def _atomic(self, bin_op: int, a, ty: Ty, active) -> np.ndarray:

@@ -32,6 +32,7 @@ from flydsl.expr import arith, const_expr, gpu, range_constexpr, rocdl
 from flydsl.expr.typing import T
 
 from ultraquant.kernels.flags import KernelError
+from ultraquant.kernels.flydsl import fp4_bits
 from ultraquant.kernels.flydsl import layout as lay
 from ultraquant.kernels.flydsl import operand_maps as om
 from ultraquant.kernels.flydsl.layout import LOG2E, MFMA_K, TILE, WAVE, DecodeConfig
@@ -115,10 +116,32 @@ def _bf16_pack(vals):
     return v.to(fx.BFloat16).bitcast(fx.Int16)
 
 
-def _fp4_operand(nibs, scale):
-    """Four int32 FP4 codes (one scale byte, int32) -> vector<4xi16> bf16 bits (shared formula)."""
-    return fx.Vector.from_elements([_i16(lay.fp4_bf16_bits(n, scale, _select)) for n in nibs],
-                                   dtype=fx.Int16)
+def _c32(v: int):
+    """A 32-bit constant as the signed Int32 with the same bits."""
+    return fx.Int32(v - (1 << 32) if v >= 1 << 31 else v)
+
+
+def _byte_up(x, const):
+    """``(x << 8) & 0xFF00FF00`` as one ``v_perm_b32`` (bytes 0, 2 of x into bytes 1, 3; zeros)."""
+    return fx.Int32(rocdl.perm_b32(_raw(fx.Int32(x)), _raw(fx.Int32(0)), _raw(fx.Int32(0x060C040C))))
+
+
+def _f16_operands(word):
+    """One 32-bit word of eight FP4 codes -> the two vector<4xf16> MFMA operands of its scale group
+    (:func:`fp4_bits.fp16_pairs`, value = code x 2**-14; step p holds codes ``lay.F16_STEP_CODES[p]``)."""
+    outs = fp4_bits.fp16_pairs(fx.Int32(word), const=_c32, byte_up=_byte_up)
+    return [fx.Vector.from_elements([outs[2 * p], outs[2 * p + 1]], dtype=fx.Int32).bitcast(fx.Float16)
+            for p in range(2)]
+
+
+def _f32_from_bits(bits):
+    return fx.Float32(arith.bitcast(T.f32, _raw(fx.Int32(bits))))
+
+
+def _scale_vec(words4, q):
+    """vector<4xf32> of ``2**(b - 127)`` (byte 0: 0.0) for scale group q of the lane's four tokens."""
+    return fx.Vector.from_elements([_f32_from_bits(lay.scale_byte(w, q) << 23) for w in words4],
+                                   dtype=fx.Float32)
 
 
 def _i16(x):
@@ -197,6 +220,10 @@ def _mfma(a, b, c):
     return fx.Vector(rocdl.mfma_f32_16x16x16bf16_1k(T.vec(4, T.f32), [a, b, c, 0, 0, 0]))
 
 
+def _mfma_f16(a, b, c):
+    return fx.Vector(rocdl.mfma_f32_16x16x16f16(T.vec(4, T.f32), [a, b, c, 0, 0, 0]))
+
+
 PARAMS: tuple[tuple[str, str], ...] = (
     ("q_ptr", "ptr"), ("cache_ptr", "ptr"), ("bt_ptr", "ptr"), ("seqlen_ptr", "ptr"), ("sinks_ptr", "ptr"),
     ("out_ptr", "ptr"), ("part_ptr", "ptr"), ("ml_ptr", "ptr"), ("counter_ptr", "ptr"), ("err_ptr", "ptr"),
@@ -249,13 +276,15 @@ def build_decode(cfg: DecodeConfig, arch: str, *, name: str, query_dtype: str = 
         raise ValueError(f"waves must be >= 1, got {waves}")
     D, G, BS = cfg.head_size, cfg.gqa, cfg.block_size
     CH, NB = cfg.chunks, cfg.pv_mfmas
-    VB = D // 32  # V code bytes per lane per token
+    VB = D // 32  # mx path: V code bytes per lane per token
+    NG = D // 32  # scale groups of a head
+    NW = NG // 4  # 32-bit words of a token's scale bytes
     QT, q_bytes = _DTYPES[query_dtype]
     OT, o_bytes = _DTYPES[out_dtype]
     has_sinks, has_window, has_softcap = cfg.has_sinks, cfg.has_window, cfg.has_softcap
     inv_sqrt_d = 1.0 / math.sqrt(D)
     QUARTER = D // 4  # output elements per lane: O[r][QUARTER * g : QUARTER * (g + 1)]
-    qmap = mx_query_map if mx else lay.QUERY_MAP_BF16
+    qmap = mx_query_map if mx else lay.QUERY_MAP
     for part in range(0, 32, 16 // _DTYPES[query_dtype][1]):  # each vector load reads contiguous d
         run = [qmap.coord(0, part + e, 1) for e in range(16 // _DTYPES[query_dtype][1])]
         if run != list(range(run[0], run[0] + len(run))):
@@ -278,8 +307,10 @@ def build_decode(cfg: DecodeConfig, arch: str, *, name: str, query_dtype: str = 
         the sequence re-read its last token; ``valid`` (True, or a flag that is false for an empty split)
         false reads page 0, row 0, so no address depends on a block-table entry past the sequence.
         A block id outside [0, num_blocks) reads page 0 (an empty tile: the caller masks it).
-        Returns the values flat:
-        K words [c][4], K scales [c], V words [i][VB/4], V scales [i], page inside (1/0) (Int32)."""
+        Returns the values flat (Int32), the page-inside flag (1/0) last. mx path: K words [c][4], K
+        scales [c], V words [i][VB/4], V scales [i]. fp16 path (:func:`fp16_slots`): K words [q]
+        (``lay.k_word_offset``), then per token i: its K scale words [NW], V bytes [q]
+        (``lay.v_byte_offset``), V scale words [NW]."""
         t0 = tile * TILE
         page = _load(bt_ptr, (bt_row + fx.Int64(t0 // BS)) * 4, fx.Int32, 1, 4)[0]
         inside = (page >= 0) & (page < num_blocks)
@@ -297,6 +328,19 @@ def build_decode(cfg: DecodeConfig, arch: str, *, name: str, query_dtype: str = 
             return page_base + fx.Int64(row) * fx.Int64(stride_ct)
 
         k_base = row_base(within + r)
+        inside_flag = [_select(inside, fx.Int32(1), fx.Int32(0))]
+        if not mx:
+            out = [fx.Int32(_load(cache_ptr, k_base + fx.Int64(lay.k_word_offset(q, g)), fx.Int32, 1, 4)[0])
+                   for q in range(NG)]
+            for i in range(MFMA_K):
+                v_base = row_base(within + 4 * g + i)
+                out += [fx.Int32(w) for w in _load(cache_ptr, v_base + fx.Int64(lay.k_scales_offset(D)), fx.Int32,
+                                                   NW, 4)]
+                out += [fx.Int32(_load(cache_ptr, v_base + fx.Int64(lay.v_byte_offset(D, q, r)), fx.Uint8, 1, 1)[0])
+                        & 0xFF for q in range(NG)]
+                out += [fx.Int32(w) for w in _load(cache_ptr, v_base + fx.Int64(lay.v_scales_offset(D)), fx.Int32,
+                                                   NW, 4)]
+            return out + inside_flag
         kw, ks, vw, vs = [], [], [], []
         for c in range_constexpr(CH):
             kw += [fx.Int32(w) for w in _load(cache_ptr, k_base + fx.Int64(lay.k_code_offset(c, g)), fx.Int32, 4, 8)]
@@ -308,7 +352,14 @@ def build_decode(cfg: DecodeConfig, arch: str, *, name: str, query_dtype: str = 
                                               VB // 4, 4)]
             vs.append(fx.Int32(_load(cache_ptr, v_base + fx.Int64(lay.v_scale_offset(D, r)), fx.Uint8, 1, 1)[0])
                       & 0xFF)
-        return kw + ks + vw + vs + [_select(inside, fx.Int32(1), fx.Int32(0))]
+        return kw + ks + vw + vs + inside_flag
+
+    PER_TOKEN = 2 * NW + NG  # fp16 path: values fetched per PV token (K scale words, V bytes, V scale words)
+
+    def fp16_slots(cur, i):
+        """The fp16 path's fetched values of the lane's PV token i: (K scale words, V bytes, V scale words)."""
+        base = NG + PER_TOKEN * i
+        return cur[base : base + NW], cur[base + NW : base + NW + NG], cur[base + NW + NG : base + PER_TOKEN]
 
     @flyc.kernel(name=name, known_block_size=(WAVE * W, 1, 1))
     def decode_kernel(
@@ -376,12 +427,24 @@ def build_decode(cfg: DecodeConfig, arch: str, *, name: str, query_dtype: str = 
                         x[c][e], x[c + s][e] = a0 + b0, a0 - b0
         if const_expr(mx):
             q_mx = [_fp8_query([x[c][e] * inv_sqrt_d for e in range(32)], g, plan) for c in range(CH)]
-        else:
-            q_ops = [[_bf16_pack([x[c][4 * j + i] * inv_sqrt_d for i in range(MFMA_K)]) for j in range(8)]
-                     for c in range(CH)]
+            qk_scale = scale * LOG2E
+        else:  # fp16: the head times 2**(ef - 127) so its absmax lands in [2**14, 2**15) (no fp16 overflow)
+            vals = [[x[c][e] * inv_sqrt_d for e in range(32)] for c in range(CH)]
+            amax = fx.Float32(0.0)
+            for c in range_constexpr(CH):
+                for e in range_constexpr(32):
+                    amax = arith.maxnumf(amax, fx.Float32(_raw_abs(vals[c][e])))
+            ef = lay.query_range_exponent(_f32_bits(_xor_max(amax, [16, 32])), _select)
+            pre = _f32_from_bits(ef << 23)
+            # operand of step p of group q: the query elements the decoded K word holds (code order)
+            q16 = [[[fx.Vector.from_elements([vals[c][8 * qq + e] * pre for e in lay.F16_STEP_CODES[step]],
+                                             dtype=fx.Float32).to(fx.Float16) for step in range(2)]
+                    for qq in range(4)] for c in range(CH)]
+            # 2**(127 - ef) undoes the prescale, 2**14 the K decode's code x 2**-14
+            unscale = _f32_from_bits((254 - ef) << 23) * float(2.0 ** -fp4_bits.FP16_OFFSET_LOG2)
+            qk_scale = unscale * (scale if has_softcap else scale * LOG2E)
 
         # ---- main loop over this split's 16-token tiles
-        qk_scale = scale * LOG2E
         cap2 = (2.0 * LOG2E) * rcp(softcap) if has_softcap else None
         kv_base = fx.Int64(kvh) * fx.Int64(stride_ch)
         bt_row = fx.Int64(b) * fx.Int64(stride_btb)
@@ -417,26 +480,29 @@ def build_decode(cfg: DecodeConfig, arch: str, *, name: str, query_dtype: str = 
 
             # ---- 2. QK: A = K rows (token t0 + r), B = rotated Q
             acc = zero4
-            for c in range_constexpr(CH):
-                words = cur[4 * c : 4 * c + 4]
-                sbyte = cur[4 * CH + c]
-                if const_expr(mx):  # one scaled MFMA: A = 32 FP4 codes (4 dwords) + their scale
+            if const_expr(mx):
+                for c in range_constexpr(CH):
+                    words = cur[4 * c : 4 * c + 4]
+                    sbyte = cur[4 * CH + c]
+                    # one scaled MFMA: A = 32 FP4 codes (4 dwords) + their scale
                     a_op = fx.Vector.from_elements(words + [fx.Int32(0)] * 4, dtype=fx.Int32)
                     for term in range_constexpr(2):  # hi then lo query term, same K operand
                         acc = fx.Vector(rocdl.mfma_scale_f32_16x16x128_f8f6f4(
                             T.vec(4, T.f32), [a_op, q_mx[c][term][0], acc, 4, 0, 0, sbyte, 0, q_mx[c][term][1]]))
-                else:
-                    for j in range_constexpr(8):
-                        w = words[j // 2]
-                        nibs = [(w >> (16 * (j % 2) + 4 * i)) & 0xF for i in range(MFMA_K)]
-                        acc = _mfma(_fp4_operand(nibs, sbyte), q_ops[c][j], acc)
+            else:  # per scale group q: two f16 MFMAs over its 32 d, then times each row's K scale
+                tok_vals = [fp16_slots(cur, i) for i in range(MFMA_K)]
+                for q in range_constexpr(NG):
+                    a_ops = _f16_operands(cur[q])
+                    part = _mfma_f16(a_ops[0], q16[q // 4][q % 4][0], zero4)
+                    part = _mfma_f16(a_ops[1], q16[q // 4][q % 4][1], part)
+                    acc = part * _scale_vec([tok_vals[i][0] for i in range(MFMA_K)], q) + acc
 
             # ---- 3. scores S^T[4g+i][r], mask, online softmax (log2 units)
             sc = []
             for i in range_constexpr(MFMA_K):
                 si = fx.Float32(acc[i])
                 if const_expr(has_softcap):
-                    si = si * scale
+                    si = si * (qk_scale if not mx else scale)
                     # c * tanh(s / c) = c * (1 - 2 / (2^(2 log2(e) s / c) + 1)); v_rcp_f32, 1 ulp
                     si = softcap * (1.0 - 2.0 * rcp(exp2(si * cap2) + 1.0))
                     si = si * LOG2E
@@ -452,62 +518,78 @@ def build_decode(cfg: DecodeConfig, arch: str, *, name: str, query_dtype: str = 
             alpha = exp2(m_run - m_use)
             p = [exp2(sc[i] - m_use) for i in range(MFMA_K)]
             l_new = l_run * alpha + ((p[0] + p[1]) + (p[2] + p[3]))
-            p_ops = _bf16_pack(p)
 
-            # ---- 4. PV: A = V^T (rows d = (D/16) m + nb), B = P^T
-            vwords = []
-            vscales = []
-            for i in range_constexpr(MFMA_K):  # V codes and scales of tokens not visible are zeroed
-                tok = t0 + 4 * g + i
-                vis = (tok >= lo) & (tok < hi) & tile_ok
-                base = 5 * CH + (VB // 4) * i
-                vwords.append([_select(vis, w, fx.Int32(0)) for w in cur[base : base + VB // 4]])
-                vscales.append(_select(vis, cur[5 * CH + VB + i], fx.Int32(0)))
             alpha4 = fx.Vector.from_elements([alpha] * MFMA_K, dtype=fx.Float32)
             new_o = []
-            if const_expr(mx):  # hardware FP4 -> bf16: one cvt per (token, byte) = d pair (nb, nb+1)
-                # the conversion reads only the exponent field of this f32 scale: byte 0 (+0.0) scales
-                # by 2**-127, not 0 (operand_maps.e8m0_value). Zero only because the codes are zero then:
-                # the encoder writes byte 0 for all-zero groups, and masked tokens' codes are zeroed above.
+            if const_expr(not mx):
+                # ---- 4. PV (fp16): MFMA 2q + h, A = V^T rows d = 32q + 2m + h (nibble h of byte 16q + m),
+                # B = P^T times V's group-q scale (fp16); a masked token's V scale is 0.0, so its P is 0
+                vis_v = [(t0 + 4 * g + i >= lo) & (t0 + 4 * g + i < hi) & tile_ok for i in range(MFMA_K)]
+                vsw = [[_select(vis_v[i], w, fx.Int32(0)) for w in tok_vals[i][2]] for i in range(MFMA_K)]
+                for q in range_constexpr(NG):
+                    vb = [tok_vals[i][1][q] for i in range(MFMA_K)]
+                    word = vb[0] | (vb[1] << 8) | (vb[2] << 16) | (vb[3] << 24)  # byte i = token i
+                    sv = _scale_vec([vsw[t] for t in lay.PV_TOKENS], q)
+                    pq = (fx.Vector.from_elements([p[t] for t in lay.PV_TOKENS], dtype=fx.Float32) * sv).to(fx.Float16)
+                    for h, a_op in enumerate(_f16_operands(word)):
+                        new_o.append(_mfma_f16(a_op, pq, o_acc[2 * q + h] * alpha4))
+            else:
+                # ---- 4. PV (mx): A = V^T (rows d = (D/16) m + nb), B = P^T (bf16)
+                p_ops = _bf16_pack(p)
+                vwords = []
+                vscales = []
+                for i in range_constexpr(MFMA_K):  # V codes and scales of tokens not visible are zeroed
+                    tok = t0 + 4 * g + i
+                    vis = (tok >= lo) & (tok < hi) & tile_ok
+                    base = 5 * CH + (VB // 4) * i
+                    vwords.append([_select(vis, w, fx.Int32(0)) for w in cur[base : base + VB // 4]])
+                    vscales.append(_select(vis, cur[5 * CH + VB + i], fx.Int32(0)))
+                # hardware FP4 -> bf16: one cvt per (token, byte) = d pair (nb, nb+1). The conversion
+                # reads only the exponent field of this f32 scale: byte 0 (+0.0) scales by 2**-127, not 0
+                # (operand_maps.e8m0_value). Zero only because the codes are zero then: the encoder
+                # writes byte 0 for all-zero groups, and masked tokens' codes are zeroed above.
                 vsf = [fx.Float32(arith.bitcast(T.f32, _raw(fx.Int32(vs << 23)))) for vs in vscales]
-            for nb in range_constexpr(NB):
-                if const_expr(mx):
+                for nb in range_constexpr(NB):
                     if const_expr(nb % 2 == 0):
                         pairs = [fx.Int32(fx.Vector(rocdl.cvt_scalef32_pk_bf16_fp4(
                             T.vec(2, T.bf16), _raw(vwords[i][nb // 8]), _raw(vsf[i]), (nb % 8) // 2))
                             .bitcast(fx.Int32)[0]) for i in range(MFMA_K)]
                     half = [(pr >> (16 * (nb % 2))) & 0xFFFF for pr in pairs]
                     a_op = fx.Vector.from_elements([_i16(h) for h in half], dtype=fx.Int16)
-                else:
-                    nibs = [(vwords[i][nb // 8] >> (4 * (nb % 8))) & 0xF for i in range(MFMA_K)]
-                    a_op = fx.Vector.from_elements(
-                        [_i16(lay.fp4_bf16_bits(nibs[i], vscales[i], _select)) for i in range(MFMA_K)],
-                        dtype=fx.Int16)
-                new_o.append(_mfma(a_op, p_ops, o_acc[nb] * alpha4))
+                    new_o.append(_mfma(a_op, p_ops, o_acc[nb] * alpha4))
             results = yield [m_new, l_new] + new_o + [bad_pages] + nxt
 
-        # ---- 5. epilogue. Lane (r, g) holds O[r][QUARTER*g + NB*i + nb] = o[nb][i].
+        # ---- 5. epilogue. mx: lane (r, g) holds O[r][QUARTER*g + NB*i + nb] = o[nb][i]; fp16: o[2q + h][i]
+        # is O[r][lay.out_dim(q, h, g, i)] (x 2**-14, the V decode's offset, undone here).
         m_fin, l_fin = fx.Float32(results[0]), fx.Float32(results[1])
         o_fin = [fx.Vector(results[2 + nb]) for nb in range_constexpr(NB)]
         if fx.Int32(results[2 + NB]) != 0:
             fx.generic_store(_global_ptr(err_ptr, ERR_BLOCK_BYTES, fx.Int32, 4), fx.Int32(1))
         l_tot = l_fin + _xor(l_fin, 16)
         l_tot = l_tot + _xor(l_tot, 32)
-        # registers as QUARTER/4 vectors of 4 in memory order: chunk k = elements 4k..4k+3
-        mine = [fx.Vector.from_elements([fx.Float32(o_fin[(4 * k + t) % NB][(4 * k + t) // NB])
-                                         for t in range(MFMA_K)], dtype=fx.Float32)
-                for k in range(QUARTER // 4)]
+        # registers as QUARTER/4 vectors of 4 floats contiguous in d: vector k starts at d = mine_d[k]
+        if const_expr(mx):
+            mine = [fx.Vector.from_elements([fx.Float32(o_fin[(4 * k + t) % NB][(4 * k + t) // NB])
+                                             for t in range(MFMA_K)], dtype=fx.Float32)
+                    for k in range(QUARTER // 4)]
+            mine_d = [QUARTER * g + 4 * k for k in range(QUARTER // 4)]
+        else:  # d = 32q + 8g + 4 half + t holds o[2q + t % 2][2 half + t // 2]
+            unit = fx.Vector.filled(MFMA_K, float(2.0 ** -fp4_bits.FP16_OFFSET_LOG2), fx.Float32)
+            mine = [fx.Vector.from_elements([fx.Float32(o_fin[2 * q + t % 2][2 * half + t // 2])
+                                             for t in range(MFMA_K)], dtype=fx.Float32) * unit
+                    for q in range(NG) for half in range(2)]
+            mine_d = [lay.out_dim(q, 0, g, 2 * half) for q in range(NG) for half in range(2)]
         if const_expr(W > 1):
             # fold waves W-1 .. 1 into wave 0 through one LDS slot (every wave merges; only wave 0's
             # result is used); a barrier before each read and before the slot is reused
             lds = _lds_base(fx.SharedAllocator().allocate(slot_bytes, 16))
-            srow = (r * D + QUARTER * g) * 4
+            srow = r * D * 4
             # only wave 0's state changes (select), so a wave's state is still its own when it publishes
             is0 = wave == 0
             for src in range_constexpr(W - 1, 0, -1):
                 if wave == src:
                     for k in range_constexpr(QUARTER // 4):
-                        fx.generic_store(_lds_ptr(lds, srow + 16 * k, fx.Float32, 16), mine[k])
+                        fx.generic_store(_lds_ptr(lds, srow + 4 * mine_d[k], fx.Float32, 16), mine[k])
                     if g == 0:
                         fx.generic_store(_lds_ptr(lds, ROWS * D * 4 + r * 4, fx.Float32, 4), m_fin)
                         fx.generic_store(_lds_ptr(lds, ROWS * D * 4 + (ROWS + r) * 4, fx.Float32, 4), l_tot)
@@ -522,8 +604,8 @@ def build_decode(cfg: DecodeConfig, arch: str, *, name: str, query_dtype: str = 
                 a1v = fx.Vector.from_elements([a1] * MFMA_K, dtype=fx.Float32)
                 a2v = fx.Vector.from_elements([a2] * MFMA_K, dtype=fx.Float32)
                 for k in range_constexpr(QUARTER // 4):
-                    ld = fx.Vector(fx.generic_load(_lds_ptr(lds, srow + 16 * k, fx.Float32, 16), dtype=fx.Float32,
-                                                   count=4))
+                    ld = fx.Vector(fx.generic_load(_lds_ptr(lds, srow + 4 * mine_d[k], fx.Float32, 16),
+                                                   dtype=fx.Float32, count=4))
                     mine[k] = _vselect(is0, mine[k] * a1v + ld * a2v, mine[k])
                 m_fin, l_tot = _select(is0, m_new, m_fin), _select(is0, l_tot * a1 + l2 * a2, l_tot)
                 gpu.barrier()
@@ -532,9 +614,10 @@ def build_decode(cfg: DecodeConfig, arch: str, *, name: str, query_dtype: str = 
         if wave == 0:  # the rest is one wave's job: partial, ticket, merge, output
             if multi:
                 slot = fx.Int64(pair * num_splits + split)
-                prow = (slot * ROWS + fx.Int64(r)) * D + fx.Int64(QUARTER * g)
+                prow = (slot * ROWS + fx.Int64(r)) * D
                 for k in range_constexpr(QUARTER // 4):
-                    fx.generic_store(_global_ptr(part_ptr, (prow + 4 * k) * 4, fx.Float32, 16), mine[k])
+                    fx.generic_store(_global_ptr(part_ptr, (prow + fx.Int64(mine_d[k])) * 4, fx.Float32, 16),
+                                     mine[k])
                 if g == 0:
                     fx.generic_store(_global_ptr(ml_ptr, (slot * (2 * ROWS) + fx.Int64(r)) * 4, fx.Float32, 4),
                                      m_fin)
@@ -554,9 +637,9 @@ def build_decode(cfg: DecodeConfig, arch: str, *, name: str, query_dtype: str = 
                 st0 += [_vselect(multi, zero4, v) for v in mine]
                 for sp, ms in range(0, n_read, 1, init=st0):
                     src = fx.Int64(pair * num_splits + fx.Int32(sp))
-                    prow = (src * ROWS + fx.Int64(r)) * D + fx.Int64(QUARTER * g)
-                    acc2 = [fx.Vector(fx.generic_load(_global_ptr(part_ptr, (prow + 4 * k) * 4, fx.Float32, 16),
-                                                      dtype=fx.Float32, count=4))
+                    prow = (src * ROWS + fx.Int64(r)) * D
+                    acc2 = [fx.Vector(fx.generic_load(_global_ptr(part_ptr, (prow + fx.Int64(mine_d[k])) * 4,
+                                                                  fx.Float32, 16), dtype=fx.Float32, count=4))
                             for k in range_constexpr(QUARTER // 4)]
                     m2 = _load(ml_ptr, (src * (2 * ROWS) + fx.Int64(r)) * 4, fx.Float32, 1, 4)[0]
                     l2 = _load(ml_ptr, (src * (2 * ROWS) + ROWS + fx.Int64(r)) * 4, fx.Float32, 1, 4)[0]
@@ -578,13 +661,13 @@ def build_decode(cfg: DecodeConfig, arch: str, *, name: str, query_dtype: str = 
                               fx.Float32(0.0))
                 invv = fx.Vector.from_elements([inv] * MFMA_K, dtype=fx.Float32)
                 if head_ok:
-                    orow = (fx.Int64(b) * fx.Int64(stride_ob) + fx.Int64(kvh * G + r) * fx.Int64(stride_oh)
-                            + QUARTER * g) * o_bytes
+                    orow = (fx.Int64(b) * fx.Int64(stride_ob) + fx.Int64(kvh * G + r) * fx.Int64(stride_oh)) * o_bytes
                     for k in range_constexpr(QUARTER // 4):
                         val = (acc_all[k] * invv)
                         if const_expr(out_dtype != "fp32"):
                             val = val.to(OT)
-                        fx.generic_store(_global_ptr(out_ptr, orow + 4 * k * o_bytes, OT, 4 * o_bytes), val)
+                        fx.generic_store(_global_ptr(out_ptr, orow + fx.Int64(mine_d[k]) * o_bytes, OT,
+                                                     4 * o_bytes), val)
                 if multi & (lane == 0):
                     fx.atomic_xchg(_global_ptr(counter_ptr, fx.Int64(pair) * 4, fx.Int32, 4), fx.Int32(0),
                                    syncscope="agent", ordering=fx.AtomicOrdering.Monotonic)
