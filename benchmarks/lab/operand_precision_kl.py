@@ -35,10 +35,14 @@ QUERY = {
     "fp8_2term": lambda x: _groups(x, lambda g: sum(fp8_two_term(g))),
 }
 PROB = {"exact": lambda p: p, "bf16": lambda p: p.to(torch.bfloat16).float(),
-        "fp16": lambda p: p.to(torch.float16).float()}
+        "fp16": lambda p: p.to(torch.float16).float(), "fp16_vscale": None}
+"""``fp16_vscale``: the FlyDSL fp16 kernel's PV (:func:`_pv_vscale_fp16`): V's group scale folded into
+P before the fp16 rounding."""
 
-MODES = [("exact", "exact"), ("bf16", "bf16"), ("fp16", "fp16"), ("fp8_1term", "fp16"), ("fp8_2term", "bf16")]
-"""(query, P) roundings scored; (bf16, bf16) is today's FlyDSL gfx942 decode."""
+MODES = [("exact", "exact"), ("bf16", "bf16"), ("fp16", "fp16"), ("fp8_1term", "fp16"), ("fp8_2term", "bf16"),
+         ("fp16", "fp16_vscale")]
+"""(query, P) roundings scored; (bf16, bf16) is the first FlyDSL decode, (fp16, fp16_vscale) the fp16
+kernel of issue 26 (its query prescale by a power of two changes nothing here: no fp16 overflow)."""
 
 _mode: list[tuple[str, str]] = [("exact", "exact")]
 
@@ -46,6 +50,22 @@ _mode: list[tuple[str, str]] = [("exact", "exact")]
 def _groups(x: torch.Tensor, fn) -> torch.Tensor:
     sh = x.shape
     return fn(x.reshape(*sh[:-1], sh[-1] // 32, 32)).reshape(sh)
+
+
+def _pv_vscale_fp16(p: torch.Tensor, vv: torch.Tensor) -> torch.Tensor:
+    """P V as the fp16 kernel computes it: each (token, 32-group) of V is codes x a power of two and
+    that power of two multiplies P before P is rounded to fp16 (only the fp16 subnormals of P x scale
+    differ from rounding P alone). The scale is recovered from the dequantized values by the OCP rule
+    (2**(floor(log2 absmax) - 2)); any power of two that keeps codes x scale exact gives the same
+    products up to those subnormals. p (H, Nq, Nk), vv (H, Nk, D) -> (H, Nq, D)."""
+    h, nk, d = vv.shape
+    grp = vv.reshape(h, nk, d // 32, 32)
+    amax = grp.abs().amax(-1)
+    s = torch.where(amax > 0, torch.exp2(torch.floor(torch.log2(amax.clamp_min(1e-38))) - 2), torch.ones_like(amax))
+    codes = grp / s[..., None]
+    out = torch.stack([(p * s[:, None, :, j]).to(torch.float16).float() @ codes[:, :, j] for j in range(d // 32)],
+                      dim=2)
+    return out.reshape(h, p.shape[1], d)
 
 
 def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
@@ -59,6 +79,8 @@ def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     vv = v.float().repeat_interleave(g, dim=1).transpose(0, 1)
     s = (qr.transpose(0, 1) @ kk.transpose(1, 2)) * d ** -0.5
     s = s.masked_fill(torch.ones(n, n, dtype=torch.bool).triu(1), float("-inf"))
+    if pmode == "fp16_vscale":
+        return _pv_vscale_fp16(F.softmax(s, dim=-1), vv).transpose(0, 1)
     p = PROB[pmode](F.softmax(s, dim=-1))
     return (p @ vv).transpose(0, 1)
 
@@ -77,7 +99,10 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--max-tokens", type=int, default=4096)
     ap.add_argument("--out", type=Path)
+    ap.add_argument("--modes", help="comma-separated query/P pairs to score (default: all of MODES), "
+                                    "e.g. bf16/bf16,fp16/fp16_vscale")
     a = ap.parse_args()
+    modes = [tuple(m.split("/")) for m in a.modes.split(",")] if a.modes else MODES
     weights, tokenizer = model.load_gguf(model.find_gguf())
     text = Path(__file__).resolve().parents[2] / "tests" / "data" / "gpl-3.0.txt"
     tokens = tokenizer.encode(text.read_text(encoding="utf-8"))
@@ -87,7 +112,7 @@ def main() -> None:
         return formats.bf16_cache(layer, key, value)
 
     variants = [formats.Variant("bf16", "bf16 cache (the baseline)", base_transform)]
-    variants += [_variant(qm, pm) for qm, pm in MODES]
+    variants += [_variant(qm, pm) for qm, pm in modes]
     plain = model._attend
     model._attend = _attend
     t0 = time.time()

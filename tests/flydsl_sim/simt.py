@@ -418,6 +418,11 @@ class Wave:
                 idx = np.nonzero(act)[0]
                 return np.full(LANES, x[idx[0]] if len(idx) else 0)
             env[out] = self._per_wave(first, a[0], active)
+        elif name == "rocdl.mbcnt.lo":  # src + set bits of the mask's low 32 below this lane
+            lane = np.arange(self.n) % LANES
+            below = (np.int64(1) << np.minimum(lane, 32)) - 1
+            bits = (a[0].astype(np.int64) & 0xFFFFFFFF) & below
+            env[out] = _norm(a[1] + np.array([bin(int(x)).count("1") for x in bits], dtype=np.int64), ty0)
         elif name == "rocdl.rcp":
             with np.errstate(all="ignore"):
                 env[out] = np.float32(1.0) / a[0].astype(np.float32)

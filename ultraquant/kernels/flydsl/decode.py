@@ -301,8 +301,18 @@ def build_decode(cfg: DecodeConfig, arch: str, *, name: str, query_dtype: str = 
 
     SLOT_BYTES = ROWS * D * 4 + 2 * ROWS * 4  # one wave's (acc, m, l) in LDS
 
-    def fetch(tile, valid, seq_len, bt_ptr, bt_row, cache_ptr, kv_base, stride_cb, stride_ct, r, g, num_blocks):
-        """Issue every global load of one 16-token tile: its block-table entry, then lane (r, g)'s K
+    def page_entry(tile, bt_ptr, bt_row, lane_zero=None):
+        """The block-table entry of a tile (one load; the software-pipelined loop issues it a tile early).
+        ``lane_zero``: a zero LLVM cannot prove uniform, added to the address so the entry stays in a
+        VGPR: a uniform load is copied to an SGPR right where it is loaded (``v_readfirstlane``), and that
+        copy waits for the load in the step that issued it, which undoes the early issue."""
+        col = fx.Int64((tile * TILE) // BS) if lane_zero is None else fx.Int64((tile * TILE) // BS + lane_zero)
+        return _load(bt_ptr, (bt_row + col) * 4, fx.Int32, 1, 4)[0]
+
+    def fetch(tile, valid, seq_len, bt_ptr, bt_row, cache_ptr, kv_base, stride_cb, stride_ct, r, g, num_blocks,
+              entry=None):
+        """Issue every global load of one 16-token tile: its block-table entry (unless ``entry`` is
+        given, loaded earlier by :func:`page_entry`), then lane (r, g)'s K
         codes and scale bytes (token t0 + r) and V codes and scale bytes (tokens t0 + 4g + i). Rows past
         the sequence re-read its last token; ``valid`` (True, or a flag that is false for an empty split)
         false reads page 0, row 0, so no address depends on a block-table entry past the sequence.
@@ -312,7 +322,7 @@ def build_decode(cfg: DecodeConfig, arch: str, *, name: str, query_dtype: str = 
         (``lay.k_word_offset``), then per token i: its K scale words [NW], V bytes [q]
         (``lay.v_byte_offset``), V scale words [NW]."""
         t0 = tile * TILE
-        page = _load(bt_ptr, (bt_row + fx.Int64(t0 // BS)) * 4, fx.Int32, 1, 4)[0]
+        page = page_entry(tile, bt_ptr, bt_row) if entry is None else fx.Int32(entry)
         inside = (page >= 0) & (page < num_blocks)
         page = _select(inside, page, fx.Int32(0))
         if valid is not True:
@@ -452,13 +462,18 @@ def build_decode(cfg: DecodeConfig, arch: str, *, name: str, query_dtype: str = 
         # the W waves of the workgroup take the split's tiles round robin (uniform trip count; a
         # wave's surplus last step is fully masked and re-reads the split's first tile). Software
         # pipelined: step s computes the tile fetched by step s - 1 while its own loads (tile s + 1,
-        # or tile s again past the end: cache hits) are in flight.
+        # with the entry step s - 1 loaded, and the entry of tile s + 2) are in flight.
         n_iter = (t_end - t_begin + (W - 1)) // W
         first_w = t_begin + wave
         first = _select(first_w < t_end, first_w, t_begin)
         fetch_args = (seq_len, bt_ptr, bt_row, cache_ptr, kv_base, stride_cb, stride_ct, r, g, num_blocks)
+        # pipelined: the carried values are the next tile's loads and the block-table entry of the tile
+        # after it, so no step waits for an entry before issuing its loads
+        second = _select(first_w + W < t_end, first_w + W, t_begin)
+        lane_zero = fx.Int32(rocdl.mbcnt_lo(T.i32, _raw(fx.Int32(0)), _raw(fx.Int32(0))))  # 0 in every lane
         init = ([fx.Float32(F32_NEG_INF), fx.Float32(0.0)] + [zero4] * NB + [fx.Int32(0)]
-                + (fetch(first, n_iter > 0, *fetch_args) if pipelined else []))
+                + (fetch(first, n_iter > 0, *fetch_args) + [page_entry(second, bt_ptr, bt_row, lane_zero)]
+                   if pipelined else []))
         for step, st in range(0, n_iter, 1, init=init):
             tile_w = t_begin + fx.Int32(step) * W + wave
             in_split = tile_w < t_end
@@ -468,7 +483,12 @@ def build_decode(cfg: DecodeConfig, arch: str, *, name: str, query_dtype: str = 
             next_w = tile_w + W
             if const_expr(pipelined):
                 cur = [fx.Int32(v) for v in st[3 + NB:]]
-                nxt = fetch(_select(next_w < t_end, next_w, tile), True, *fetch_args)
+                cur, entry = cur[:-1], cur[-1]
+                # past the split's end a step re-reads the split's first tile (masked), as `tile` does
+                tile_next = _select(next_w < t_end, next_w, t_begin)
+                tile_after = _select(next_w + W < t_end, next_w + W, t_begin)
+                entry_after = page_entry(tile_after, bt_ptr, bt_row, lane_zero)
+                nxt = fetch(tile_next, True, *fetch_args, entry=entry) + [entry_after]
             else:
                 cur, nxt = fetch(tile, True, *fetch_args), []
             t0 = tile * TILE
