@@ -125,8 +125,10 @@ def test_offline_compile_in_a_subprocess(arch, cfg, mx, tmp_path: Path):
     from ultraquant.codegen.flydsl.compile_kernel import run
 
     waves = fam.waves_for(cfg["head_size"])
-    data = run({"arch": arch, "name": "uq_decode_flydsl", "config": cfg, "mx": mx, "waves": waves},
-               tmp_path / "k.hsaco", python=sys.executable)
+    from ultraquant.codegen.flydsl.backend import pipelined_for
+
+    data = run({"arch": arch, "name": "uq_decode_flydsl", "config": cfg, "mx": mx, "waves": waves,
+                "pipelined": pipelined_for(cfg["head_size"], mx)}, tmp_path / "k.hsaco", python=sys.executable)
     obj = read_code_object(data)
     assert obj.machine == 224 and obj.flags & 0xFF == {"gfx942": 0x4C, "gfx950": 0x4F}[arch]
     kernel = obj.kernels["uq_decode_flydsl"]
