@@ -24,7 +24,14 @@ import torch.nn.functional as F
 from ultraquant.accuracy import evaluate as ev
 from ultraquant.accuracy import formats, model
 from ultraquant.format import hadamard
-from ultraquant.kernels.flydsl.layout import fp8_quantize_group, fp8_two_term
+from ultraquant.kernels.flydsl.layout import (
+    LOG2E,
+    P16_MAX_LOG2,
+    V_SCALE_FLOOR,
+    fp8_quantize_group,
+    fp8_two_term,
+    to_fp16_rtz,
+)
 
 QUERY = {
     "exact": lambda x: x,
@@ -35,13 +42,13 @@ QUERY = {
     "fp8_2term": lambda x: _groups(x, lambda g: sum(fp8_two_term(g))),
 }
 PROB = {"exact": lambda p: p, "bf16": lambda p: p.to(torch.bfloat16).float(),
-        "fp16": lambda p: p.to(torch.float16).float(), "fp16_vscale": None}
-"""``fp16_vscale``: the FlyDSL fp16 kernel's PV (:func:`_pv_vscale_fp16`): V's group scale folded into
-P before the fp16 rounding."""
+        "fp16": lambda p: p.to(torch.float16).float(), "kernel": None}
+"""``kernel``: the FlyDSL fp16 kernel's PV (:func:`_pv_kernel`): V's group scale folded into P, a
+reference point that keeps P x scale below 2**15, P rounded toward zero (``v_cvt_pkrtz_f16_f32``)."""
 
 MODES = [("exact", "exact"), ("bf16", "bf16"), ("fp16", "fp16"), ("fp8_1term", "fp16"), ("fp8_2term", "bf16"),
-         ("fp16", "fp16_vscale")]
-"""(query, P) roundings scored; (bf16, bf16) is the first FlyDSL decode, (fp16, fp16_vscale) the fp16
+         ("fp16", "kernel")]
+"""(query, P) roundings scored; (bf16, bf16) is the first FlyDSL decode, (fp16, kernel) the fp16
 kernel of issue 26 (its query prescale by a power of two changes nothing here: no fp16 overflow)."""
 
 _mode: list[tuple[str, str]] = [("exact", "exact")]
@@ -52,20 +59,26 @@ def _groups(x: torch.Tensor, fn) -> torch.Tensor:
     return fn(x.reshape(*sh[:-1], sh[-1] // 32, 32)).reshape(sh)
 
 
-def _pv_vscale_fp16(p: torch.Tensor, vv: torch.Tensor) -> torch.Tensor:
-    """P V as the fp16 kernel computes it: each (token, 32-group) of V is codes x a power of two and
-    that power of two multiplies P before P is rounded to fp16 (only the fp16 subnormals of P x scale
-    differ from rounding P alone). The scale is recovered from the dequantized values by the OCP rule
-    (2**(floor(log2 absmax) - 2)); any power of two that keeps codes x scale exact gives the same
-    products up to those subnormals. p (H, Nq, Nk), vv (H, Nk, D) -> (H, Nq, D)."""
+def _pv_kernel(logits: torch.Tensor, vv: torch.Tensor) -> torch.Tensor:
+    """Softmax(logits) V as the fp16 kernel computes it: each (token, 32-group) of V is codes x a power
+    of two, that power of two multiplies P before P is rounded to fp16 (toward zero), and P = 2**(s - m) is taken
+    against the kernel's reference point m = max over keys of (s + log2 of the key's largest V scale
+    - 15) (``layout.v_scale_headroom``; the running max ends there, earlier tiles are rescaled in
+    float32). The scale is recovered from the dequantized values by the OCP rule (2**(floor(log2
+    absmax) - 2)), which gives the encoder's codes x scale. logits (H, Nq, Nk) natural units with -inf
+    masked, vv (H, Nk, D) -> (H, Nq, D)."""
     h, nk, d = vv.shape
     grp = vv.reshape(h, nk, d // 32, 32)
     amax = grp.abs().amax(-1)
-    s = torch.where(amax > 0, torch.exp2(torch.floor(torch.log2(amax.clamp_min(1e-38))) - 2), torch.ones_like(amax))
+    e = torch.where(amax > 0, torch.floor(torch.log2(amax.clamp_min(1e-38))) - 2, torch.full_like(amax, -127.0))
+    s = torch.exp2(e)
     codes = grp / s[..., None]
-    out = torch.stack([(p * s[:, None, :, j]).to(torch.float16).float() @ codes[:, :, j] for j in range(d // 32)],
-                      dim=2)
-    return out.reshape(h, p.shape[1], d)
+    headroom = torch.clamp(e.amax(-1), min=V_SCALE_FLOOR - 127) - P16_MAX_LOG2  # (H, Nk)
+    s2 = logits * LOG2E
+    m = (s2 + headroom[:, None, :]).amax(-1, keepdim=True)
+    p = torch.exp2(s2 - m)
+    out = torch.stack([to_fp16_rtz(p * s[:, None, :, j]) @ codes[:, :, j] for j in range(d // 32)], dim=2)
+    return out.reshape(h, p.shape[1], d) / p.sum(-1, keepdim=True)
 
 
 def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
@@ -79,8 +92,8 @@ def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     vv = v.float().repeat_interleave(g, dim=1).transpose(0, 1)
     s = (qr.transpose(0, 1) @ kk.transpose(1, 2)) * d ** -0.5
     s = s.masked_fill(torch.ones(n, n, dtype=torch.bool).triu(1), float("-inf"))
-    if pmode == "fp16_vscale":
-        return _pv_vscale_fp16(F.softmax(s, dim=-1), vv).transpose(0, 1)
+    if pmode == "kernel":
+        return _pv_kernel(s, vv).transpose(0, 1)
     p = PROB[pmode](F.softmax(s, dim=-1))
     return (p @ vv).transpose(0, 1)
 
@@ -100,7 +113,7 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=4096)
     ap.add_argument("--out", type=Path)
     ap.add_argument("--modes", help="comma-separated query/P pairs to score (default: all of MODES), "
-                                    "e.g. bf16/bf16,fp16/fp16_vscale")
+                                    "e.g. bf16/bf16,fp16/kernel")
     a = ap.parse_args()
     modes = [tuple(m.split("/")) for m in a.modes.split(",")] if a.modes else MODES
     weights, tokenizer = model.load_gguf(model.find_gguf())

@@ -386,6 +386,10 @@ class Wave:
             if a[1].ndim > c.ndim:
                 c = c.reshape(c.shape + (1,) * (a[1].ndim - c.ndim))
             env[out] = np.where(c, a[1], a[2])
+        elif name == "math.fma":  # one rounding: the product and sum in float64, then to float32
+            env[out] = _norm(a[0].astype(np.float64) * a[1] + a[2], ty0)
+        elif name == "arith.sitofp":
+            env[out] = _norm(a[0].astype(np.float32), ty0)
         elif name == "arith.extui":
             env[out] = _norm(_unsigned(a[0], ins.in_tys[0].width), ty0)
         elif name == "arith.negf":
@@ -418,6 +422,9 @@ class Wave:
                 idx = np.nonzero(act)[0]
                 return np.full(LANES, x[idx[0]] if len(idx) else 0)
             env[out] = self._per_wave(first, a[0], active)
+        elif name == "rocdl.cvt.pkrtz":  # two f32 -> two f16 toward zero
+            pair = np.stack([a[0], a[1]], axis=1).astype(np.float32)
+            env[out] = lay.to_fp16_rtz(torch.from_numpy(pair)).numpy()
         elif name == "rocdl.mbcnt.lo":  # src + set bits of the mask's low 32 below this lane
             lane = np.arange(self.n) % LANES
             below = (np.int64(1) << np.minimum(lane, 32)) - 1

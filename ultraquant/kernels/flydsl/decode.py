@@ -134,6 +134,14 @@ def _f16_operands(word):
             for p in range(2)]
 
 
+def _pk_rtz(vals):
+    """Four float32 -> vector<4xf16> rounded toward zero, two per ``v_cvt_pkrtz_f16_f32``."""
+    words = [fx.Int32(fx.Vector(rocdl.cvt_pkrtz(T.vec(2, T.f16), _raw(fx.Float32(vals[2 * k])),
+                                                _raw(fx.Float32(vals[2 * k + 1])))).bitcast(fx.Int32)[0])
+             for k in range(2)]
+    return fx.Vector.from_elements(words, dtype=fx.Int32).bitcast(fx.Float16)
+
+
 def _f32_from_bits(bits):
     return fx.Float32(arith.bitcast(T.f32, _raw(fx.Int32(bits))))
 
@@ -515,7 +523,7 @@ def build_decode(cfg: DecodeConfig, arch: str, *, name: str, query_dtype: str = 
                     a_ops = _f16_operands(cur[q])
                     part = _mfma_f16(a_ops[0], q16[q // 4][q % 4][0], zero4)
                     part = _mfma_f16(a_ops[1], q16[q // 4][q % 4][1], part)
-                    acc = part * _scale_vec([tok_vals[i][0] for i in range(MFMA_K)], q) + acc
+                    acc = fx.Vector(fx.math.fma(part, _scale_vec([tok_vals[i][0] for i in range(MFMA_K)], q), acc))
 
             # ---- 3. scores S^T[4g+i][r], mask, online softmax (log2 units)
             sc = []
@@ -531,6 +539,19 @@ def build_decode(cfg: DecodeConfig, arch: str, *, name: str, query_dtype: str = 
                 tok = t0 + 4 * g + i
                 sc.append(_select((tok >= lo) & (tok < hi) & tile_ok, si, fx.Float32(F32_NEG_INF)))
             mt = arith.maxnumf(arith.maxnumf(sc[0], sc[1]), arith.maxnumf(sc[2], sc[3]))
+            if const_expr(not mx):
+                # V's group scales (masked tokens: 0.0) go into the fp16 P: the reference point also
+                # covers score + log2(largest V scale of the lane's tokens) - 15 (lay.v_scale_headroom)
+                vis_v = [(t0 + 4 * g + i >= lo) & (t0 + 4 * g + i < hi) & tile_ok for i in range(MFMA_K)]
+                vsw = [[_select(vis_v[i], w, fx.Int32(0)) for w in tok_vals[i][2]] for i in range(MFMA_K)]
+                svs = [_scale_vec([vsw[t] for t in lay.PV_TOKENS], q) for q in range(NG)]
+                smax = fx.Float32(svs[0][0])
+                for q in range_constexpr(NG):
+                    for i in range_constexpr(MFMA_K):
+                        if const_expr(q + i > 0):
+                            smax = arith.maxnumf(smax, fx.Float32(svs[q][i]))
+                head = lay.v_scale_headroom(_f32_bits(smax) >> 23, lambda a, b: _select(a > b, a, b))
+                mt = mt + fx.Float32(arith.sitofp(T.f32, _raw(fx.Int32(head))))
             mt = arith.maxnumf(mt, _xor(mt, 16))
             mt = arith.maxnumf(mt, _xor(mt, 32))
             m_new = arith.maxnumf(m_run, mt)
@@ -543,14 +564,12 @@ def build_decode(cfg: DecodeConfig, arch: str, *, name: str, query_dtype: str = 
             new_o = []
             if const_expr(not mx):
                 # ---- 4. PV (fp16): MFMA 2q + h, A = V^T rows d = 32q + 2m + h (nibble h of byte 16q + m),
-                # B = P^T times V's group-q scale (fp16); a masked token's V scale is 0.0, so its P is 0
-                vis_v = [(t0 + 4 * g + i >= lo) & (t0 + 4 * g + i < hi) & tile_ok for i in range(MFMA_K)]
-                vsw = [[_select(vis_v[i], w, fx.Int32(0)) for w in tok_vals[i][2]] for i in range(MFMA_K)]
+                # B = P^T times V's group-q scale (fp16, at most 2**15); a masked token's V scale is 0.0
                 for q in range_constexpr(NG):
                     vb = [tok_vals[i][1][q] for i in range(MFMA_K)]
                     word = vb[0] | (vb[1] << 8) | (vb[2] << 16) | (vb[3] << 24)  # byte i = token i
-                    sv = _scale_vec([vsw[t] for t in lay.PV_TOKENS], q)
-                    pq = (fx.Vector.from_elements([p[t] for t in lay.PV_TOKENS], dtype=fx.Float32) * sv).to(fx.Float16)
+                    pv = [fx.Float32(p[t]) * fx.Float32(svs[q][k]) for k, t in enumerate(lay.PV_TOKENS)]
+                    pq = _pk_rtz(pv)
                     for h, a_op in enumerate(_f16_operands(word)):
                         new_o.append(_mfma_f16(a_op, pq, o_acc[2 * q + h] * alpha4))
             else:
