@@ -308,6 +308,9 @@ def build_decode(cfg: DecodeConfig, arch: str, *, name: str, query_dtype: str = 
         return [acc[k] * a1v + acc2[k] * a2v for k in range(len(acc))], m_new, l_ * a1 + l2 * a2
 
     SLOT_BYTES = ROWS * D * 4 + 2 * ROWS * 4  # one wave's (acc, m, l) in LDS
+    # pipelined loop: also carry the entry of the tile after next (below D=512: at 512 its register
+    # makes the mx loop spill)
+    ahead = pipelined and D < 512
 
     def page_entry(tile, bt_ptr, bt_row, lane_zero=None):
         """The block-table entry of a tile (one load; the software-pipelined loop issues it a tile early).
@@ -480,8 +483,8 @@ def build_decode(cfg: DecodeConfig, arch: str, *, name: str, query_dtype: str = 
         second = _select(first_w + W < t_end, first_w + W, t_begin)
         lane_zero = fx.Int32(rocdl.mbcnt_lo(T.i32, _raw(fx.Int32(0)), _raw(fx.Int32(0))))  # 0 in every lane
         init = ([fx.Float32(F32_NEG_INF), fx.Float32(0.0)] + [zero4] * NB + [fx.Int32(0)]
-                + (fetch(first, n_iter > 0, *fetch_args) + [page_entry(second, bt_ptr, bt_row, lane_zero)]
-                   if pipelined else []))
+                + (fetch(first, n_iter > 0, *fetch_args) + ([page_entry(second, bt_ptr, bt_row, lane_zero)]
+                                                            if ahead else []) if pipelined else []))
         for step, st in range(0, n_iter, 1, init=init):
             tile_w = t_begin + fx.Int32(step) * W + wave
             in_split = tile_w < t_end
@@ -491,12 +494,15 @@ def build_decode(cfg: DecodeConfig, arch: str, *, name: str, query_dtype: str = 
             next_w = tile_w + W
             if const_expr(pipelined):
                 cur = [fx.Int32(v) for v in st[3 + NB:]]
-                cur, entry = cur[:-1], cur[-1]
                 # past the split's end a step re-reads the split's first tile (masked), as `tile` does
                 tile_next = _select(next_w < t_end, next_w, t_begin)
-                tile_after = _select(next_w + W < t_end, next_w + W, t_begin)
-                entry_after = page_entry(tile_after, bt_ptr, bt_row, lane_zero)
-                nxt = fetch(tile_next, True, *fetch_args, entry=entry) + [entry_after]
+                if const_expr(ahead):
+                    cur, entry = cur[:-1], cur[-1]
+                    tile_after = _select(next_w + W < t_end, next_w + W, t_begin)
+                    entry_after = page_entry(tile_after, bt_ptr, bt_row, lane_zero)
+                    nxt = fetch(tile_next, True, *fetch_args, entry=entry) + [entry_after]
+                else:
+                    nxt = fetch(tile_next, True, *fetch_args)
             else:
                 cur, nxt = fetch(tile, True, *fetch_args), []
             t0 = tile * TILE
