@@ -361,3 +361,23 @@ def test_mx_with_the_old_contiguous_fp8_belief_is_wrong():
         got = lay.emulate_decode(cfg, q, cache, bt, seq, d**-0.5, num_splits=splits, mx=True, mx_query_map=qmap)
         errs[name] = float((got - expect).norm() / expect.norm())
     assert errs["fp8"] < 0.01 and errs["old"] > 0.1, errs
+
+
+def test_v_scale_headroom_keeps_p_times_scale_in_fp16():
+    """The fp16 path's reference point: for any V scale byte the encoder writes, P x scale of the
+    token that sets the point is 2**15 (< 65504) and P itself stays a finite float32."""
+    b = torch.arange(0, 255)
+    head = lay.v_scale_headroom(b, torch.maximum)
+    scale_log2 = (b - 127).double()
+    assert torch.all(scale_log2[b >= lay.V_SCALE_FLOOR] - head[b >= lay.V_SCALE_FLOOR] == lay.P16_MAX_LOG2)
+    assert 2.0 ** lay.P16_MAX_LOG2 < 65504
+    assert torch.all(-head <= 127 + lay.P16_MAX_LOG2 - lay.V_SCALE_FLOOR) and 127 + 15 - lay.V_SCALE_FLOOR < 127
+
+
+def test_to_fp16_rtz_truncates():
+    x = torch.tensor([1.0 + 2**-11, -(1.0 + 2**-11), 3 * 2.0**-25, 1e6, 0.0, -0.0, 2**-14 * (1 + 2**-10)])
+    got = lay.to_fp16_rtz(x)
+    assert got.tolist()[:4] == [1.0, -1.0, 2.0**-24, 65504.0]
+    assert got[4] == 0 and got[6] == 2**-14 * (1 + 2**-10)
+    fp16 = got.to(torch.float16).float()
+    assert torch.equal(fp16, got)  # every result is an fp16 value

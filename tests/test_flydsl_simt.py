@@ -177,3 +177,15 @@ def test_self_test_problem_passes_the_fp16_kernel_and_fails_a_wrong_group_scale(
     print(verdicts)
     assert verdicts["right"][0], verdicts
     assert not verdicts["neighbour"][0], verdicts
+
+
+@pytest.mark.parametrize("sel, folded", [(0x060C040C, 0x22004400), (0x06040200, 0x22446688),
+                                         (0x0D0C0701, 0xFF001177)])
+def test_the_interpreters_v_perm_b32_is_llvms(sel, folded):
+    """The interpreter's ``v_perm_b32`` (the kernel's byte moves) against LLVM's own reading of the
+    instruction: ``opt-22 -passes=instcombine -mcpu=gfx942`` constant-folds
+    ``llvm.amdgcn.perm(0x11223344, 0x55667788, sel)`` to these values (AMDGPU InstCombine, LLVM 22)."""
+    import numpy as np
+
+    got = simt._perm_b32(np.array([0x11223344]), np.array([0x55667788]), np.array([sel]))
+    assert int(got[0]) & 0xFFFFFFFF == folded
