@@ -6,16 +6,23 @@ Every address and permutation comes from the formula functions of
 lane layout is tested against the reference on the CPU (docs/flydsl.md has the derivation).
 
 One wave (64 lanes) computes one split of one (request, kv head): all GQA query heads of the kv head
-at once (padded to the 16 columns of the MFMA), 16 tokens per step:
+at once (padded to the 16 columns of the MFMA), 16 tokens per step. The fp16 path (gfx942, gfx950):
 
-1. Q prologue: lane (r, g) loads 32-element runs of query head ``kvh*G + r``, rotates them with a fast
-   Walsh-Hadamard transform (in-lane stages + two xor shuffles) and keeps them as bf16 B operands.
-2. QK: lane row r decodes token ``t0 + r``'s K codes (one 16-byte run = one scale group per lane
-   group) straight into bf16 A operands; ``v_mfma_f32_16x16x16_bf16`` gives ``S^T`` (token x head).
-3. Online softmax in base 2 on the MFMA result layout, window/length mask, optional soft cap.
-4. PV: the probabilities are already in the B layout; lane (r, g) decodes D/32 V bytes of each of its
-   4 tokens into A operands (rows permuted ``d = (D/16) m + nb``); D/16 MFMAs accumulate O.
+1. Q prologue: lane (r, g) loads query head ``kvh*G + r`` in ``layout.QUERY_MAP``, rotates it with a
+   fast Walsh-Hadamard transform (in-lane stages + two xor shuffles), multiplies the head by a power
+   of two (absmax into [2**14, 2**15)) and keeps it as fp16 B operands in the K words' code order.
+2. QK per 32-element scale group: lane row r decodes token ``t0 + r``'s code word of the group by bit
+   placement into two fp16 A operands; two ``v_mfma_f32_16x16x16_f16`` give the group's ``S^T``
+   (token x head), times each row's K scale (fma), summed over groups.
+3. Online softmax in base 2 on the MFMA result layout, window/length mask, optional soft cap; the
+   reference point also bounds P x V scale (<= 2**15).
+4. PV: P is already in the B layout; times each token's V scale of the group, rounded to fp16 toward
+   zero; lane (r, g) decodes the group's V byte ``16q + r`` of its 4 tokens (one code word) into the
+   A operands of MFMAs 2q and 2q + 1 (rows d = 32q + 2m + h).
 5. Epilogue: normalized partial O (float32) and its LSE (natural log) per (request, head, split).
+
+The gfx950 mx path takes QK through the scaled FP4 x FP8 MFMA (two FP8 query terms) and V through
+``v_cvt_scalef32_pk_bf16_fp4`` and the bf16 MFMA (docs/flydsl.md).
 
 The reduce kernel combines the splits (and the optional sink logit) into the output dtype.
 """
@@ -268,8 +275,8 @@ def build_decode(cfg: DecodeConfig, arch: str, *, name: str, query_dtype: str = 
     the last split to take a ticket from ``counter_ptr[pair]`` merges the slots in order, folds the
     sinks and writes ``out``, then resets the ticket to 0. One split writes ``out`` directly.
 
-    ``mx`` (gfx950 only): QK with ``v_mfma_scale_f32_16x16x128_f8f6f4`` (A = the FP4 K codes and
-    their UE8M0 scales as stored; B = the rotated query as two FP8 e4m3 terms, hi and lo, each with
+    Default: the fp16 path (module doc). ``mx`` (gfx950 only): QK with
+    ``v_mfma_scale_f32_16x16x128_f8f6f4`` (A = the FP4 K codes and their UE8M0 scales as stored; B = the rotated query as two FP8 e4m3 terms, hi and lo, each with
     one power-of-two scale per (head, 32-group) chosen so nothing exceeds 448: two scaled MFMAs per
     128 head-dim elements) and V decoded by ``v_cvt_scalef32_pk_bf16_fp4``. ``mx_query_map``: the FP8
     operand layout the query is packed for (:data:`operand_maps.FP8`; another map builds a kernel
@@ -284,8 +291,7 @@ def build_decode(cfg: DecodeConfig, arch: str, *, name: str, query_dtype: str = 
         raise ValueError(f"waves must be >= 1, got {waves}")
     D, G, BS = cfg.head_size, cfg.gqa, cfg.block_size
     CH, NB = cfg.chunks, cfg.pv_mfmas
-    VB = D // 32  # mx path: V code bytes per lane per token
-    NG = D // 32  # scale groups of a head
+    NG = D // 32  # scale groups of a head (mx path: also the V code bytes per lane per token)
     NW = NG // 4  # 32-bit words of a token's scale bytes
     QT, q_bytes = _DTYPES[query_dtype]
     OT, o_bytes = _DTYPES[out_dtype]
@@ -329,7 +335,7 @@ def build_decode(cfg: DecodeConfig, arch: str, *, name: str, query_dtype: str = 
         false reads page 0, row 0, so no address depends on a block-table entry past the sequence.
         A block id outside [0, num_blocks) reads page 0 (an empty tile: the caller masks it).
         Returns the values flat (Int32), the page-inside flag (1/0) last. mx path: K words [c][4], K
-        scales [c], V words [i][VB/4], V scales [i]. fp16 path (:func:`fp16_slots`): K words [q]
+        scales [c], V words [i][NG/4], V scales [i]. fp16 path (:func:`fp16_slots`): K words [q]
         (``lay.k_word_offset``), then per token i: its K scale words [NW], V bytes [q]
         (``lay.v_byte_offset``), V scale words [NW]."""
         t0 = tile * TILE
@@ -370,7 +376,7 @@ def build_decode(cfg: DecodeConfig, arch: str, *, name: str, query_dtype: str = 
         for i in range_constexpr(MFMA_K):
             v_base = row_base(within + 4 * g + i)
             vw += [fx.Int32(w) for w in _load(cache_ptr, v_base + fx.Int64(lay.v_code_offset(D, r)), fx.Int32,
-                                              VB // 4, 4)]
+                                              NG // 4, 4)]
             vs.append(fx.Int32(_load(cache_ptr, v_base + fx.Int64(lay.v_scale_offset(D, r)), fx.Uint8, 1, 1)[0])
                       & 0xFF)
         return kw + ks + vw + vs + inside_flag
@@ -586,9 +592,9 @@ def build_decode(cfg: DecodeConfig, arch: str, *, name: str, query_dtype: str = 
                 for i in range_constexpr(MFMA_K):  # V codes and scales of tokens not visible are zeroed
                     tok = t0 + 4 * g + i
                     vis = (tok >= lo) & (tok < hi) & tile_ok
-                    base = 5 * CH + (VB // 4) * i
-                    vwords.append([_select(vis, w, fx.Int32(0)) for w in cur[base : base + VB // 4]])
-                    vscales.append(_select(vis, cur[5 * CH + VB + i], fx.Int32(0)))
+                    base = 5 * CH + (NG // 4) * i
+                    vwords.append([_select(vis, w, fx.Int32(0)) for w in cur[base : base + NG // 4]])
+                    vscales.append(_select(vis, cur[5 * CH + NG + i], fx.Int32(0)))
                 # hardware FP4 -> bf16: one cvt per (token, byte) = d pair (nb, nb+1). The conversion
                 # reads only the exponent field of this f32 scale: byte 0 (+0.0) scales by 2**-127, not 0
                 # (operand_maps.e8m0_value). Zero only because the codes are zero then: the encoder
