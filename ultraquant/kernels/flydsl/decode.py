@@ -276,12 +276,13 @@ def build_decode(cfg: DecodeConfig, arch: str, *, name: str, query_dtype: str = 
     sinks and writes ``out``, then resets the ticket to 0. One split writes ``out`` directly.
 
     Default: the fp16 path (module doc). ``mx`` (gfx950 only): QK with
-    ``v_mfma_scale_f32_16x16x128_f8f6f4`` (A = the FP4 K codes and their UE8M0 scales as stored; B = the rotated query as two FP8 e4m3 terms, hi and lo, each with
-    one power-of-two scale per (head, 32-group) chosen so nothing exceeds 448: two scaled MFMAs per
-    128 head-dim elements) and V decoded by ``v_cvt_scalef32_pk_bf16_fp4``. ``mx_query_map``: the FP8
-    operand layout the query is packed for (:data:`operand_maps.FP8`; another map builds a kernel
-    with that belief, which the interpreter tests use to show what a wrong layout does). ``pipelined``:
-    each step issues the next tile's loads before computing the current one (False: a step loads its
+    ``v_mfma_scale_f32_16x16x128_f8f6f4`` (A = the FP4 K codes and their UE8M0 scales as stored; B =
+    the rotated query as two FP8 e4m3 terms, hi and lo, each with one power-of-two scale per (head,
+    32-group) chosen so nothing exceeds 448: two scaled MFMAs per 128 head-dim elements) and V
+    decoded by ``v_cvt_scalef32_pk_bf16_fp4``. ``mx_query_map``: the FP8 operand layout the query is
+    packed for (:data:`operand_maps.FP8`; another map builds a kernel with that belief, which the
+    interpreter tests use to show what a wrong layout does). ``pipelined``: each step issues the next
+    tile's loads before computing the current one (False: a step loads its
     own tile first; fewer registers).
     """
     if mx and arch != "gfx950":
