@@ -48,7 +48,7 @@ def register(kernel_name: str) -> Callable[[Problem], Problem]:
     return deco
 
 
-SELFTEST_VERSION = 8
+SELFTEST_VERSION = 9
 """Version of the self-test problems and pass criteria below, part of every cached verdict's key: bump
 it whenever this file changes what a self-test launches or accepts, so verdicts recorded with the old
 problems are not trusted. 1: the problems of sessions 1-2; 2: verdicts also bound to the manifest key;
@@ -57,9 +57,11 @@ problems are not trusted. 1: the problems of sessions 1-2; 2: verdicts also boun
 5: the whole-page decode problem (head-major cache, several splits); 6: a few-rows store blob is told by its
 target's spec (8 rows on NVIDIA); 7: kernels renamed by design (``uq_decode_splitkv``,
 ``uq_decode_wholepage``: manifest keys changed); 8: the multi-query decode problem
-(``uq_decode_multiquery``), the whole-page problem on several programs of the balanced schedule."""
+(``uq_decode_multiquery``), the whole-page problem on several programs of the balanced schedule;
+9: the decode problem's K and V groups scaled per token by 2**-12..2**12, with outliers, a zero group
+and negative zeros (the FlyDSL fp16 decode, issue 26)."""
 
-PROBLEMS_SOURCE_SHA256 = "3dec949d48272d33c9db667c12e650e2e7a2c324f17fbc5f83a4492946abb55b"
+PROBLEMS_SOURCE_SHA256 = "1fa3a671cae4d5ef7df18926f6ab7aa41f14f652a8452c716fd00dcaaf3fc2e3"
 """sha256 of this file with this line's hash blanked (see :func:`source_hash`); a test fails when the
 file changes and this is not updated, the reminder to bump :data:`SELFTEST_VERSION`."""
 
@@ -102,19 +104,26 @@ def _launch(kernel: Kernel, plan: LaunchPlan, dev: Device) -> str | None:
 
 
 def _paged(dev: Device, lens: list[int], hk: int, d: int, block_size: int, kv_dtype: torch.dtype,
-           gen: torch.Generator, key_weight: torch.Tensor | None = None,
+           gen: torch.Generator, key_weight: torch.Tensor | None = None, group_scales: bool = False,
            ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """A reference-filled cache with a shuffled block table; returns cache, table, lens, raw K, raw V.
-    ``key_weight`` (D,): per-position weight of the keys in the rotated space the cache holds."""
+    ``key_weight`` (D,): per-position weight of the keys in the rotated space the cache holds.
+    ``group_scales``: K and V groups scaled per token by powers of two (:func:`scaled_groups`)."""
     nblocks = sum(-(-n // block_size) for n in lens) + 1
     cache = torch.randint(0, 256, (nblocks, block_size, hk, slot_size(d)), dtype=torch.uint8, generator=gen)
     table, slots = reference.allocate_blocks(lens, block_size, nblocks, gen)
     total = sum(lens)
     k = torch.randn(total, hk, d, generator=gen)
+    v = torch.randn(total, hk, d, generator=gen)
     if key_weight is not None:
-        k = (k * key_weight) @ hadamard(d)  # H is symmetric and orthonormal: the store rotates it back
+        k = k * key_weight
+    if group_scales:
+        k, v = scaled_groups(k, GROUP_EXPONENTS_K, gen), scaled_groups(v, GROUP_EXPONENTS_V, gen)
+        k = k * (d**0.5 / k.norm(dim=-1, keepdim=True).clamp_min(1e-30))  # moderate logits
+    if key_weight is not None or group_scales:
+        k = k @ hadamard(d)  # H is symmetric and orthonormal: the store rotates it back
     k = k.to(kv_dtype)
-    v = torch.randn(total, hk, d, generator=gen).to(kv_dtype)
+    v = v.to(kv_dtype)
     cache, table, k, v = (t.to(dev) for t in (cache, table, k, v))
     reference.store_kv(k, v, cache, slots.to(dev))
     return cache, table, torch.tensor(lens, dtype=torch.int32, device=dev), k, v
@@ -177,6 +186,29 @@ def block_scaled_query(shape: tuple[int, ...], d: int, gen: torch.Generator) -> 
     return rot @ hadamard(d)
 
 
+GROUP_EXPONENTS_V = (-12, 12)
+GROUP_EXPONENTS_K = (-6, 6)
+"""Ranges of the per-(token, 32-group) power-of-two factors of V and of the rotated K in the decode
+problem (K is then normalized per token, so its groups span 2**12 too)."""
+
+
+def scaled_groups(x: torch.Tensor, exps: tuple[int, int], gen: torch.Generator) -> torch.Tensor:
+    """(..., D) values whose 32-element groups are scaled by random powers of two in ``exps``, with
+    what a decode that folds a group's scale into another operand can get wrong: one outlier (x64)
+    per group of the first token, an all-zero group and negative zeros (codes of sign 1, value 0).
+
+    A kernel that applies one group's or token's scale to another, overflows or flushes a range of
+    scales, or turns -0 into a nonzero value is far off on it."""
+    sh = x.shape
+    g = x.reshape(*sh[:-1], sh[-1] // 32, 32).clone()
+    e = torch.randint(exps[0], exps[1] + 1, g.shape[:-1], generator=gen)
+    g = g * torch.exp2(e.float())[..., None]
+    g[0, ..., 5] *= 64.0  # outliers: the group's scale follows them, its other codes get coarse
+    g[1, ..., 1, :] = 0.0  # an all-zero group (scale byte 0)
+    g[2, ..., ::3] = -0.0  # negative zeros among the codes
+    return g.reshape(sh)
+
+
 def key_weight(d: int) -> torch.Tensor:
     """Rotated-space key weights: K positions 16..63 of every 128 count 4x, so a kernel that gets the
     pairing of those positions wrong (the FP8 operand's second lane group and halves) fails."""
@@ -187,8 +219,10 @@ def key_weight(d: int) -> torch.Tensor:
 @register("uq_decode_splitkv")
 def decode_problem(kernel: Kernel, spec: Specialization, dev: Device) -> tuple[bool, str]:
     """3 requests (300, 1, 45 tokens) x 2 kv heads: at least two KV splits, one single-token request;
-    a block-scaled query (:func:`block_scaled_query`) against keys weighted by :func:`key_weight`."""
-    return _decode_check(kernel, spec, dev, [300, 1, 45], 2, False, plans.plan_decode)
+    a block-scaled query (:func:`block_scaled_query`) against keys weighted by :func:`key_weight`, K
+    and V groups scaled per token (:func:`scaled_groups`: the FlyDSL fp16 decode applies K's scale
+    after each group's MFMAs and folds V's into P)."""
+    return _decode_check(kernel, spec, dev, [300, 1, 45], 2, False, plans.plan_decode, group_scales=True)
 
 
 @register("uq_decode_wholepage")
@@ -202,14 +236,14 @@ def decode_wholepage_problem(kernel: Kernel, spec: Specialization, dev: Device) 
 
 
 def _decode_check(kernel: Kernel, spec: Specialization, dev: Device, lens: list[int], hk: int, head_major: bool,
-                  planner: Callable[..., LaunchPlan]) -> tuple[bool, str]:
+                  planner: Callable[..., LaunchPlan], group_scales: bool = False) -> tuple[bool, str]:
     """Launch ``planner``'s decode of ``lens`` x ``hk`` kv heads (a head-major copy of the cache if
     ``head_major``) through ``kernel``; the verdict against the float64 reference."""
     c, gen = spec.constexprs, _gen()
     d, gqa, bs = c["D"], c["GQA"], c["BLOCK_SIZE"]
     hq = gqa * hk
     qd, od = _dtype(spec, "q_ptr"), _dtype(spec, "out_ptr")
-    cache, table, seq_lens, _, _ = _paged(dev, lens, hk, d, bs, torch.float32, gen, key_weight(d))
+    cache, table, seq_lens, _, _ = _paged(dev, lens, hk, d, bs, torch.float32, gen, key_weight(d), group_scales)
     if head_major:  # whole 16-token runs per kv head: what the whole-page decode reads
         paged, cache = cache, torch.empty((cache.shape[0], hk, bs, cache.shape[3]), dtype=cache.dtype,
                                           device=dev).transpose(1, 2)

@@ -72,13 +72,13 @@ def _record(found, waves_needed=3):
 
 
 def test_isa_record_checks():
-    good = {isa.BF16_MFMA: 16}
+    good = {isa.F16_MFMA: 16}
     res = {"vgpr": 120, "agpr": 0, "scratch": 0, "vgpr_spill": 0, "lds_static": 0}
     assert isa.check_record(_record(good), good, res, 65536) == []
     assert any("missing" in p for p in isa.check_record(_record({}), {}, res, 65536))
-    assert any("whole number" in p for p in isa.check_record(_record({isa.BF16_MFMA: 17}),
-                                                             {isa.BF16_MFMA: 17}, res, 65536))
-    assert any("differ" in p for p in isa.check_record(_record(good), {isa.BF16_MFMA: 32}, res, 65536))
+    assert any("whole number" in p for p in isa.check_record(_record({isa.F16_MFMA: 17}),
+                                                             {isa.F16_MFMA: 17}, res, 65536))
+    assert any("differ" in p for p in isa.check_record(_record(good), {isa.F16_MFMA: 32}, res, 65536))
     assert any("waves" in p for p in isa.check_record(_record(good, 4), good, {**res, "vgpr": 129}, 65536))
     assert any("scratch" in p for p in isa.check_record(_record(good), good, {**res, "scratch": 16}, 65536))
     assert any("LDS" in p for p in isa.check_record(_record(good), good, {**res, "lds_static": 70000}, 65536))
@@ -125,8 +125,10 @@ def test_offline_compile_in_a_subprocess(arch, cfg, mx, tmp_path: Path):
     from ultraquant.codegen.flydsl.compile_kernel import run
 
     waves = fam.waves_for(cfg["head_size"])
-    data = run({"arch": arch, "name": "uq_decode_flydsl", "config": cfg, "mx": mx, "waves": waves},
-               tmp_path / "k.hsaco", python=sys.executable)
+    from ultraquant.codegen.flydsl.backend import pipelined_for
+
+    data = run({"arch": arch, "name": "uq_decode_flydsl", "config": cfg, "mx": mx, "waves": waves,
+                "pipelined": pipelined_for(cfg["head_size"], mx)}, tmp_path / "k.hsaco", python=sys.executable)
     obj = read_code_object(data)
     assert obj.machine == 224 and obj.flags & 0xFF == {"gfx942": 0x4C, "gfx950": 0x4F}[arch]
     kernel = obj.kernels["uq_decode_flydsl"]

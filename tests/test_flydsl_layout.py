@@ -23,31 +23,57 @@ LANES = torch.arange(lay.WAVE)
 ELEMS = torch.arange(lay.MFMA_K)
 
 
-def test_mfma_emulation_is_a_matmul():
+@pytest.mark.parametrize("fmt", ["bf16", "f16"])
+def test_mfma_emulation_is_a_matmul(fmt):
     g = torch.Generator().manual_seed(1)
     a, b, c = (torch.randn(16, 16, generator=g) for _ in range(3))
-    ta, tb, td = om.BF16_A.table(), om.BF16_B.table(), om.F32_D.table()
-    d = lay.mfma_16x16x16(a[ta[..., 0], ta[..., 1]], b[tb[..., 1], tb[..., 0]], c[td[..., 0], td[..., 1]])
+    ma, mb = (om.F16_A, om.F16_B) if fmt == "f16" else (om.BF16_A, om.BF16_B)
+    ta, tb, td = ma.table(), mb.table(), om.F32_D.table()
+    d = lay.mfma_16x16x16(a[ta[..., 0], ta[..., 1]], b[tb[..., 1], tb[..., 0]], c[td[..., 0], td[..., 1]], fmt)
     expect = (a.double() @ b.double() + c.double()).float()
     torch.testing.assert_close(d, expect[td[..., 0], td[..., 1]], rtol=1e-6, atol=1e-6)
 
 
 @pytest.mark.parametrize("d", [128, 256, 512])
-def test_qk_permutation_is_one_scale_group_per_lane_group(d):
-    dims = []
-    for c in range(d // 128):
+def test_fp16_qk_pairs_each_k_code_with_its_query_element(d):
+    """fp16 path: lane group g's code word of scale group q covers d = 32q + 8g + e (code e is nibble
+    e % 2 of byte e // 2, docs/format.md), and the query element the kernel pairs with code e in MFMA
+    step p (:data:`layout.F16_STEP_CODES`) holds that same d in the query layout."""
+    seen = []
+    for q in range(d // 32):
         for g in range(4):
-            run = [lay.qk_dim(c, j, g, i) for j in range(8) for i in range(4)]
-            assert len({x // 32 for x in run}) == 1  # one UE8M0 scale per lane group and chunk
-            assert run == list(range(run[0], run[0] + 32))  # one contiguous 16-byte code run
-            assert run[0] // 2 == lay.k_code_offset(c, g)
-            assert lay.k_scale_offset(d, c, g) == d // 2 + run[0] // 32
-            dims += run
-    assert sorted(dims) == list(range(d))
+            dims = [2 * lay.k_word_offset(q, g) + e for e in range(8)]
+            assert {x // 32 for x in dims} == {q}  # both MFMAs of a group lie in one K scale group
+            for step in range(2):
+                for e in lay.F16_STEP_CODES[step]:
+                    assert lay.query_dim(lay.QUERY_MAP, q // 4, 16 * g + 5, 8 * (q % 4) + e) == dims[e]
+            seen += dims
+    assert sorted(seen) == list(range(d))
+    assert sorted(e for step in lay.F16_STEP_CODES for e in step) == list(range(8))
+    assert lay.k_scales_offset(d) == d // 2
 
 
 @pytest.mark.parametrize("d", [128, 256, 512])
-def test_pv_permutation_is_contiguous_per_lane_row(d):
+def test_fp16_pv_rows_lie_in_one_scale_group(d):
+    """fp16 path: the 16 rows of PV MFMA 2q + h are d = 32q + 2m + h (one V scale group, so the scale
+    folds into P), row m reads nibble h of V byte 16q + m, and a lane row's outputs cover the head once."""
+    v_codes = d // 2 + d // 32
+    dims = []
+    for q in range(d // 32):
+        for h in range(2):
+            rows = [lay.pv_dim(q, h, m) for m in range(16)]
+            assert {x // 32 for x in rows} == {q}
+            assert all(2 * (lay.v_byte_offset(d, q, m) - v_codes) + h == rows[m] for m in range(16))
+            dims += rows
+    assert sorted(dims) == list(range(d))
+    assert lay.v_scales_offset(d) == d + d // 32
+    outs = sorted(lay.out_dim(q, h, g, i) for q in range(d // 32) for h in range(2) for g in range(4)
+                  for i in range(4))
+    assert outs == list(range(d))
+
+
+@pytest.mark.parametrize("d", [128, 256, 512])
+def test_mx_pv_permutation_is_contiguous_per_lane_row(d):
     nb_count = d // 16
     dims = [lay.v_dim(d, nb, m) for m in range(16) for nb in range(nb_count)]
     assert sorted(dims) == list(range(d))
@@ -79,15 +105,16 @@ def test_fp4_bf16_bits_match_the_reference_decoder():
     assert torch.equal(one.double()[keep], exact[keep]) and torch.all(one[~keep] == 0)
 
 
+@pytest.mark.parametrize("qmap", [lay.QUERY_MAP, om.FP8], ids=["fp16", "fp8"])
 @pytest.mark.parametrize("d", [128, 256, 512])
-def test_query_rotation_in_lane_layout_is_hadamard(d):
+def test_query_rotation_in_lane_layout_is_hadamard(d, qmap):
     g = torch.Generator().manual_seed(d)
     q = torch.randn(16, d, generator=g)
-    r, grp = LANES % 16, LANES // 16
-    dims = (128 * torch.arange(d // 128)[None, :, None] + 32 * grp[:, None, None]
-            + torch.arange(32)[None, None, :])
+    r = LANES % 16
+    dims = lay.query_dim(qmap, torch.arange(d // 128)[None, :, None], LANES[:, None, None],
+                         torch.arange(32)[None, None, :])
     lanes = q[r][torch.arange(lay.WAVE)[:, None, None], dims]
-    rotated = lay.rotate_query_lanes(lanes, d)
+    rotated = lay.rotate_query_lanes(lanes, d, qmap)
     expect = (q.double() @ hadamard(d, dtype=torch.float64)).float()
     torch.testing.assert_close(rotated, expect[r][torch.arange(lay.WAVE)[:, None, None], dims],
                                rtol=1e-5, atol=1e-5)
@@ -163,12 +190,29 @@ def test_emulated_layout_is_exact_with_float32_operands(case):
 
 
 @pytest.mark.parametrize("case", CASES[:4], ids=[f"d{c[0]}-g{c[1]}" for c in CASES[:4]])
-def test_emulated_kernel_with_bf16_operands_is_close(case):
-    """What the hardware computes (bf16 query and P operands): within the Triton decode's bar."""
+def test_emulated_kernel_with_fp16_operands_is_close(case):
+    """What the hardware computes (fp16 query and P operands): within the Triton decode's bar, and
+    better than the bf16 operands of the previous kernel (relative error ~2e-4 vs ~1.7e-3)."""
     got, expect = _run(case, exact=False)
     cos = torch.nn.functional.cosine_similarity(got.flatten().double(), expect.flatten().double(), dim=0)
     assert cos > 0.9999
     assert (got - expect).abs().max() <= 1e-2 * max(1.0, expect.abs().max().item())
+    assert (got - expect).norm() / expect.norm() < 1e-3
+
+
+@pytest.mark.parametrize("mult", [1e-6, 1.0, 3e4, 1e8])
+def test_fp16_query_prescale_keeps_any_query_in_range(mult):
+    """The fp16 path multiplies each head's rotated query by a power of two (absmax into [2^14, 2^15))
+    before the cast: huge queries do not overflow, tiny ones keep fp16's precision."""
+    d, gqa, hk, bs, lens, splits, _ = CASES[0]
+    q, cache, bt, seq = _cache(d, gqa, hk, bs, lens, seed=5)
+    qq = q.float() * mult
+    cfg = lay.DecodeConfig(d, gqa, bs)
+    scale = d**-0.5 / mult if mult > 1 else d**-0.5  # keep the softmax away from one-hot
+    got = lay.emulate_decode(cfg, qq, cache, bt, seq, scale, num_splits=splits)
+    expect = ref.decode_attention(qq, cache, bt, seq, scale).float()
+    assert torch.isfinite(got).all()
+    assert (got - expect).norm() / expect.norm() < 1e-3
 
 
 @pytest.mark.parametrize("waves", [2, 4])
@@ -192,12 +236,12 @@ def test_a_layout_slip_is_caught():
     d, gqa, hk, bs, lens, splits, feats = CASES[0]
     q, cache, bt, seq = _cache(d, gqa, hk, bs, lens)
     cfg = lay.DecodeConfig(d, gqa, bs)
-    orig = lay.v_dim
-    try:
-        lay.v_dim = lambda head_size, nb, m: orig(head_size, (nb + 1) % (head_size // 16), m)
+    orig = lay.out_dim
+    try:  # the two nibbles of a V byte swapped in the output
+        lay.out_dim = lambda q_, h, g, i: orig(q_, 1 - h, g, i)
         got = lay.emulate_decode(cfg, q, cache, bt, seq, 0.1, num_splits=splits, exact_operands=True)
     finally:
-        lay.v_dim = orig
+        lay.out_dim = orig
     expect = ref.decode_attention(q.float(), cache, bt, seq, 0.1).float()
     assert (got - expect).abs().max() > 1e-2
 
@@ -233,7 +277,7 @@ def test_scaled_mfma_emulation_applies_block_scales_by_k_block():
     assert all(lay.k_code_offset(0, grp) * 2 == int(ta[16 * grp, 0, 1]) for grp in range(4))
 
 
-@pytest.mark.parametrize("qmap", [lay.QUERY_MAP_BF16, om.FP8], ids=["bf16", "fp8"])
+@pytest.mark.parametrize("qmap", [lay.QUERY_MAP, om.FP8], ids=["fp16", "fp8"])
 def test_fp8_block_plan_finds_every_lanes_block(qmap):
     """Each lane group g must end up with K block g's exponent (the scale map), from a lane that
     holds that block, and the lanes sharing a block are exactly those the plan reduces over."""
@@ -317,3 +361,25 @@ def test_mx_with_the_old_contiguous_fp8_belief_is_wrong():
         got = lay.emulate_decode(cfg, q, cache, bt, seq, d**-0.5, num_splits=splits, mx=True, mx_query_map=qmap)
         errs[name] = float((got - expect).norm() / expect.norm())
     assert errs["fp8"] < 0.01 and errs["old"] > 0.1, errs
+
+
+def test_v_scale_headroom_keeps_p_times_scale_in_fp16():
+    """The fp16 path's reference point: for any V scale byte the encoder writes, P x scale of the
+    token that sets the point is 2**15 (< 65504) and P itself stays a finite float32."""
+    b = torch.arange(0, 255)
+    head = lay.v_scale_headroom(b, torch.maximum)
+    scale_log2 = (b - 127).double()
+    assert torch.all(scale_log2[b >= lay.V_SCALE_FLOOR] - head[b >= lay.V_SCALE_FLOOR] == lay.P16_MAX_LOG2)
+    assert 2.0 ** lay.P16_MAX_LOG2 < 65504
+    assert torch.all(-head <= 127 + lay.P16_MAX_LOG2 - lay.V_SCALE_FLOOR) and 127 + 15 - lay.V_SCALE_FLOOR < 127
+
+
+def test_to_fp16_rtz_truncates():
+    """The emulation's ``v_cvt_pkrtz_f16_f32``; the first four values against LLVM's constant folding of
+    ``llvm.amdgcn.cvt.pkrtz`` (``opt-22 -passes=instcombine -mcpu=gfx942``: 0x3C00, 0xBC00, 0x0001, 0x7BFF)."""
+    x = torch.tensor([1.0 + 2**-11, -(1.0 + 2**-11), 3 * 2.0**-25, 1e6, 0.0, -0.0, 2**-14 * (1 + 2**-10)])
+    got = lay.to_fp16_rtz(x)
+    assert got[:4].to(torch.float16).view(torch.int16).tolist() == [0x3C00, 0xBC00 - 0x10000, 0x0001, 0x7BFF]
+    assert got[4] == 0 and got[6] == 2**-14 * (1 + 2**-10)
+    fp16 = got.to(torch.float16).float()
+    assert torch.equal(fp16, got)  # every result is an fp16 value

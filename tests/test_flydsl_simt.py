@@ -152,3 +152,40 @@ def test_self_test_problem_fails_the_old_mx_kernel_and_passes_the_fixed_one():
     print(verdicts)
     assert verdicts["fixed"][0], verdicts
     assert not verdicts["old"][0], verdicts
+
+
+def test_self_test_problem_passes_the_fp16_kernel_and_fails_a_wrong_group_scale(monkeypatch):
+    """Issue 26: the decode problem's K and V groups span 2**-12..2**12 per token (outliers, a zero
+    group, -0 codes). The fp16 kernel (K scale after each group's MFMAs, V's folded into P) passes it
+    in the interpreter; the same kernel built to take each scale from the neighbouring group fails."""
+    from ultraquant.codegen.flydsl.compiler import compile_decode
+    from ultraquant.kernels.families import decode_flydsl as fam
+    from ultraquant.kernels.families import decode_splitkv as splitkv_family
+    from ultraquant.runtime import problems
+
+    cfg = {"head_size": 128, "gqa": 4, "block_size": 16}
+    spec = splitkv_family.decode_splitkv_spec(**cfg, query_dtype="bf16")
+    key = fam.flydsl_key(spec, fam.KERNEL)
+    verdicts = {}
+    right = lay.scale_byte
+    for name, pick in (("right", right), ("neighbour", lambda words, q: right(words, q ^ 1))):
+        monkeypatch.setattr(lay, "scale_byte", pick)  # read by the kernel source while it is traced
+        ir = simt.lowered_ir(lambda: compile_decode("gfx942", "k", cfg, need_linker=False, waves=W, pipelined=False))
+        blob = _InterpretedBlob(simt.Kernel(ir, lanes=64 * W), key, fam.KERNEL)
+        verdicts[name] = problems.decode_problem(blob, spec, "cpu")
+    monkeypatch.setattr(lay, "scale_byte", right)
+    print(verdicts)
+    assert verdicts["right"][0], verdicts
+    assert not verdicts["neighbour"][0], verdicts
+
+
+@pytest.mark.parametrize("sel, folded", [(0x060C040C, 0x22004400), (0x06040200, 0x22446688),
+                                         (0x0D0C0701, 0xFF001177)])
+def test_the_interpreters_v_perm_b32_is_llvms(sel, folded):
+    """The interpreter's ``v_perm_b32`` (the kernel's byte moves) against LLVM's own reading of the
+    instruction: ``opt-22 -passes=instcombine -mcpu=gfx942`` constant-folds
+    ``llvm.amdgcn.perm(0x11223344, 0x55667788, sel)`` to these values (AMDGPU InstCombine, LLVM 22)."""
+    import numpy as np
+
+    got = simt._perm_b32(np.array([0x11223344]), np.array([0x55667788]), np.array([sel]))
+    assert int(got[0]) & 0xFFFFFFFF == folded

@@ -1,8 +1,8 @@
 """The MFMA operand maps (ultraquant/kernels/flydsl/operand_maps.py) against tables derived from AMD's
 own public sources, not from the maps' bases.
 
-- ``tests/data/amd_mfma/calculator_cdna3_v_mfma_f32_16x16x16_bf16_{A,B,D}.csv``: the verbatim output of
-  ``matrix_calculator.py -a CDNA3 -i v_mfma_f32_16x16x16_bf16 -{A,B,D} --matrix-layout --csv``,
+- ``tests/data/amd_mfma/calculator_cdna3_v_mfma_f32_16x16x16_{bf16,f16}_{A,B,D}.csv``: the verbatim output of
+  ``matrix_calculator.py -a CDNA3 -i v_mfma_f32_16x16x16_{bf16,f16} -{A,B,D} --matrix-layout --csv``,
   ROCm/amd_matrix_instruction_calculator 1.3.2 (commit 2ef9189). The calculator has no CDNA4 tables.
 - The scaled MFMA's FP4/FP8 operands: the address arithmetic the sources state, re-expressed here in
   their own terms (byte offsets inside a row of A) - ROCm/aiter op_tests/opus/device/test_mfma_scale.cu
@@ -25,9 +25,10 @@ DATA = Path(__file__).parent / "data" / "amd_mfma"
 _ENTRY = re.compile(r"^([ABD])\[(\d+)\]\[(\d+)\]$")
 
 
-def _calculator(matrix: str) -> torch.Tensor:
+def _calculator(matrix: str, fmt: str = "bf16") -> torch.Tensor:
     """(64, elements, 2) [i, j] indices of ``matrix[i][j]`` per (lane, register slice), as printed."""
-    path = DATA / f"calculator_cdna3_v_mfma_f32_16x16x16_bf16_{matrix}.csv"
+    path = DATA / f"calculator_cdna3_v_mfma_f32_16x16x16_{fmt}_{matrix}.csv"
+    assert f"V_MFMA_F32_16X16X16_{fmt.upper()}" in path.read_text().splitlines()[1]
     rows = [r for r in csv.reader(path.read_text().splitlines()) if r and r[0].isdigit()]
     assert [int(r[0]) for r in rows] == list(range(64))
     out = []
@@ -50,6 +51,13 @@ def test_bf16_b_matches_the_calculator():
 
 def test_f32_d_matches_the_calculator():
     assert torch.equal(om.F32_D.table(), _calculator("D"))
+
+
+def test_f16_maps_match_the_calculator():
+    """v_mfma_f32_16x16x16_f16 (the fp16 path's QK and PV): its own calculator tables."""
+    assert torch.equal(om.F16_A.table(), _calculator("A", "f16"))
+    assert torch.equal(om.F16_B.table(), _calculator("B", "f16").flip(-1))
+    assert torch.equal(om.F32_D.table(), _calculator("D", "f16"))
 
 
 def test_scaled_d_is_the_store_loop_of_aiter():

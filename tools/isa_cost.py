@@ -5,6 +5,7 @@
     python tools/isa_cost.py calibrate --generated .isa/gen --measured M.json --out C.json
     python tools/isa_cost.py census BLOB [--arch sm_90|gfx942|gfx950] [--tokens 64]  # hot-loop census
     python tools/isa_cost.py flydsl --out F.json                       # FlyDSL decode on MI300X/MI355X
+    python tools/isa_cost.py blobs generated/gfx942 generated/gfx950 --out F.json  # every built FlyDSL blob
 
 ``predict`` and ``calibrate`` read the blobs' manifest (constexprs, registers, shared memory) and
 their SASS (the ``cuobjdump`` Triton ships); ``M.json`` is ``tools/isa_cost_device.py``'s output,
@@ -15,7 +16,6 @@ whose recorded splits and grids the comparison uses. ``flydsl`` needs the FlyDSL
 from __future__ import annotations
 
 import argparse
-import itertools
 import json
 import math
 import os
@@ -205,56 +205,54 @@ def flydsl(out: Path, budgets: bool = False) -> list[dict]:
     return rows
 
 
-PROPOSED_VALU = {("gfx942", 128): 240, ("gfx942", 256): 387, ("gfx950", 128): 250}
-"""VALU per 16-token tile of the fp16 bit-placement decode (docs/flydsl.md, "Cheaper FP4 decode"): the
-built loop minus today's decode as llc-22 compiles it (640 per 8 words at D=128,
-``benchmarks/lab/fp4_decode_isa.py``, ``results/fp4_decode_isa_gfx942.txt``) plus the new decode the
-same way with its byte moves as ``llvm.amdgcn.perm`` (93 per 8 words on gfx942, 109 on gfx950) plus
-K scales after the MFMA (~28) and V scales folded into P (~20); D=256 twice the decode and scale
-parts. A count, not a build."""
-
-
-def whatif(out: Path) -> list[dict]:
-    """The built FlyDSL loops thinned to :data:`PROPOSED_VALU` (:func:`codegen.cost_model.drop_valu`):
-    what the cheaper decode would be estimated at, with the built occupancy and with 4 / 8 waves, in the
-    backend's loop and in the software-pipelined one (the next tile's loads issued before this tile's math)."""
-    from ultraquant.codegen.archs import get_arch
-    from ultraquant.codegen.elf import read_code_object
-    from ultraquant.codegen.flydsl import backend as fb
+def blobs(generated: list[Path], out: Path) -> list[dict]:
+    """Estimate every FlyDSL decode blob of built arch folders (``make kernels`` / ``ultraquant build``
+    output: ``<dir>/manifest.json``) on its GPU at 1 us and 0.5 us loaded latency, with the gate of
+    its (arch, head size) where issue 26 names one; registers, waves and pipelining from the manifest."""
     from ultraquant.codegen.flydsl import isa
 
-    backend = fb.FlyDSLBackend()
     rows = []
-    built_rule = fb.pipelined_for
-    # the backend's loop (not pipelined at these sizes) and the software-pipelined one
-    for ((arch, d), keep), pipelined in itertools.product(PROPOSED_VALU.items(), (False, True)):
-        fb.pipelined_for = (lambda *_: True) if pipelined else built_rule
-        spec = backend.specialize(fb.OP, {"head_size": d, "gqa": 8, "block_size": 16, "query_dtype": "bf16"})
-        try:
-            binary, info = backend.compile(spec, get_arch(arch))
-        finally:
-            fb.pipelined_for = built_rule
-        res = read_code_object(binary).kernels[spec.kernel].resources
-        ops = cm.parse_amdgpu(isa.disassemble(binary, arch))
-        body = cm.drop_valu(ops, keep)
+    for folder in generated:
+        manifest = json.loads((folder / "manifest.json").read_text())
+        arch = manifest["arch"]
         m = cm.MACHINES[arch]
-        vgpr = int(res["vgpr"])
-        est = {}
-        for lat in (1000.0, 500.0):
-            for waves in (None, 4, 8):
-                regs = vgpr if waves is None else m.regs_per_scheduler // waves
-                e = cm.flydsl_estimate(body, m, d, regs, 0, 0 if waves else int(res.get("lds_static", 0)),
-                                       int(info["num_warps"]), lat)
-                est[f"{int(lat)}ns_{waves or 'built'}_waves"] = {"tbs": e["estimate_tbs"], "bound": e["bound"],
-                                                                 "waves_per_simd": e["waves_per_simd"]}
-        rows.append({"arch": arch, "head_size": d, "pipelined": info["isa"]["pipelined"],
-                     "valu_built": sum(o.cls == "valu" for o in cm.hot_loop(ops)), "valu_proposed": keep,
-                     "vgpr_built": vgpr, "gate_tbs": TARGETS[(arch, d)], "estimate": est})
-        print(arch, d, "pipelined" if info["isa"]["pipelined"] else "built", vgpr, "VGPR", keep,
-              {k: round(v["tbs"], 2) for k, v in est.items()}, flush=True)
+        for e in manifest["blobs"]:
+            if e.get("backend") != "flydsl":
+                continue
+            res, c = e["resources"], e["config"]
+            ops = cm.parse_amdgpu(isa.disassemble((folder / e["file"]).read_bytes(), arch))
+            waves_per_block = int(e["isa"]["waves_per_block"])
+            est = {f"{int(lat)}ns": cm.flydsl_estimate(ops, m, c["head_size"], int(res["vgpr"]), int(res["agpr"]),
+                                                       int(res["lds_static"]), waves_per_block, lat)
+                   for lat in (1000.0, 500.0)}
+            feats = "+".join(f for f in ("sinks", "window", "softcap") if c.get(f"has_{f}")) or "plain"
+            gate = TARGETS.get((arch, c["head_size"]))
+            e1 = est["1000ns"]
+            row = {"arch": arch, "gpu": m.name, "kernel": e["kernel"], "file": e["file"], "sha256": e["sha256"],
+                   "head_size": c["head_size"], "gqa": c["gqa"], "block_size": c["block_size"], "features": feats,
+                   "vgpr": res["vgpr"], "agpr": res["agpr"], "lds": res["lds_static"], "scratch": res["scratch"],
+                   "waves_per_block": waves_per_block, "pipelined": e["isa"]["pipelined"],
+                   "waves_per_simd": e1["waves_per_simd"], "loop": e1["census"]["classes"],
+                   "estimate_tbs": {k: round(v["estimate_tbs"], 3) for k, v in est.items()},
+                   "bound": {k: v["bound"] for k, v in est.items()},
+                   "cycles_per_tile": {k: round(v["cycles_per_tile"], 1) for k, v in est.items()},
+                   "issue_bound_cycles": e1["issue_bound_cycles_all_waves"],
+                   "bytes_in_flight_per_cu": e1["bytes_in_flight_per_cu_max"]}
+            if gate:
+                row["gate_tbs"] = gate
+                row["gate_met_at_1us"] = e1["estimate_tbs"] >= gate
+            rows.append(row)
+            print(f"{arch} {e['kernel']} D={c['head_size']} GQA={c['gqa']} {feats}: {res['vgpr']} VGPR, "
+                  f"{e1['waves_per_simd']} waves, loop VALU {e1['census']['classes'].get('valu')}, "
+                  f"{row['estimate_tbs']['1000ns']:.2f} TB/s at 1 us ({e1['bound']}), "
+                  f"{row['estimate_tbs']['500ns']:.2f} at 0.5 us" + (f"; gate {gate}" if gate else ""), flush=True)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"what": "what-if: the built FlyDSL loop with its VALU thinned to the proposed "
-                                       "decode's paper count (not a kernel)", "rows": rows}, indent=1) + "\n")
+    out.write_text(json.dumps({"model": "codegen/cost_model.py (flydsl_estimate)",
+                               "blobs_from": [str(g) for g in generated],
+                               "note": "estimates from the built code objects; nothing measured on an AMD GPU",
+                               "machines": {k: vars(v) for k, v in cm.MACHINES.items() if k in ("gfx942", "gfx950")},
+                               "latencies": {"cdna": cm.CDNA_LATENCY, "note": "vm latency = the row's ns x clock"},
+                               "rows": rows}, indent=1, default=str) + "\n")
     return rows
 
 
@@ -278,8 +276,9 @@ def main() -> None:
     p = sub.add_parser("flydsl")
     p.add_argument("--out", type=Path, default=Path("benchmarks/results/isa_cost_amd.json"))
     p.add_argument("--budgets", action="store_true", help="also the VALU per tile each gate allows (slow)")
-    p = sub.add_parser("whatif")
-    p.add_argument("--out", type=Path, default=Path("benchmarks/results/isa_cost_amd_whatif.json"))
+    p = sub.add_parser("blobs")
+    p.add_argument("generated", type=Path, nargs="+", help="built arch folders (with manifest.json)")
+    p.add_argument("--out", type=Path, required=True)
     a = ap.parse_args()
     if a.cmd == "build":
         build(a.out, a.jobs)
@@ -300,8 +299,8 @@ def main() -> None:
             a.out.write_text(json.dumps(result, indent=1, default=str) + "\n")
     elif a.cmd == "census":
         census_cmd(a.blob, a.arch, a.tokens)
-    elif a.cmd == "whatif":
-        whatif(a.out)
+    elif a.cmd == "blobs":
+        blobs(a.generated, a.out)
     elif a.cmd == "flydsl":
         flydsl(a.out, a.budgets)
 

@@ -36,11 +36,12 @@ FLYDSL_REQUIREMENT = "flydsl==0.5.0"
 
 
 def pipelined_for(head_size: int, mx: bool) -> bool:
-    """Whether the blob is built with the software-pipelined loop: where the roofline estimate says it
-    pays (benchmarks/results/flydsl_roofline_{pipelined,unpipelined}.json): the mx kernel at D=512,
-    whose unpipelined loop waits for 7 round trips per tile. Elsewhere LLVM already batches a tile's
-    loads and the carried registers only cost occupancy (gfx942 D=128: 4 -> 3 waves per SIMD)."""
-    return mx and head_size >= 512
+    """Whether the blob is built with the software-pipelined loop (the next tile's loads and the entry
+    of the tile after it issued before this tile's math): where the ISA cost model says it pays
+    (docs/flydsl.md, issue 26): the mx kernel at D=128 (gfx950: 6.62 vs 5.80 TB/s at 1 us, same 114
+    VGPRs) and D=512 (7 round trips per tile otherwise). Not at mx D=256 (4.16 vs 5.36) nor on the
+    fp16 path (gfx942 D=128: 2.77 vs 3.66 at 4 waves: LLVM still waits on the carried loads)."""
+    return mx and head_size in (128, 512)
 
 
 def _dtype(ty: str) -> str:

@@ -20,7 +20,10 @@ MFMA_RE = re.compile(r"^\s*(v_mfma\w*|v_cvt_scalef32\w*)", re.MULTILINE)
 """The instructions counted: every MFMA, and gfx950's scaled FP4 conversions."""
 
 BF16_MFMA = "v_mfma_f32_16x16x16_bf16"
-"""The MFMA of the software-decode path (gfx942 and gfx950): 16x16 tile, K = 16 bf16."""
+"""The PV MFMA of the gfx950 mx path: 16x16 tile, K = 16 bf16."""
+
+F16_MFMA = "v_mfma_f32_16x16x16_f16"
+"""The MFMA of the fp16 path (gfx942 and gfx950): K and V bit-placed to fp16, fp16 query and P."""
 
 SCALED_MFMA = "v_mfma_scale_f32_16x16x128_f8f6f4"
 """gfx950 QK of the mx path: FP4 K codes x FP8 query, UE8M0 scales consumed by the instruction."""
@@ -28,7 +31,7 @@ SCALED_MFMA = "v_mfma_scale_f32_16x16x128_f8f6f4"
 FP4_CVT = "v_cvt_scalef32_pk_bf16_fp4"
 """gfx950 V decode of the mx path: two FP4 codes times an f32 scale to two bf16."""
 
-DESIGN_WAVES = {128: 3, 256: 2, 512: 1}
+DESIGN_WAVES = {128: 4, 256: 2, 512: 1}
 """Waves per SIMD the decode design assumes, by head size (enough to overlap the KV stream)."""
 
 UNIFIED_REGS = 512
@@ -64,13 +67,13 @@ def mfma_counts(text: str) -> dict[str, int]:
 def expected_mfma(arch: str, head_size: int, mx: bool = False) -> dict[str, int]:
     """Counted instructions of one tile of the decode loop (the loop itself is not unrolled).
 
-    bf16 path: 8 QK MFMAs per 128 head-dim elements + D/16 PV MFMAs. mx path (gfx950): two scaled
+    fp16 path: 8 QK MFMAs per 128 head-dim elements (two per scale group) + D/16 PV MFMAs. mx path (gfx950): two scaled
     QK MFMAs per 128 elements (query hi and lo terms), D/16 PV MFMAs, and D/8 FP4 conversions
     (4 tokens x D/32 bytes).
     """
     if mx:  # two scaled MFMAs (query hi and lo FP8 terms) per 128 head-dim elements
         return {FP4_CVT: head_size // 8, BF16_MFMA: head_size // 16, SCALED_MFMA: 2 * (head_size // 128)}
-    return {BF16_MFMA: 8 * (head_size // 128) + head_size // 16}
+    return {F16_MFMA: 8 * (head_size // 128) + head_size // 16}
 
 
 def waves_per_simd(vgpr: int, agpr: int = 0) -> int:

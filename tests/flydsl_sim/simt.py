@@ -125,6 +125,22 @@ def _float_of(bits: np.ndarray, ty: Ty) -> np.ndarray:
     raise NotImplementedError(ty)
 
 
+def _perm_b32(hi: np.ndarray, lo: np.ndarray, sel: np.ndarray) -> np.ndarray:
+    """``v_perm_b32`` (``llvm.amdgcn.perm(src_hi, src_lo, sel)``): byte k of the result is byte
+    ``sel_k`` of the 64-bit ``src_hi:src_lo`` for ``sel_k`` < 8, 0x00 for 0x0c, 0xff for 0x0d and above
+    (AMD CDNA3 ISA, V_PERM_B32; FlyDSL's ``rocdl.perm_b32`` names the operands). The sign-replicating
+    selectors 8..11 are not modelled (the kernel uses none)."""
+    both = ((hi.astype(np.int64) & 0xFFFFFFFF) << 32) | (lo.astype(np.int64) & 0xFFFFFFFF)
+    out = np.zeros_like(both)
+    for k in range(4):
+        s = (sel.astype(np.int64) >> (8 * k)) & 0xFF
+        if np.any((s >= 8) & (s < 12)):
+            raise NotImplementedError("v_perm_b32 sign-replicating selector")
+        byte = np.where(s < 8, (both >> (8 * np.minimum(s, 7))) & 0xFF, np.where(s == 12, 0, 0xFF))
+        out |= byte << (8 * k)
+    return _wrap(out, 32)
+
+
 @dataclass
 class Memory:
     """Byte buffers addressed as ``(buffer_id << 40) | offset``."""
@@ -370,6 +386,10 @@ class Wave:
             if a[1].ndim > c.ndim:
                 c = c.reshape(c.shape + (1,) * (a[1].ndim - c.ndim))
             env[out] = np.where(c, a[1], a[2])
+        elif name == "math.fma":  # one rounding: the product and sum in float64, then to float32
+            env[out] = _norm(a[0].astype(np.float64) * a[1] + a[2], ty0)
+        elif name == "arith.sitofp":
+            env[out] = _norm(a[0].astype(np.float32), ty0)
         elif name == "arith.extui":
             env[out] = _norm(_unsigned(a[0], ins.in_tys[0].width), ty0)
         elif name == "arith.negf":
@@ -402,6 +422,14 @@ class Wave:
                 idx = np.nonzero(act)[0]
                 return np.full(LANES, x[idx[0]] if len(idx) else 0)
             env[out] = self._per_wave(first, a[0], active)
+        elif name == "rocdl.cvt.pkrtz":  # two f32 -> two f16 toward zero
+            pair = np.stack([a[0], a[1]], axis=1).astype(np.float32)
+            env[out] = lay.to_fp16_rtz(torch.from_numpy(pair)).numpy()
+        elif name == "rocdl.mbcnt.lo":  # src + set bits of the mask's low 32 below this lane
+            lane = np.arange(self.n) % LANES
+            below = (np.int64(1) << np.minimum(lane, 32)) - 1
+            bits = (a[0].astype(np.int64) & 0xFFFFFFFF) & below
+            env[out] = _norm(a[1] + np.array([bin(int(x)).count("1") for x in bits], dtype=np.int64), ty0)
         elif name == "rocdl.rcp":
             with np.errstate(all="ignore"):
                 env[out] = np.float32(1.0) / a[0].astype(np.float32)
@@ -426,6 +454,10 @@ class Wave:
             env[out] = self._per_wave(lambda x, y, z: lay.mfma_16x16x16(
                 torch.from_numpy(x.copy()), torch.from_numpy(y.copy()),
                 torch.from_numpy(z.astype(np.float32).copy())).numpy(), fa, fb, a[2])
+        elif name.startswith("rocdl.mfma.f32.16x16x16f16"):  # operands are f16 values already
+            env[out] = self._per_wave(lambda x, y, z: lay.mfma_16x16x16(
+                torch.from_numpy(x.astype(np.float32)), torch.from_numpy(y.astype(np.float32)),
+                torch.from_numpy(z.astype(np.float32).copy()), "f16").numpy(), a[0], a[1], a[2])
         elif name == "rocdl.mfma.scale.f32.16x16x128.f8f6f4":
             env[out] = self._per_wave(lambda *x: self._scaled_mfma(at["fmt"], list(x)), *a)
         elif name == "rocdl.cvt.pk.fp8.f32":
@@ -461,6 +493,8 @@ class Wave:
                 return np.exp2(a[0].astype(np.float32))
             if name == "llvm.amdgcn.log.f32":
                 return np.log2(a[0].astype(np.float32))
+        if name == "llvm.amdgcn.perm":
+            return _perm_b32(a[0], a[1], a[2])
         raise NotImplementedError(f"intrinsic {name}")
 
     def _atomic(self, bin_op: int, a, ty: Ty, active) -> np.ndarray:

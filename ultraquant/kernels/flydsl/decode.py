@@ -6,16 +6,23 @@ Every address and permutation comes from the formula functions of
 lane layout is tested against the reference on the CPU (docs/flydsl.md has the derivation).
 
 One wave (64 lanes) computes one split of one (request, kv head): all GQA query heads of the kv head
-at once (padded to the 16 columns of the MFMA), 16 tokens per step:
+at once (padded to the 16 columns of the MFMA), 16 tokens per step. The fp16 path (gfx942, gfx950):
 
-1. Q prologue: lane (r, g) loads 32-element runs of query head ``kvh*G + r``, rotates them with a fast
-   Walsh-Hadamard transform (in-lane stages + two xor shuffles) and keeps them as bf16 B operands.
-2. QK: lane row r decodes token ``t0 + r``'s K codes (one 16-byte run = one scale group per lane
-   group) straight into bf16 A operands; ``v_mfma_f32_16x16x16_bf16`` gives ``S^T`` (token x head).
-3. Online softmax in base 2 on the MFMA result layout, window/length mask, optional soft cap.
-4. PV: the probabilities are already in the B layout; lane (r, g) decodes D/32 V bytes of each of its
-   4 tokens into A operands (rows permuted ``d = (D/16) m + nb``); D/16 MFMAs accumulate O.
+1. Q prologue: lane (r, g) loads query head ``kvh*G + r`` in ``layout.QUERY_MAP``, rotates it with a
+   fast Walsh-Hadamard transform (in-lane stages + two xor shuffles), multiplies the head by a power
+   of two (absmax into [2**14, 2**15)) and keeps it as fp16 B operands in the K words' code order.
+2. QK per 32-element scale group: lane row r decodes token ``t0 + r``'s code word of the group by bit
+   placement into two fp16 A operands; two ``v_mfma_f32_16x16x16_f16`` give the group's ``S^T``
+   (token x head), times each row's K scale (fma), summed over groups.
+3. Online softmax in base 2 on the MFMA result layout, window/length mask, optional soft cap; the
+   reference point also bounds P x V scale (<= 2**15).
+4. PV: P is already in the B layout; times each token's V scale of the group, rounded to fp16 toward
+   zero; lane (r, g) decodes the group's V byte ``16q + r`` of its 4 tokens (one code word) into the
+   A operands of MFMAs 2q and 2q + 1 (rows d = 32q + 2m + h).
 5. Epilogue: normalized partial O (float32) and its LSE (natural log) per (request, head, split).
+
+The gfx950 mx path takes QK through the scaled FP4 x FP8 MFMA (two FP8 query terms) and V through
+``v_cvt_scalef32_pk_bf16_fp4`` and the bf16 MFMA (docs/flydsl.md).
 
 The reduce kernel combines the splits (and the optional sink logit) into the output dtype.
 """
@@ -32,6 +39,7 @@ from flydsl.expr import arith, const_expr, gpu, range_constexpr, rocdl
 from flydsl.expr.typing import T
 
 from ultraquant.kernels.flags import KernelError
+from ultraquant.kernels.flydsl import fp4_bits
 from ultraquant.kernels.flydsl import layout as lay
 from ultraquant.kernels.flydsl import operand_maps as om
 from ultraquant.kernels.flydsl.layout import LOG2E, MFMA_K, TILE, WAVE, DecodeConfig
@@ -115,10 +123,40 @@ def _bf16_pack(vals):
     return v.to(fx.BFloat16).bitcast(fx.Int16)
 
 
-def _fp4_operand(nibs, scale):
-    """Four int32 FP4 codes (one scale byte, int32) -> vector<4xi16> bf16 bits (shared formula)."""
-    return fx.Vector.from_elements([_i16(lay.fp4_bf16_bits(n, scale, _select)) for n in nibs],
-                                   dtype=fx.Int16)
+def _c32(v: int):
+    """A 32-bit constant as the signed Int32 with the same bits."""
+    return fx.Int32(v - (1 << 32) if v >= 1 << 31 else v)
+
+
+def _byte_up(x, const):
+    """``(x << 8) & 0xFF00FF00`` as one ``v_perm_b32`` (bytes 0, 2 of x into bytes 1, 3; zeros)."""
+    return fx.Int32(rocdl.perm_b32(_raw(fx.Int32(x)), _raw(fx.Int32(0)), _raw(fx.Int32(0x060C040C))))
+
+
+def _f16_operands(word):
+    """One 32-bit word of eight FP4 codes -> the two vector<4xf16> MFMA operands of its scale group
+    (:func:`fp4_bits.fp16_pairs`, value = code x 2**-14; step p holds codes ``lay.F16_STEP_CODES[p]``)."""
+    outs = fp4_bits.fp16_pairs(fx.Int32(word), const=_c32, byte_up=_byte_up)
+    return [fx.Vector.from_elements([outs[2 * p], outs[2 * p + 1]], dtype=fx.Int32).bitcast(fx.Float16)
+            for p in range(2)]
+
+
+def _pk_rtz(vals):
+    """Four float32 -> vector<4xf16> rounded toward zero, two per ``v_cvt_pkrtz_f16_f32``."""
+    words = [fx.Int32(fx.Vector(rocdl.cvt_pkrtz(T.vec(2, T.f16), _raw(fx.Float32(vals[2 * k])),
+                                                _raw(fx.Float32(vals[2 * k + 1])))).bitcast(fx.Int32)[0])
+             for k in range(2)]
+    return fx.Vector.from_elements(words, dtype=fx.Int32).bitcast(fx.Float16)
+
+
+def _f32_from_bits(bits):
+    return fx.Float32(arith.bitcast(T.f32, _raw(fx.Int32(bits))))
+
+
+def _scale_vec(words4, q):
+    """vector<4xf32> of ``2**(b - 127)`` (byte 0: 0.0) for scale group q of the lane's four tokens."""
+    return fx.Vector.from_elements([_f32_from_bits(lay.scale_byte(w, q) << 23) for w in words4],
+                                   dtype=fx.Float32)
 
 
 def _i16(x):
@@ -197,6 +235,10 @@ def _mfma(a, b, c):
     return fx.Vector(rocdl.mfma_f32_16x16x16bf16_1k(T.vec(4, T.f32), [a, b, c, 0, 0, 0]))
 
 
+def _mfma_f16(a, b, c):
+    return fx.Vector(rocdl.mfma_f32_16x16x16f16(T.vec(4, T.f32), [a, b, c, 0, 0, 0]))
+
+
 PARAMS: tuple[tuple[str, str], ...] = (
     ("q_ptr", "ptr"), ("cache_ptr", "ptr"), ("bt_ptr", "ptr"), ("seqlen_ptr", "ptr"), ("sinks_ptr", "ptr"),
     ("out_ptr", "ptr"), ("part_ptr", "ptr"), ("ml_ptr", "ptr"), ("counter_ptr", "ptr"), ("err_ptr", "ptr"),
@@ -233,13 +275,14 @@ def build_decode(cfg: DecodeConfig, arch: str, *, name: str, query_dtype: str = 
     the last split to take a ticket from ``counter_ptr[pair]`` merges the slots in order, folds the
     sinks and writes ``out``, then resets the ticket to 0. One split writes ``out`` directly.
 
-    ``mx`` (gfx950 only): QK with ``v_mfma_scale_f32_16x16x128_f8f6f4`` (A = the FP4 K codes and
-    their UE8M0 scales as stored; B = the rotated query as two FP8 e4m3 terms, hi and lo, each with
-    one power-of-two scale per (head, 32-group) chosen so nothing exceeds 448: two scaled MFMAs per
-    128 head-dim elements) and V decoded by ``v_cvt_scalef32_pk_bf16_fp4``. ``mx_query_map``: the FP8
-    operand layout the query is packed for (:data:`operand_maps.FP8`; another map builds a kernel
-    with that belief, which the interpreter tests use to show what a wrong layout does). ``pipelined``:
-    each step issues the next tile's loads before computing the current one (False: a step loads its
+    Default: the fp16 path (module doc). ``mx`` (gfx950 only): QK with
+    ``v_mfma_scale_f32_16x16x128_f8f6f4`` (A = the FP4 K codes and their UE8M0 scales as stored; B =
+    the rotated query as two FP8 e4m3 terms, hi and lo, each with one power-of-two scale per (head,
+    32-group) chosen so nothing exceeds 448: two scaled MFMAs per 128 head-dim elements) and V
+    decoded by ``v_cvt_scalef32_pk_bf16_fp4``. ``mx_query_map``: the FP8 operand layout the query is
+    packed for (:data:`operand_maps.FP8`; another map builds a kernel with that belief, which the
+    interpreter tests use to show what a wrong layout does). ``pipelined``: each step issues the next
+    tile's loads before computing the current one (False: a step loads its
     own tile first; fewer registers).
     """
     if mx and arch != "gfx950":
@@ -249,13 +292,14 @@ def build_decode(cfg: DecodeConfig, arch: str, *, name: str, query_dtype: str = 
         raise ValueError(f"waves must be >= 1, got {waves}")
     D, G, BS = cfg.head_size, cfg.gqa, cfg.block_size
     CH, NB = cfg.chunks, cfg.pv_mfmas
-    VB = D // 32  # V code bytes per lane per token
+    NG = D // 32  # scale groups of a head (mx path: also the V code bytes per lane per token)
+    NW = NG // 4  # 32-bit words of a token's scale bytes
     QT, q_bytes = _DTYPES[query_dtype]
     OT, o_bytes = _DTYPES[out_dtype]
     has_sinks, has_window, has_softcap = cfg.has_sinks, cfg.has_window, cfg.has_softcap
     inv_sqrt_d = 1.0 / math.sqrt(D)
     QUARTER = D // 4  # output elements per lane: O[r][QUARTER * g : QUARTER * (g + 1)]
-    qmap = mx_query_map if mx else lay.QUERY_MAP_BF16
+    qmap = mx_query_map if mx else lay.QUERY_MAP
     for part in range(0, 32, 16 // _DTYPES[query_dtype][1]):  # each vector load reads contiguous d
         run = [qmap.coord(0, part + e, 1) for e in range(16 // _DTYPES[query_dtype][1])]
         if run != list(range(run[0], run[0] + len(run))):
@@ -271,17 +315,32 @@ def build_decode(cfg: DecodeConfig, arch: str, *, name: str, query_dtype: str = 
         return [acc[k] * a1v + acc2[k] * a2v for k in range(len(acc))], m_new, l_ * a1 + l2 * a2
 
     SLOT_BYTES = ROWS * D * 4 + 2 * ROWS * 4  # one wave's (acc, m, l) in LDS
+    # pipelined loop: also carry the entry of the tile after next (below D=512: at 512 its register
+    # makes the mx loop spill)
+    ahead = pipelined and D < 512
 
-    def fetch(tile, valid, seq_len, bt_ptr, bt_row, cache_ptr, kv_base, stride_cb, stride_ct, r, g, num_blocks):
-        """Issue every global load of one 16-token tile: its block-table entry, then lane (r, g)'s K
+    def page_entry(tile, bt_ptr, bt_row, lane_zero=None):
+        """The block-table entry of a tile (one load; the software-pipelined loop issues it a tile early).
+        ``lane_zero``: a zero LLVM cannot prove uniform, added to the address so the entry stays in a
+        VGPR: a uniform load is copied to an SGPR right where it is loaded (``v_readfirstlane``), and that
+        copy waits for the load in the step that issued it, which undoes the early issue."""
+        col = fx.Int64((tile * TILE) // BS) if lane_zero is None else fx.Int64((tile * TILE) // BS + lane_zero)
+        return _load(bt_ptr, (bt_row + col) * 4, fx.Int32, 1, 4)[0]
+
+    def fetch(tile, valid, seq_len, bt_ptr, bt_row, cache_ptr, kv_base, stride_cb, stride_ct, r, g, num_blocks,
+              entry=None):
+        """Issue every global load of one 16-token tile: its block-table entry (unless ``entry`` is
+        given, loaded earlier by :func:`page_entry`), then lane (r, g)'s K
         codes and scale bytes (token t0 + r) and V codes and scale bytes (tokens t0 + 4g + i). Rows past
         the sequence re-read its last token; ``valid`` (True, or a flag that is false for an empty split)
         false reads page 0, row 0, so no address depends on a block-table entry past the sequence.
         A block id outside [0, num_blocks) reads page 0 (an empty tile: the caller masks it).
-        Returns the values flat:
-        K words [c][4], K scales [c], V words [i][VB/4], V scales [i], page inside (1/0) (Int32)."""
+        Returns the values flat (Int32), the page-inside flag (1/0) last. mx path: K words [c][4], K
+        scales [c], V words [i][NG/4], V scales [i]. fp16 path (:func:`fp16_slots`): K words [q]
+        (``lay.k_word_offset``), then per token i: its K scale words [NW], V bytes [q]
+        (``lay.v_byte_offset``), V scale words [NW]."""
         t0 = tile * TILE
-        page = _load(bt_ptr, (bt_row + fx.Int64(t0 // BS)) * 4, fx.Int32, 1, 4)[0]
+        page = page_entry(tile, bt_ptr, bt_row) if entry is None else fx.Int32(entry)
         inside = (page >= 0) & (page < num_blocks)
         page = _select(inside, page, fx.Int32(0))
         if valid is not True:
@@ -297,6 +356,19 @@ def build_decode(cfg: DecodeConfig, arch: str, *, name: str, query_dtype: str = 
             return page_base + fx.Int64(row) * fx.Int64(stride_ct)
 
         k_base = row_base(within + r)
+        inside_flag = [_select(inside, fx.Int32(1), fx.Int32(0))]
+        if not mx:
+            out = [fx.Int32(_load(cache_ptr, k_base + fx.Int64(lay.k_word_offset(q, g)), fx.Int32, 1, 4)[0])
+                   for q in range(NG)]
+            for i in range(MFMA_K):
+                v_base = row_base(within + 4 * g + i)
+                out += [fx.Int32(w) for w in _load(cache_ptr, v_base + fx.Int64(lay.k_scales_offset(D)), fx.Int32,
+                                                   NW, 4)]
+                out += [fx.Int32(_load(cache_ptr, v_base + fx.Int64(lay.v_byte_offset(D, q, r)), fx.Uint8, 1, 1)[0])
+                        & 0xFF for q in range(NG)]
+                out += [fx.Int32(w) for w in _load(cache_ptr, v_base + fx.Int64(lay.v_scales_offset(D)), fx.Int32,
+                                                   NW, 4)]
+            return out + inside_flag
         kw, ks, vw, vs = [], [], [], []
         for c in range_constexpr(CH):
             kw += [fx.Int32(w) for w in _load(cache_ptr, k_base + fx.Int64(lay.k_code_offset(c, g)), fx.Int32, 4, 8)]
@@ -305,10 +377,17 @@ def build_decode(cfg: DecodeConfig, arch: str, *, name: str, query_dtype: str = 
         for i in range_constexpr(MFMA_K):
             v_base = row_base(within + 4 * g + i)
             vw += [fx.Int32(w) for w in _load(cache_ptr, v_base + fx.Int64(lay.v_code_offset(D, r)), fx.Int32,
-                                              VB // 4, 4)]
+                                              NG // 4, 4)]
             vs.append(fx.Int32(_load(cache_ptr, v_base + fx.Int64(lay.v_scale_offset(D, r)), fx.Uint8, 1, 1)[0])
                       & 0xFF)
-        return kw + ks + vw + vs + [_select(inside, fx.Int32(1), fx.Int32(0))]
+        return kw + ks + vw + vs + inside_flag
+
+    PER_TOKEN = 2 * NW + NG  # fp16 path: values fetched per PV token (K scale words, V bytes, V scale words)
+
+    def fp16_slots(cur, i):
+        """The fp16 path's fetched values of the lane's PV token i: (K scale words, V bytes, V scale words)."""
+        base = NG + PER_TOKEN * i
+        return cur[base : base + NW], cur[base + NW : base + NW + NG], cur[base + NW + NG : base + PER_TOKEN]
 
     @flyc.kernel(name=name, known_block_size=(WAVE * W, 1, 1))
     def decode_kernel(
@@ -376,12 +455,24 @@ def build_decode(cfg: DecodeConfig, arch: str, *, name: str, query_dtype: str = 
                         x[c][e], x[c + s][e] = a0 + b0, a0 - b0
         if const_expr(mx):
             q_mx = [_fp8_query([x[c][e] * inv_sqrt_d for e in range(32)], g, plan) for c in range(CH)]
-        else:
-            q_ops = [[_bf16_pack([x[c][4 * j + i] * inv_sqrt_d for i in range(MFMA_K)]) for j in range(8)]
-                     for c in range(CH)]
+            qk_scale = scale * LOG2E
+        else:  # fp16: the head times 2**(ef - 127) so its absmax lands in [2**14, 2**15) (no fp16 overflow)
+            vals = [[x[c][e] * inv_sqrt_d for e in range(32)] for c in range(CH)]
+            amax = fx.Float32(0.0)
+            for c in range_constexpr(CH):
+                for e in range_constexpr(32):
+                    amax = arith.maxnumf(amax, fx.Float32(_raw_abs(vals[c][e])))
+            ef = lay.query_range_exponent(_f32_bits(_xor_max(amax, [16, 32])), _select)
+            pre = _f32_from_bits(ef << 23)
+            # operand of step p of group q: the query elements the decoded K word holds (code order)
+            q16 = [[[fx.Vector.from_elements([vals[c][8 * qq + e] * pre for e in lay.F16_STEP_CODES[step]],
+                                             dtype=fx.Float32).to(fx.Float16) for step in range(2)]
+                    for qq in range(4)] for c in range(CH)]
+            # 2**(127 - ef) undoes the prescale, 2**14 the K decode's code x 2**-14
+            unscale = _f32_from_bits((254 - ef) << 23) * float(2.0 ** -fp4_bits.FP16_OFFSET_LOG2)
+            qk_scale = unscale * (scale if has_softcap else scale * LOG2E)
 
         # ---- main loop over this split's 16-token tiles
-        qk_scale = scale * LOG2E
         cap2 = (2.0 * LOG2E) * rcp(softcap) if has_softcap else None
         kv_base = fx.Int64(kvh) * fx.Int64(stride_ch)
         bt_row = fx.Int64(b) * fx.Int64(stride_btb)
@@ -389,13 +480,18 @@ def build_decode(cfg: DecodeConfig, arch: str, *, name: str, query_dtype: str = 
         # the W waves of the workgroup take the split's tiles round robin (uniform trip count; a
         # wave's surplus last step is fully masked and re-reads the split's first tile). Software
         # pipelined: step s computes the tile fetched by step s - 1 while its own loads (tile s + 1,
-        # or tile s again past the end: cache hits) are in flight.
+        # with the entry step s - 1 loaded, and the entry of tile s + 2) are in flight.
         n_iter = (t_end - t_begin + (W - 1)) // W
         first_w = t_begin + wave
         first = _select(first_w < t_end, first_w, t_begin)
         fetch_args = (seq_len, bt_ptr, bt_row, cache_ptr, kv_base, stride_cb, stride_ct, r, g, num_blocks)
+        # pipelined: the carried values are the next tile's loads and the block-table entry of the tile
+        # after it, so no step waits for an entry before issuing its loads
+        second = _select(first_w + W < t_end, first_w + W, t_begin)
+        lane_zero = fx.Int32(rocdl.mbcnt_lo(T.i32, _raw(fx.Int32(0)), _raw(fx.Int32(0))))  # 0 in every lane
         init = ([fx.Float32(F32_NEG_INF), fx.Float32(0.0)] + [zero4] * NB + [fx.Int32(0)]
-                + (fetch(first, n_iter > 0, *fetch_args) if pipelined else []))
+                + (fetch(first, n_iter > 0, *fetch_args) + ([page_entry(second, bt_ptr, bt_row, lane_zero)]
+                                                            if ahead else []) if pipelined else []))
         for step, st in range(0, n_iter, 1, init=init):
             tile_w = t_begin + fx.Int32(step) * W + wave
             in_split = tile_w < t_end
@@ -405,7 +501,15 @@ def build_decode(cfg: DecodeConfig, arch: str, *, name: str, query_dtype: str = 
             next_w = tile_w + W
             if const_expr(pipelined):
                 cur = [fx.Int32(v) for v in st[3 + NB:]]
-                nxt = fetch(_select(next_w < t_end, next_w, tile), True, *fetch_args)
+                # past the split's end a step re-reads the split's first tile (masked), as `tile` does
+                tile_next = _select(next_w < t_end, next_w, t_begin)
+                if const_expr(ahead):
+                    cur, entry = cur[:-1], cur[-1]
+                    tile_after = _select(next_w + W < t_end, next_w + W, t_begin)
+                    entry_after = page_entry(tile_after, bt_ptr, bt_row, lane_zero)
+                    nxt = fetch(tile_next, True, *fetch_args, entry=entry) + [entry_after]
+                else:
+                    nxt = fetch(tile_next, True, *fetch_args)
             else:
                 cur, nxt = fetch(tile, True, *fetch_args), []
             t0 = tile * TILE
@@ -417,26 +521,29 @@ def build_decode(cfg: DecodeConfig, arch: str, *, name: str, query_dtype: str = 
 
             # ---- 2. QK: A = K rows (token t0 + r), B = rotated Q
             acc = zero4
-            for c in range_constexpr(CH):
-                words = cur[4 * c : 4 * c + 4]
-                sbyte = cur[4 * CH + c]
-                if const_expr(mx):  # one scaled MFMA: A = 32 FP4 codes (4 dwords) + their scale
+            if const_expr(mx):
+                for c in range_constexpr(CH):
+                    words = cur[4 * c : 4 * c + 4]
+                    sbyte = cur[4 * CH + c]
+                    # one scaled MFMA: A = 32 FP4 codes (4 dwords) + their scale
                     a_op = fx.Vector.from_elements(words + [fx.Int32(0)] * 4, dtype=fx.Int32)
                     for term in range_constexpr(2):  # hi then lo query term, same K operand
                         acc = fx.Vector(rocdl.mfma_scale_f32_16x16x128_f8f6f4(
                             T.vec(4, T.f32), [a_op, q_mx[c][term][0], acc, 4, 0, 0, sbyte, 0, q_mx[c][term][1]]))
-                else:
-                    for j in range_constexpr(8):
-                        w = words[j // 2]
-                        nibs = [(w >> (16 * (j % 2) + 4 * i)) & 0xF for i in range(MFMA_K)]
-                        acc = _mfma(_fp4_operand(nibs, sbyte), q_ops[c][j], acc)
+            else:  # per scale group q: two f16 MFMAs over its 32 d, then times each row's K scale
+                tok_vals = [fp16_slots(cur, i) for i in range(MFMA_K)]
+                for q in range_constexpr(NG):
+                    a_ops = _f16_operands(cur[q])
+                    part = _mfma_f16(a_ops[0], q16[q // 4][q % 4][0], zero4)
+                    part = _mfma_f16(a_ops[1], q16[q // 4][q % 4][1], part)
+                    acc = fx.Vector(fx.math.fma(part, _scale_vec([tok_vals[i][0] for i in range(MFMA_K)], q), acc))
 
             # ---- 3. scores S^T[4g+i][r], mask, online softmax (log2 units)
             sc = []
             for i in range_constexpr(MFMA_K):
                 si = fx.Float32(acc[i])
                 if const_expr(has_softcap):
-                    si = si * scale
+                    si = si * (qk_scale if not mx else scale)
                     # c * tanh(s / c) = c * (1 - 2 / (2^(2 log2(e) s / c) + 1)); v_rcp_f32, 1 ulp
                     si = softcap * (1.0 - 2.0 * rcp(exp2(si * cap2) + 1.0))
                     si = si * LOG2E
@@ -445,6 +552,19 @@ def build_decode(cfg: DecodeConfig, arch: str, *, name: str, query_dtype: str = 
                 tok = t0 + 4 * g + i
                 sc.append(_select((tok >= lo) & (tok < hi) & tile_ok, si, fx.Float32(F32_NEG_INF)))
             mt = arith.maxnumf(arith.maxnumf(sc[0], sc[1]), arith.maxnumf(sc[2], sc[3]))
+            if const_expr(not mx):
+                # V's group scales (masked tokens: 0.0) go into the fp16 P: the reference point also
+                # covers score + log2(largest V scale of the lane's tokens) - 15 (lay.v_scale_headroom)
+                vis_v = [(t0 + 4 * g + i >= lo) & (t0 + 4 * g + i < hi) & tile_ok for i in range(MFMA_K)]
+                vsw = [[_select(vis_v[i], w, fx.Int32(0)) for w in tok_vals[i][2]] for i in range(MFMA_K)]
+                svs = [_scale_vec([vsw[t] for t in lay.PV_TOKENS], q) for q in range(NG)]
+                smax = fx.Float32(svs[0][0])
+                for q in range_constexpr(NG):
+                    for i in range_constexpr(MFMA_K):
+                        if const_expr(q + i > 0):
+                            smax = arith.maxnumf(smax, fx.Float32(svs[q][i]))
+                head = lay.v_scale_headroom(_f32_bits(smax) >> 23, lambda a, b: _select(a > b, a, b))
+                mt = mt + fx.Float32(arith.sitofp(T.f32, _raw(fx.Int32(head))))
             mt = arith.maxnumf(mt, _xor(mt, 16))
             mt = arith.maxnumf(mt, _xor(mt, 32))
             m_new = arith.maxnumf(m_run, mt)
@@ -452,62 +572,76 @@ def build_decode(cfg: DecodeConfig, arch: str, *, name: str, query_dtype: str = 
             alpha = exp2(m_run - m_use)
             p = [exp2(sc[i] - m_use) for i in range(MFMA_K)]
             l_new = l_run * alpha + ((p[0] + p[1]) + (p[2] + p[3]))
-            p_ops = _bf16_pack(p)
 
-            # ---- 4. PV: A = V^T (rows d = (D/16) m + nb), B = P^T
-            vwords = []
-            vscales = []
-            for i in range_constexpr(MFMA_K):  # V codes and scales of tokens not visible are zeroed
-                tok = t0 + 4 * g + i
-                vis = (tok >= lo) & (tok < hi) & tile_ok
-                base = 5 * CH + (VB // 4) * i
-                vwords.append([_select(vis, w, fx.Int32(0)) for w in cur[base : base + VB // 4]])
-                vscales.append(_select(vis, cur[5 * CH + VB + i], fx.Int32(0)))
             alpha4 = fx.Vector.from_elements([alpha] * MFMA_K, dtype=fx.Float32)
             new_o = []
-            if const_expr(mx):  # hardware FP4 -> bf16: one cvt per (token, byte) = d pair (nb, nb+1)
-                # the conversion reads only the exponent field of this f32 scale: byte 0 (+0.0) scales
-                # by 2**-127, not 0 (operand_maps.e8m0_value). Zero only because the codes are zero then:
-                # the encoder writes byte 0 for all-zero groups, and masked tokens' codes are zeroed above.
+            if const_expr(not mx):
+                # ---- 4. PV (fp16): MFMA 2q + h, A = V^T rows d = 32q + 2m + h (nibble h of byte 16q + m),
+                # B = P^T times V's group-q scale (fp16, at most 2**15); a masked token's V scale is 0.0
+                for q in range_constexpr(NG):
+                    vb = [tok_vals[i][1][q] for i in range(MFMA_K)]
+                    word = vb[0] | (vb[1] << 8) | (vb[2] << 16) | (vb[3] << 24)  # byte i = token i
+                    pv = [fx.Float32(p[t]) * fx.Float32(svs[q][k]) for k, t in enumerate(lay.PV_TOKENS)]
+                    pq = _pk_rtz(pv)
+                    for h, a_op in enumerate(_f16_operands(word)):
+                        new_o.append(_mfma_f16(a_op, pq, o_acc[2 * q + h] * alpha4))
+            else:
+                # ---- 4. PV (mx): A = V^T (rows d = (D/16) m + nb), B = P^T (bf16)
+                p_ops = _bf16_pack(p)
+                vwords = []
+                vscales = []
+                for i in range_constexpr(MFMA_K):  # V codes and scales of tokens not visible are zeroed
+                    tok = t0 + 4 * g + i
+                    vis = (tok >= lo) & (tok < hi) & tile_ok
+                    base = 5 * CH + (NG // 4) * i
+                    vwords.append([_select(vis, w, fx.Int32(0)) for w in cur[base : base + NG // 4]])
+                    vscales.append(_select(vis, cur[5 * CH + NG + i], fx.Int32(0)))
+                # hardware FP4 -> bf16: one cvt per (token, byte) = d pair (nb, nb+1). The conversion
+                # reads only the exponent field of this f32 scale: byte 0 (+0.0) scales by 2**-127, not 0
+                # (operand_maps.e8m0_value). Zero only because the codes are zero then: the encoder
+                # writes byte 0 for all-zero groups, and masked tokens' codes are zeroed above.
                 vsf = [fx.Float32(arith.bitcast(T.f32, _raw(fx.Int32(vs << 23)))) for vs in vscales]
-            for nb in range_constexpr(NB):
-                if const_expr(mx):
+                for nb in range_constexpr(NB):
                     if const_expr(nb % 2 == 0):
                         pairs = [fx.Int32(fx.Vector(rocdl.cvt_scalef32_pk_bf16_fp4(
                             T.vec(2, T.bf16), _raw(vwords[i][nb // 8]), _raw(vsf[i]), (nb % 8) // 2))
                             .bitcast(fx.Int32)[0]) for i in range(MFMA_K)]
                     half = [(pr >> (16 * (nb % 2))) & 0xFFFF for pr in pairs]
                     a_op = fx.Vector.from_elements([_i16(h) for h in half], dtype=fx.Int16)
-                else:
-                    nibs = [(vwords[i][nb // 8] >> (4 * (nb % 8))) & 0xF for i in range(MFMA_K)]
-                    a_op = fx.Vector.from_elements(
-                        [_i16(lay.fp4_bf16_bits(nibs[i], vscales[i], _select)) for i in range(MFMA_K)],
-                        dtype=fx.Int16)
-                new_o.append(_mfma(a_op, p_ops, o_acc[nb] * alpha4))
+                    new_o.append(_mfma(a_op, p_ops, o_acc[nb] * alpha4))
             results = yield [m_new, l_new] + new_o + [bad_pages] + nxt
 
-        # ---- 5. epilogue. Lane (r, g) holds O[r][QUARTER*g + NB*i + nb] = o[nb][i].
+        # ---- 5. epilogue. mx: lane (r, g) holds O[r][QUARTER*g + NB*i + nb] = o[nb][i]; fp16: o[2q + h][i]
+        # is O[r][lay.out_dim(q, h, g, i)] (x 2**-14, the V decode's offset, undone here).
         m_fin, l_fin = fx.Float32(results[0]), fx.Float32(results[1])
         o_fin = [fx.Vector(results[2 + nb]) for nb in range_constexpr(NB)]
         if fx.Int32(results[2 + NB]) != 0:
             fx.generic_store(_global_ptr(err_ptr, ERR_BLOCK_BYTES, fx.Int32, 4), fx.Int32(1))
         l_tot = l_fin + _xor(l_fin, 16)
         l_tot = l_tot + _xor(l_tot, 32)
-        # registers as QUARTER/4 vectors of 4 in memory order: chunk k = elements 4k..4k+3
-        mine = [fx.Vector.from_elements([fx.Float32(o_fin[(4 * k + t) % NB][(4 * k + t) // NB])
-                                         for t in range(MFMA_K)], dtype=fx.Float32)
-                for k in range(QUARTER // 4)]
+        # registers as QUARTER/4 vectors of 4 floats contiguous in d: vector k starts at d = mine_d[k]
+        if const_expr(mx):
+            mine = [fx.Vector.from_elements([fx.Float32(o_fin[(4 * k + t) % NB][(4 * k + t) // NB])
+                                             for t in range(MFMA_K)], dtype=fx.Float32)
+                    for k in range(QUARTER // 4)]
+            mine_d = [QUARTER * g + 4 * k for k in range(QUARTER // 4)]
+        else:  # d = 32q + 8g + 4 half + t holds o[2q + t % 2][2 half + t // 2]
+            unit = fx.Vector.filled(MFMA_K, float(2.0 ** -fp4_bits.FP16_OFFSET_LOG2), fx.Float32)
+            mine = [fx.Vector.from_elements([fx.Float32(o_fin[2 * q + t % 2][2 * half + t // 2])
+                                             for t in range(MFMA_K)], dtype=fx.Float32) * unit
+                    for q in range(NG) for half in range(2)]
+            mine_d = [lay.out_dim(q, 0, g, 2 * half) for q in range(NG) for half in range(2)]
         if const_expr(W > 1):
             # fold waves W-1 .. 1 into wave 0 through one LDS slot (every wave merges; only wave 0's
             # result is used); a barrier before each read and before the slot is reused
             lds = _lds_base(fx.SharedAllocator().allocate(slot_bytes, 16))
-            srow = (r * D + QUARTER * g) * 4
+            srow = r * D * 4
             # only wave 0's state changes (select), so a wave's state is still its own when it publishes
             is0 = wave == 0
             for src in range_constexpr(W - 1, 0, -1):
                 if wave == src:
                     for k in range_constexpr(QUARTER // 4):
-                        fx.generic_store(_lds_ptr(lds, srow + 16 * k, fx.Float32, 16), mine[k])
+                        fx.generic_store(_lds_ptr(lds, srow + 4 * mine_d[k], fx.Float32, 16), mine[k])
                     if g == 0:
                         fx.generic_store(_lds_ptr(lds, ROWS * D * 4 + r * 4, fx.Float32, 4), m_fin)
                         fx.generic_store(_lds_ptr(lds, ROWS * D * 4 + (ROWS + r) * 4, fx.Float32, 4), l_tot)
@@ -522,8 +656,8 @@ def build_decode(cfg: DecodeConfig, arch: str, *, name: str, query_dtype: str = 
                 a1v = fx.Vector.from_elements([a1] * MFMA_K, dtype=fx.Float32)
                 a2v = fx.Vector.from_elements([a2] * MFMA_K, dtype=fx.Float32)
                 for k in range_constexpr(QUARTER // 4):
-                    ld = fx.Vector(fx.generic_load(_lds_ptr(lds, srow + 16 * k, fx.Float32, 16), dtype=fx.Float32,
-                                                   count=4))
+                    ld = fx.Vector(fx.generic_load(_lds_ptr(lds, srow + 4 * mine_d[k], fx.Float32, 16),
+                                                   dtype=fx.Float32, count=4))
                     mine[k] = _vselect(is0, mine[k] * a1v + ld * a2v, mine[k])
                 m_fin, l_tot = _select(is0, m_new, m_fin), _select(is0, l_tot * a1 + l2 * a2, l_tot)
                 gpu.barrier()
@@ -532,9 +666,10 @@ def build_decode(cfg: DecodeConfig, arch: str, *, name: str, query_dtype: str = 
         if wave == 0:  # the rest is one wave's job: partial, ticket, merge, output
             if multi:
                 slot = fx.Int64(pair * num_splits + split)
-                prow = (slot * ROWS + fx.Int64(r)) * D + fx.Int64(QUARTER * g)
+                prow = (slot * ROWS + fx.Int64(r)) * D
                 for k in range_constexpr(QUARTER // 4):
-                    fx.generic_store(_global_ptr(part_ptr, (prow + 4 * k) * 4, fx.Float32, 16), mine[k])
+                    fx.generic_store(_global_ptr(part_ptr, (prow + fx.Int64(mine_d[k])) * 4, fx.Float32, 16),
+                                     mine[k])
                 if g == 0:
                     fx.generic_store(_global_ptr(ml_ptr, (slot * (2 * ROWS) + fx.Int64(r)) * 4, fx.Float32, 4),
                                      m_fin)
@@ -554,9 +689,9 @@ def build_decode(cfg: DecodeConfig, arch: str, *, name: str, query_dtype: str = 
                 st0 += [_vselect(multi, zero4, v) for v in mine]
                 for sp, ms in range(0, n_read, 1, init=st0):
                     src = fx.Int64(pair * num_splits + fx.Int32(sp))
-                    prow = (src * ROWS + fx.Int64(r)) * D + fx.Int64(QUARTER * g)
-                    acc2 = [fx.Vector(fx.generic_load(_global_ptr(part_ptr, (prow + 4 * k) * 4, fx.Float32, 16),
-                                                      dtype=fx.Float32, count=4))
+                    prow = (src * ROWS + fx.Int64(r)) * D
+                    acc2 = [fx.Vector(fx.generic_load(_global_ptr(part_ptr, (prow + fx.Int64(mine_d[k])) * 4,
+                                                                  fx.Float32, 16), dtype=fx.Float32, count=4))
                             for k in range_constexpr(QUARTER // 4)]
                     m2 = _load(ml_ptr, (src * (2 * ROWS) + fx.Int64(r)) * 4, fx.Float32, 1, 4)[0]
                     l2 = _load(ml_ptr, (src * (2 * ROWS) + ROWS + fx.Int64(r)) * 4, fx.Float32, 1, 4)[0]
@@ -578,13 +713,13 @@ def build_decode(cfg: DecodeConfig, arch: str, *, name: str, query_dtype: str = 
                               fx.Float32(0.0))
                 invv = fx.Vector.from_elements([inv] * MFMA_K, dtype=fx.Float32)
                 if head_ok:
-                    orow = (fx.Int64(b) * fx.Int64(stride_ob) + fx.Int64(kvh * G + r) * fx.Int64(stride_oh)
-                            + QUARTER * g) * o_bytes
+                    orow = (fx.Int64(b) * fx.Int64(stride_ob) + fx.Int64(kvh * G + r) * fx.Int64(stride_oh)) * o_bytes
                     for k in range_constexpr(QUARTER // 4):
                         val = (acc_all[k] * invv)
                         if const_expr(out_dtype != "fp32"):
                             val = val.to(OT)
-                        fx.generic_store(_global_ptr(out_ptr, orow + 4 * k * o_bytes, OT, 4 * o_bytes), val)
+                        fx.generic_store(_global_ptr(out_ptr, orow + fx.Int64(mine_d[k]) * o_bytes, OT,
+                                                     4 * o_bytes), val)
                 if multi & (lane == 0):
                     fx.atomic_xchg(_global_ptr(counter_ptr, fx.Int64(pair) * 4, fx.Int32, 4), fx.Int32(0),
                                    syncscope="agent", ordering=fx.AtomicOrdering.Monotonic)

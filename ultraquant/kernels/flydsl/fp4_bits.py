@@ -1,8 +1,8 @@
 """Bit-placement decode of FP4 E2M1 code words for a cheaper CDNA decode (issue 26), as data + formulas.
 
-The FlyDSL decode today builds each bf16 operand from its code and the group scale with ~11 VALU
-instructions per code (:func:`ultraquant.kernels.flydsl.layout.fp4_bf16_bits`: shifts, an add and three
-selects). The formulas here decode a whole 32-bit word of eight codes (element ``2i`` in the low
+The FlyDSL decode's first version built each bf16 operand from its code and the group scale with
+~10 VALU instructions per code (shifts, an add and three selects). The formulas here (the fp16 one is
+the kernel's since issue 26) decode a whole 32-bit word of eight codes (element ``2i`` in the low
 nibble of byte ``i``, docs/format.md) by placing the E2M1 bits where a smaller float keeps its exponent
 and mantissa, so zeros, the subnormal 0.5 and the signs need no selects:
 
@@ -50,12 +50,26 @@ FP8_VALU_PER_WORD = {False: 7, True: 11}
 M32 = 0xFFFFFFFF
 
 
-def fp16_pairs(w):
+def _int(v: int) -> int:
+    return v
+
+
+def _byte_up(x, const=_int):
+    """Bytes 0 and 2 of ``x`` moved up one byte, zeros below: ``(x << 8) & 0xFF00FF00``."""
+    return (x << 8) & const(0xFF00FF00)
+
+
+def fp16_pairs(w, const=_int, byte_up=_byte_up):
     """Four 32-bit words of two fp16 bit patterns each from one word of eight E2M1 codes (ints or int
-    tensors holding 0..2**32-1); value = code x 2**-14, order :data:`FP16_ORDER`."""
-    x = ((w << 1) & 0x0E0E0E0E) | ((w << 4) & 0x80808080)  # low nibbles: byte = s000 e e m 0
-    y = ((w >> 3) & 0x0E0E0E0E) | (w & 0x80808080)  # high nibbles
-    return (x & 0xFF00FF00, (x << 8) & 0xFF00FF00, y & 0xFF00FF00, (y << 8) & 0xFF00FF00)
+    tensors holding 0..2**32-1); value = code x 2**-14, order :data:`FP16_ORDER`.
+
+    ``const`` makes the mask constants (a kernel passes its signed int32 constructor) and ``byte_up``
+    does the byte move of :func:`_byte_up` (a kernel: one ``v_perm_b32``)."""
+    sign = const(0x80808080)
+    x = ((w << 1) & 0x0E0E0E0E) | ((w << 4) & sign)  # low nibbles: byte = s000 e e m 0
+    y = ((w >> 3) & 0x0E0E0E0E) | (w & sign)  # high nibbles (an arithmetic >> is masked off)
+    high = const(0xFF00FF00)
+    return (x & high, byte_up(x, const), y & high, byte_up(y, const))
 
 
 def fp8_bytes(w, fnuz: bool = False):
@@ -75,7 +89,7 @@ def scale_f32_bits(scale_byte):
     return scale_byte << 23
 
 
-def _fp16_value(bits: torch.Tensor) -> torch.Tensor:
+def fp16_value(bits: torch.Tensor) -> torch.Tensor:
     """float64 value of fp16 bit patterns 0..65535 (int64 tensor)."""
     b = bits.to(torch.int64) & 0xFFFF
     return torch.where(b >= 0x8000, b - 0x10000, b).to(torch.int16).view(torch.float16).to(torch.float64)
@@ -102,8 +116,8 @@ def decode_words_torch(words: torch.Tensor, kind: str) -> torch.Tensor:
     out = torch.zeros(w.shape[0], 8, dtype=torch.float64)
     if kind == "fp16":
         for word, (lo, hi) in zip(fp16_pairs(w), FP16_ORDER, strict=True):
-            out[:, lo] = _fp16_value(word & 0xFFFF)
-            out[:, hi] = _fp16_value((word >> 16) & 0xFFFF)
+            out[:, lo] = fp16_value(word & 0xFFFF)
+            out[:, hi] = fp16_value((word >> 16) & 0xFFFF)
         return out * 2.0 ** -FP16_OFFSET_LOG2
     fnuz = kind == "fp8_fnuz"
     for word, order in zip(fp8_bytes(w, fnuz), FP8_ORDER, strict=True):
@@ -126,8 +140,8 @@ def qk_scores_fp16(query: torch.Tensor, codes: torch.Tensor, scales: torch.Tenso
     words = (b[:, 0::4] | b[:, 1::4] << 8 | b[:, 2::4] << 16 | b[:, 3::4] << 24)  # (T, D/8)
     vals = torch.zeros(t, d // 8, 8, dtype=torch.float32)
     for word, (lo, hi) in zip(fp16_pairs(words), FP16_ORDER, strict=True):
-        vals[:, :, lo] = _fp16_value(word & 0xFFFF).float()
-        vals[:, :, hi] = _fp16_value((word >> 16) & 0xFFFF).float()
+        vals[:, :, lo] = fp16_value(word & 0xFFFF).float()
+        vals[:, :, hi] = fp16_value((word >> 16) & 0xFFFF).float()
     prod = (vals.reshape(t, d) * query[None, :]).reshape(t, d // 32, 32)
     raw = prod.sum(-1, dtype=torch.float32)  # (T, groups): one group's MFMA result
     scale = scale_f32_bits(scales.to(torch.int32)).view(torch.float32)  # byte 0 -> 0.0: the zero group
@@ -135,4 +149,4 @@ def qk_scores_fp16(query: torch.Tensor, codes: torch.Tensor, scales: torch.Tenso
 
 
 __all__ = ["FP16_ORDER", "FP16_VALU_PER_WORD", "FP8_ORDER", "FP8_VALU_PER_WORD", "decode_words_torch",
-           "fp16_pairs", "fp8_bytes", "qk_scores_fp16", "scale_f32_bits"]
+           "fp16_pairs", "fp16_value", "fp8_bytes", "qk_scores_fp16", "scale_f32_bits"]

@@ -8,20 +8,28 @@ one torch tensor row per lane, and the kernel builds its addresses from the *sam
 below (they work on Python ints, torch tensors and FlyDSL values alike), so the two cannot drift.
 
 Layout summary (derivation in docs/flydsl.md). Lane ``l`` of a 64-lane wave: ``r = l % 16``,
-``g = l // 16``. The CDNA MFMA ``v_mfma_f32_16x16x16_bf16`` (gfx942 and gfx950) takes, per lane, four
-bf16 of A at ``A[r][4g+i]``, four of B at ``B[4g+i][r]`` and returns four f32 of D at ``D[4g+i][r]``.
+``g = l // 16``. The CDNA MFMAs ``v_mfma_f32_16x16x16_{f16,bf16}`` (gfx942 and gfx950) take, per lane,
+four 16-bit elements of A at ``A[r][4g+i]``, four of B at ``B[4g+i][r]`` and return four f32 of D at
+``D[4g+i][r]`` (:mod:`operand_maps`).
 
-- QK: A = K (rows = 16 tokens of a tile), B = Q^T (columns = the GQA query heads, padded to 16), the
-  contraction index permuted so lane group g of step ``(c, j)`` covers ``d = 32(4c+g) + 4j + i``:
-  each lane decodes one contiguous 16-byte run of K codes (exactly one 32-element scale group).
+fp16 path (``uq_decode_flydsl``, both arches):
+- QK: A = K (rows = 16 tokens of a tile), B = Q^T (columns = the GQA query heads, padded to 16). Per
+  scale group q, lane group g decodes the code word at ``k_word_offset(q, g)`` (d = 32q + 8g + e) by
+  bit placement into two fp16 operands (:func:`fp4_bits.fp16_pairs`, code x 2**-14); the group's two
+  MFMAs contract only its 32 d, and their result is multiplied by each row's K scale. The query is
+  held in :data:`QUERY_MAP`, packed in the decoded words' code order (:data:`F16_STEP_CODES`).
 - The QK result ``S^T[4g+i][r]`` is already the B operand layout the PV MFMA needs (P^T, tokens x
   heads): no shuffle between the two MFMAs; softmax statistics of head r live in lanes ``r, r+16,
   r+32, r+48`` (two xor shuffles).
-- PV: A = V^T with output rows permuted as ``d = (D/16) m + nb`` for MFMA ``nb``: lane (r, g) decodes,
-  for each of its 4 tokens, one contiguous run of D/32 bytes; it ends up holding
-  ``O[r][(D/16)(4g+i) + nb]``, i.e. one contiguous quarter of the head dimension of head r.
-- The query is rotated (fast Walsh-Hadamard) in this same layout: stages on bits 0-4 and 7+ of d stay
-  in the lane, bits 5 and 6 are lane xor 16 and xor 32.
+- PV: MFMA ``2q + h`` has rows ``d = 32q + 2m + h`` (one V scale group): lane (r, g) reads byte
+  ``16q + r`` of each of its tokens 4g+i, the four bytes make one code word, nibble h feeds MFMA
+  2q + h; V's group scale is folded into P (fp16, :data:`PV_TOKENS` order). Lane (r, g) ends up with
+  ``O[r][out_dim(q, h, g, i)]``: runs of 8 d at 32q + 8g.
+gfx950 mx path (``uq_decode_flydsl_mx``): K as the scaled MFMA's FP4 operand (lane g's contiguous
+32-run of chunk c, :func:`k_code_offset`), the query in the FP8 map; PV rows ``d = (D/16) m + nb``
+(:func:`v_dim`), V through the hardware FP4 -> bf16 conversion, bf16 P.
+The query is rotated (fast Walsh-Hadamard) in its lane layout: each bit of d is a butterfly inside
+the lane or across lanes (:func:`fwht_stages`).
 """
 
 from __future__ import annotations
@@ -33,6 +41,7 @@ import torch
 
 from ...errors import UltraQuantError
 from ...format import GROUP, SlotLayout, check_head_size
+from . import fp4_bits
 from . import operand_maps as om
 
 WAVE = 64
@@ -52,9 +61,25 @@ LN2 = 0.6931471805599453
 # Python ints, torch integer tensors and FlyDSL Int32 values. The kernel imports these.
 
 
-QUERY_MAP_BF16 = om.FP4
-"""Query lane layout of the bf16 path: lane (r, g) holds the contiguous 32-run ``d = 128c + 32g + e``
-of head r, the K operand's own layout, so each 16x16x16 step pairs like the keys (the FP4 map's k)."""
+QUERY_MAP = om.OperandMap(
+    "v_mfma_f32_16x16x16_f16 (QK, B operand source)", "query", "fp16", om.ROWS16 + ((0, 8), (0, 16)),
+    ((0, 1), (0, 2), (0, 4), (0, 32), (0, 64)),
+    "this kernel's K order: lane group g decodes bytes 4g..4g+3 of every 16-byte scale group "
+    "(k_word_offset), so element 8q + e of chunk c is d = 128c + 32q + 8g + e")
+"""Query lane layout of the fp16 path: lane (r, g) holds, for each chunk c and group q of it, the
+eight d ``128c + 32q + 8g + e`` its K code word covers, in code order e (one 16-byte load each)."""
+
+F16_STEP_CODES = tuple(fp4_bits.FP16_ORDER[2 * p] + fp4_bits.FP16_ORDER[2 * p + 1] for p in range(2))
+"""Codes (element index inside a code word) of the four fp16 operand elements of MFMA step p of a
+group: the decoded words ``2p`` and ``2p + 1`` of :func:`fp4_bits.fp16_pairs`, low half first."""
+
+PV_TOKENS = tuple(e // 2 for e in F16_STEP_CODES[0])
+"""Token (0..3 of the lane's four, = byte of the assembled V word) behind each PV operand element:
+step h of a group decodes nibble h of those bytes (:data:`F16_STEP_CODES`), so P is packed in this
+order."""
+
+assert PV_TOKENS == tuple(e // 2 for e in F16_STEP_CODES[1])
+assert all(e % 2 == h for h in range(2) for e in F16_STEP_CODES[h])
 
 
 def query_dim(qmap: om.OperandMap, c, lane, e):
@@ -92,13 +117,9 @@ def fp8_block_plan(qmap: om.OperandMap) -> tuple[list[list[int]], list[int], lis
     return classes, share, picks
 
 
-def qk_dim(c, j, g, i):
-    """Head-dim index d of QK contraction element ``i`` in step ``(c, j)`` for lane group ``g``."""
-    return 32 * (4 * c + g) + 4 * j + i
-
-
 def k_code_offset(c, g):
-    """Byte offset (inside the slot) of the 16 K-code bytes lane group ``g`` decodes for chunk ``c``."""
+    """mx path: byte offset (inside the slot) of the 16 K-code bytes (the FP4 operand's 32-run) lane
+    group ``g`` holds for chunk ``c``."""
     return 16 * (4 * c + g)
 
 
@@ -120,6 +141,75 @@ def v_code_offset(head_size: int, r):
 def v_scale_offset(head_size: int, r):
     """Byte offset of the scale of those V-code bytes (one scale group: (D/16) r // 32)."""
     return SlotLayout(head_size).v_scales + ((head_size // 16) * r) // GROUP
+
+
+def k_word_offset(q, g):
+    """fp16 path: byte offset (inside the slot) of the K code word lane group ``g`` decodes for scale
+    group ``q`` (head-dim ``32q + 8g .. 32q + 8g + 7``)."""
+    return 16 * q + 4 * g
+
+
+def k_scales_offset(head_size: int):
+    """fp16 path: byte offset of a token's D/32 K scale bytes (lane (r, g) reads those of its PV tokens
+    4g + i: the QK result rows it scales)."""
+    return SlotLayout(head_size).k_scales
+
+
+def v_byte_offset(head_size: int, q, r):
+    """fp16 path: byte offset of the V code byte lane row ``r`` reads for scale group ``q`` of each of
+    its tokens: head-dim ``32q + 2r`` (low nibble, PV MFMA 2q) and ``32q + 2r + 1`` (MFMA 2q + 1)."""
+    return SlotLayout(head_size).v_codes + 16 * q + r
+
+
+def v_scales_offset(head_size: int):
+    """fp16 path: byte offset of a token's D/32 V scale bytes (folded into P, one group per PV MFMA pair)."""
+    return SlotLayout(head_size).v_scales
+
+
+def pv_dim(q, h, m):
+    """fp16 path: head-dim index of row ``m`` of PV MFMA ``2q + h`` (all 16 rows in scale group q)."""
+    return 32 * q + 2 * m + h
+
+
+def out_dim(q, h, g, i):
+    """fp16 path: head-dim index of PV result element i of MFMA ``2q + h`` in lane group g (row 4g + i)."""
+    return pv_dim(q, h, 4 * g + i)
+
+
+P16_MAX_LOG2 = 15
+"""fp16 path: P x V scale stays below ``2**15`` (fp16 holds up to 65504)."""
+
+V_SCALE_FLOOR = 87
+"""fp16 path: V scale bytes below this count as ``2**(87 - 127)`` in the softmax reference point, so
+``P = 2**(s - m)`` stays a finite float32 (at most ``2**55``) for tokens whose V is (almost) zero."""
+
+
+def v_scale_headroom(max_byte, maximum):
+    """fp16 path: what a lane adds to its tile's score maximum for the running reference point ``m``:
+    log2 of the largest V scale of its four tokens minus :data:`P16_MAX_LOG2` (bytes below
+    :data:`V_SCALE_FLOOR` count as the floor).
+
+    With ``m`` >= max over tokens of (score + this), every ``P = 2**(score - m)`` times a V scale of
+    the token is at most ``2**15``: V's group scale can be folded into the fp16 P without overflow,
+    and P x scale loses precision only relative to the largest such product (not absolutely, as a P
+    in [0, 1] times a small scale would: measured +1-3% SmolLM2 KL per 2048-token window).
+    ``maximum`` is the caller's max (torch.maximum, arith.maxsi); returns an int (log2 units)."""
+    return maximum(max_byte, max_byte * 0 + V_SCALE_FLOOR) - (127 + P16_MAX_LOG2)
+
+
+def scale_byte(words, q):
+    """UE8M0 byte of scale group ``q`` from a token's scale bytes loaded as 32-bit words (a list)."""
+    return (words[q // 4] >> (8 * (q % 4))) & 0xFF
+
+
+def query_range_exponent(amax_bits, where):
+    """fp16 path: exponent field ``ef`` of the power of two ``2**(ef - 127)`` a query head is multiplied
+    by before the fp16 cast, from the float32 bits of its absmax: it brings the absmax into
+    [2**14, 2**15) (fp16 holds up to 65504), clamped to the float32 normals (a zero head gets 2**126:
+    zero stays zero). The inverse ``2**(127 - ef)`` joins the softmax scale."""
+    ef = 268 - (amax_bits >> 23)
+    ef = where(ef < 1, ef * 0 + 1, ef)
+    return where(ef > 253, ef * 0 + 253, ef)
 
 
 def fp4_bf16_bits(nib, scale_byte, where):
@@ -194,6 +284,40 @@ def bf16_from_bits(bits: torch.Tensor) -> torch.Tensor:
 def to_bf16(x: torch.Tensor) -> torch.Tensor:
     """Round float32 to bf16 (round to nearest even, as LLVM's fptrunc lowering does) and back."""
     return x.to(torch.bfloat16).to(torch.float32)
+
+
+def to_fp16(x: torch.Tensor) -> torch.Tensor:
+    """Round float32 to fp16 (round to nearest even: fptrunc / ``v_cvt_f16_f32``) and back."""
+    return x.to(torch.float16).to(torch.float32)
+
+
+def to_fp16_rtz(x: torch.Tensor) -> torch.Tensor:
+    """Round float32 to fp16 toward zero (``v_cvt_pkrtz_f16_f32``) and back: the mantissa truncated to
+    10 bits, subnormals to multiples of 2**-24; beyond 65504 the largest finite fp16."""
+    x = x.float()
+    bits = x.view(torch.int32) & ~0x1FFF
+    normal = bits.view(torch.float32)
+    sub = torch.trunc(x * 2.0**24) * 2.0**-24
+    y = torch.where(x.abs() >= 2.0**-14, normal, sub)
+    return torch.clamp(y, -65504.0, 65504.0)
+
+
+def f16_pair_values(word: torch.Tensor) -> torch.Tensor:
+    """(..., 2) float32 values of the low and high fp16 halves of 32-bit words (int64 tensor)."""
+    w = word.to(torch.int64) & 0xFFFFFFFF
+    return torch.stack([fp4_bits.fp16_value(w & 0xFFFF), fp4_bits.fp16_value(w >> 16)], dim=-1).float()
+
+
+def f16_step_operands(word: torch.Tensor) -> list[torch.Tensor]:
+    """The two fp16 MFMA operands (..., 4) one code word decodes to (:func:`fp4_bits.fp16_pairs`), as
+    values times ``2**-14``: step p holds the codes :data:`F16_STEP_CODES` [p]."""
+    outs = fp4_bits.fp16_pairs(word.to(torch.int64) & 0xFFFFFFFF)
+    return [torch.cat([f16_pair_values(outs[2 * p]), f16_pair_values(outs[2 * p + 1])], dim=-1) for p in range(2)]
+
+
+def scale_value(byte: torch.Tensor) -> torch.Tensor:
+    """float32 ``2**(b - 127)`` from UE8M0 bytes as the fp16 path builds it (``b << 23``: byte 0 = 0.0)."""
+    return fp4_bits.scale_f32_bits(byte.to(torch.int32)).view(torch.float32)
 
 
 # ---------------------------------------------------------------- configuration
@@ -275,14 +399,17 @@ def _gather_d(d: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
     return (c.double() + d[t[..., 0], t[..., 1]]).float()
 
 
-def mfma_16x16x16(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
-    """Emulate ``v_mfma_f32_16x16x16_bf16`` on lane registers: a, b (64, 4), c (64, 4) f32.
+def mfma_16x16x16(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, fmt: str = "bf16") -> torch.Tensor:
+    """Emulate ``v_mfma_f32_16x16x16_bf16`` (``fmt="f16"``: ``_f16``) on lane registers: a, b (64, 4),
+    c (64, 4) f32.
 
-    Scatters the registers into A (row, k) and B (col, k) by :data:`operand_maps.BF16_A`/``BF16_B``,
-    multiplies in float64 (the hardware's products of bf16 are exact and its f32 sums are close to
-    that) and gathers D back by :data:`operand_maps.F32_D`.
+    Scatters the registers into A (row, k) and B (col, k) by the format's operand maps
+    (:data:`operand_maps.BF16_A`/``BF16_B``, ``F16_A``/``F16_B``), multiplies in float64 (the
+    hardware's products of 16-bit floats are exact and its f32 sums are close to that) and gathers D
+    back by :data:`operand_maps.F32_D`.
     """
-    return _gather_d(_scatter(om.BF16_A, a, (16, 16)) @ _scatter(om.BF16_B, b, (16, 16)).T, c)
+    ma, mb = (om.F16_A, om.F16_B) if fmt == "f16" else (om.BF16_A, om.BF16_B)
+    return _gather_d(_scatter(ma, a, (16, 16)) @ _scatter(mb, b, (16, 16)).T, c)
 
 
 def mfma_scale_16x16x128(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, *, a_map: om.OperandMap,
@@ -303,7 +430,7 @@ def _xor_shuffle(x: torch.Tensor, mask: int) -> torch.Tensor:
     return x[_LANES ^ mask]
 
 
-def rotate_query_lanes(q_lanes: torch.Tensor, head_size: int, qmap: om.OperandMap = QUERY_MAP_BF16) -> torch.Tensor:
+def rotate_query_lanes(q_lanes: torch.Tensor, head_size: int, qmap: om.OperandMap = QUERY_MAP) -> torch.Tensor:
     """Fast Walsh-Hadamard transform of the query in its lane layout.
 
     ``q_lanes`` (64, chunks, 32) float32: lane l holds ``q[l % 16][query_dim(qmap, c, l, e)]``. Bits 0-6
@@ -353,6 +480,15 @@ def _slot_bytes(kv_cache: torch.Tensor, block_table: torch.Tensor, b: int, kvh: 
     return kv_cache[blocks, tokens % bs, kvh].to(torch.int32)
 
 
+def _query_prescale(q_lanes: torch.Tensor) -> torch.Tensor:
+    """fp16 path: per-lane exponent field of the power of two each head's query is multiplied by
+    (:func:`query_range_exponent` on the head's absmax over its four lane groups), shape (64,)."""
+    amax = q_lanes.abs().reshape(WAVE, -1).amax(dim=1)
+    amax = torch.maximum(amax, _xor_shuffle(amax, 16))
+    amax = torch.maximum(amax, _xor_shuffle(amax, 32))
+    return query_range_exponent(amax.view(torch.int32).to(torch.int64), torch.where)
+
+
 def emulate_split(cfg: DecodeConfig, query: torch.Tensor, kv_cache: torch.Tensor,
                   block_table: torch.Tensor, seq_lens: torch.Tensor, b: int, kvh: int, split: int,
                   num_splits: int, scale: float, *, window: int | None = None,
@@ -363,10 +499,13 @@ def emulate_split(cfg: DecodeConfig, query: torch.Tensor, kv_cache: torch.Tensor
     denominator ``l`` (16,), rows = the 16 MFMA columns (query heads ``kvh*G + r``; rows >= G junk).
 
     This is what the kernel writes to the decode workspace (the Triton decode's partial contract).
-    Follows the kernel at the level of lane registers. With ``exact_operands`` the query and P stay
-    float32 instead of being rounded to bf16 for the MFMA: the result then matches float64 attention
-    to ~1e-6, which makes any layout slip visible. ``mx``: the gfx950 path (FP8 query groups in a
-    scaled 16x16x128 MFMA; V through the FP4 conversion, which gives the same bf16 values).
+    Follows the kernel at the level of lane registers. fp16 path (default, gfx942/gfx950): K and V
+    code words bit-placed to fp16 (:func:`fp4_bits.fp16_pairs`), fp16 query (prescaled per head by a
+    power of two) and P, ``v_mfma_f32_16x16x16_f16``; K's group scale applied to each group's QK
+    result, V's folded into P. With ``exact_operands`` the query and P stay float32 instead of being
+    rounded for the MFMA: the result then matches float64 attention to ~1e-6, which makes any layout
+    slip visible. ``mx``: the gfx950 path (FP8 query groups in a scaled 16x16x128 MFMA; V through the
+    FP4 conversion, bf16 P).
     ``waves``: waves per workgroup (tiles dealt round robin, states folded W-1 .. 1 into wave 0).
     Bounds as the kernel's: the length clamped to the block-table row, a tile whose block id is
     outside [0, num_blocks) reads block 0 with every token masked.
@@ -374,20 +513,26 @@ def emulate_split(cfg: DecodeConfig, query: torch.Tensor, kv_cache: torch.Tensor
     emulated with the layouts of :mod:`operand_maps` (a wrong belief shows as a wrong result).
     """
     d, g_heads = cfg.head_size, cfg.gqa
-    rnd = (lambda x: x) if exact_operands else to_bf16
+    groups = d // GROUP
+    rnd = (lambda x: x) if exact_operands else (to_bf16 if mx else to_fp16)
     # --- 1. query: load (B layout, rows >= G zero), rotate, round to the operand type
     qh = kvh * g_heads + torch.clamp(_R, max=g_heads - 1)
     valid_q = _R < g_heads
-    qmap = mx_query_map if mx else QUERY_MAP_BF16
+    qmap = mx_query_map if mx else QUERY_MAP
     dims = query_dim(qmap, torch.arange(cfg.chunks)[None, :, None], _LANES[:, None, None],
                      torch.arange(32)[None, None, :])  # (64, chunks, 32)
     q_rows = query[b].float()[qh]  # (64, D)
     q_lanes = torch.gather(q_rows[:, None, :].expand(WAVE, cfg.chunks, d), 2, dims)
     q_lanes = torch.where(valid_q[:, None, None], q_lanes, torch.zeros_like(q_lanes))
     q_rot = rotate_query_lanes(q_lanes, d, qmap)
-    q_ops = rnd(q_rot).reshape(WAVE, cfg.chunks, 8, MFMA_K)  # step (c, j)
     if mx:  # gfx950: per (head, K block) FP8 hi and lo terms, each with a power-of-two exponent
         q_terms = fp8_query_operands(q_rot, qmap)
+        score_scale = torch.full((WAVE, 1), scale if softcap is not None else scale * LOG2E)
+    else:  # fp16: the head times 2**(ef - 127) (range), then 2**(127 - ef) and 2**14 in the scores
+        ef = _query_prescale(q_rot)
+        q_ops = rnd(q_rot * scale_value(ef)[:, None, None])  # (64, chunks, 32): element 8q + e
+        unscale = scale_value(254 - ef) * 2.0 ** -fp4_bits.FP16_OFFSET_LOG2
+        score_scale = (unscale * (scale if softcap is not None else scale * LOG2E))[:, None]
 
     seq_len = min(max(int(seq_lens[b]), 0), block_table.shape[1] * kv_cache.shape[1])
     lo, hi, t_begin, t_end = split_tiles(seq_len, num_splits, split, window)
@@ -400,36 +545,50 @@ def emulate_split(cfg: DecodeConfig, query: torch.Tensor, kv_cache: torch.Tensor
         o_acc = torch.zeros(WAVE, cfg.pv_mfmas, MFMA_K)  # [nb][i]
         for tile in tiles:
             t0 = tile * TILE
-            # --- 2. QK. K: lane row r holds token t0 + r; rows past the sequence re-read its last token
+            tok = t0 + 4 * _G[:, None] + _I[None, :]  # (64, 4): the lane's PV tokens = its QK result rows
+            visible = (tok >= lo) & (tok < hi) & bool(page_ok[b, t0 // kv_cache.shape[1]])
+            # K: lane row r holds token t0 + r; rows past the sequence re-read its last token
             k_tok = torch.clamp(t0 + _R, max=seq_len - 1)
             k_slots = _slot_bytes(kv_cache, block_table, b, kvh, k_tok)  # (64, slot)
+            v_tok = torch.clamp(tok, max=seq_len - 1)
+            v_slots = _slot_bytes(kv_cache, block_table, b, kvh, v_tok.reshape(-1)).reshape(WAVE, MFMA_K, -1)
+            # --- 2. QK
             acc = torch.zeros(WAVE, MFMA_K)
-            for c in range(cfg.chunks):
-                off = k_code_offset(c, _G)  # (64,)
-                codes = torch.gather(k_slots, 1, off[:, None] + torch.arange(16)[None, :])  # (64, 16)
-                sbyte = torch.gather(k_slots, 1, k_scale_offset(d, c, _G)[:, None])  # (64, 1)
-                nibs = torch.stack([codes & 0xF, codes >> 4], dim=2).reshape(WAVE, 32)
-                if mx:  # two scaled MFMAs 16x16x128 (hi, lo): A = the FP4 codes and scale bytes as stored
-                    a_vals = _E2M1[nibs]
-                    a_scale = om.e8m0_value(sbyte[:, 0])
+            if mx:  # two scaled MFMAs 16x16x128 (hi, lo): A = the FP4 codes and scale bytes as stored
+                for c in range(cfg.chunks):
+                    off = k_code_offset(c, _G)  # (64,)
+                    codes = torch.gather(k_slots, 1, off[:, None] + torch.arange(16)[None, :])  # (64, 16)
+                    sbyte = torch.gather(k_slots, 1, k_scale_offset(d, c, _G)[:, None])  # (64, 1)
+                    nibs = torch.stack([codes & 0xF, codes >> 4], dim=2).reshape(WAVE, 32)
                     for vals, ex in q_terms:
-                        acc = mfma_scale_16x16x128(a_vals, vals[:, c], acc, a_map=om.FP4, b_map=om.FP8,
-                                                   a_scale=a_scale, b_scale=torch.exp2(ex[:, c].double()))
-                else:
-                    kv = bf16_from_bits(fp4_bf16_bits_torch(nibs, sbyte))  # (64, 32) = elements 4j+i
-                    for j in range(8):
-                        acc = mfma_16x16x16(kv[:, 4 * j : 4 * j + 4], q_ops[:, c, j], acc)
+                        acc = mfma_scale_16x16x128(_E2M1[nibs], vals[:, c], acc, a_map=om.FP4, b_map=om.FP8,
+                                                   a_scale=om.e8m0_value(sbyte[:, 0]),
+                                                   b_scale=torch.exp2(ex[:, c].double()))
+            else:  # per scale group: two f16 MFMAs over its 32 d, then times each row's K scale
+                ksb = v_slots[:, :, k_scales_offset(d) : k_scales_offset(d) + groups]  # (64, 4 tokens, groups)
+                for q in range(groups):
+                    off = k_word_offset(q, _G)[:, None] + torch.arange(4)[None, :]
+                    wb = torch.gather(k_slots, 1, off).to(torch.int64)
+                    word = wb[:, 0] | wb[:, 1] << 8 | wb[:, 2] << 16 | wb[:, 3] << 24
+                    part = torch.zeros(WAVE, MFMA_K)
+                    for step, a_op in enumerate(f16_step_operands(word)):
+                        b_op = q_ops[:, q // 4, [8 * (q % 4) + e for e in F16_STEP_CODES[step]]]
+                        part = mfma_16x16x16(a_op, b_op, part, "f16")
+                    acc = (part.double() * scale_value(ksb[:, :, q]).double() + acc.double()).float()  # fma
             # --- 3. scores S^T[token 4g+i][head r] (log2 units), mask, online softmax
             if softcap is not None:  # c * tanh(s / c) through exp2 and a reciprocal, as the kernel
-                s = acc * scale
+                s = acc * score_scale
                 cap2 = torch.tensor(2.0 * LOG2E) * (1.0 / torch.tensor(softcap, dtype=torch.float32))
                 s = softcap * (1.0 - 2.0 * (1.0 / (torch.exp2(s * cap2) + 1.0))) * LOG2E
             else:
-                s = acc * (scale * LOG2E)
-            tok = t0 + 4 * _G[:, None] + _I[None, :]  # (64, 4)
-            visible = (tok >= lo) & (tok < hi) & bool(page_ok[b, t0 // kv_cache.shape[1]])
+                s = acc * score_scale
             s = torch.where(visible, s, torch.full_like(s, float("-inf")))
-            mt = s.amax(dim=1)
+            if mx:
+                mt = s.amax(dim=1)
+            else:  # the reference point also bounds P x V scale (V's scale goes into the fp16 P)
+                vsb = v_slots[:, :, v_scales_offset(d) : v_scales_offset(d) + groups]
+                vsb = torch.where(visible[:, :, None], vsb, torch.zeros_like(vsb))  # masked: P times 0.0
+                mt = s.amax(dim=1) + v_scale_headroom(vsb.amax(dim=(1, 2)), torch.maximum).float()
             mt = torch.maximum(mt, _xor_shuffle(mt, 16))
             mt = torch.maximum(mt, _xor_shuffle(mt, 32))
             m_new = torch.maximum(m_run, mt)
@@ -438,25 +597,39 @@ def emulate_split(cfg: DecodeConfig, query: torch.Tensor, kv_cache: torch.Tensor
             p = torch.exp2(s - m_use[:, None])
             l_run = l_run * alpha + p.sum(dim=1)
             m_run = m_new
-            p_ops = rnd(p)  # B operand P^T[4g+i][r]: the QK result layout as it is
-            # --- 4. PV. V: lane (r, g) loads tokens t0 + 4g + i, D/32 bytes at row r's offset
-            v_tok = torch.clamp(tok, max=seq_len - 1)
-            v_slots = _slot_bytes(kv_cache, block_table, b, kvh, v_tok.reshape(-1)).reshape(WAVE, MFMA_K, -1)
-            nbytes = d // 32
-            voff = v_code_offset(d, _R)[:, None, None] + torch.arange(nbytes)[None, None, :]
-            vcodes = torch.gather(v_slots, 2, voff.expand(WAVE, MFMA_K, nbytes))  # (64, 4, D/32)
-            vscale = torch.gather(v_slots, 2, v_scale_offset(d, _R)[:, None, None].expand(WAVE, MFMA_K, 1))
-            vcodes = torch.where(visible[:, :, None], vcodes, torch.zeros_like(vcodes))
-            vscale = torch.where(visible[:, :, None], vscale, torch.zeros_like(vscale))
-            vnibs = torch.stack([vcodes & 0xF, vcodes >> 4], dim=3).reshape(WAVE, MFMA_K, cfg.pv_mfmas)
-            vv = bf16_from_bits(fp4_bf16_bits_torch(vnibs, vscale))  # (64, i=token, nb)
-            for nb in range(cfg.pv_mfmas):
-                o_acc[:, nb] = mfma_16x16x16(vv[:, :, nb], p_ops, o_acc[:, nb] * alpha[:, None])
-        # --- 5. per-head denominator over the 4 lane groups; lane (r, g) holds O[r][(D/16)(4g+i) + nb]
+            # --- 4. PV. V: lane (r, g) reads tokens t0 + 4g + i
+            if mx:  # rows d = (D/16) m + nb: D/32 contiguous bytes at row r's offset, bf16 P as it is
+                p_ops = rnd(p)
+                nbytes = d // 32
+                voff = v_code_offset(d, _R)[:, None, None] + torch.arange(nbytes)[None, None, :]
+                vcodes = torch.gather(v_slots, 2, voff.expand(WAVE, MFMA_K, nbytes))  # (64, 4, D/32)
+                vscale = torch.gather(v_slots, 2, v_scale_offset(d, _R)[:, None, None].expand(WAVE, MFMA_K, 1))
+                vcodes = torch.where(visible[:, :, None], vcodes, torch.zeros_like(vcodes))
+                vscale = torch.where(visible[:, :, None], vscale, torch.zeros_like(vscale))
+                vnibs = torch.stack([vcodes & 0xF, vcodes >> 4], dim=3).reshape(WAVE, MFMA_K, cfg.pv_mfmas)
+                vv = bf16_from_bits(fp4_bf16_bits_torch(vnibs, vscale))  # (64, i=token, nb)
+                for nb in range(cfg.pv_mfmas):
+                    o_acc[:, nb] = mfma_16x16x16(vv[:, :, nb], p_ops, o_acc[:, nb] * alpha[:, None])
+            else:  # MFMA 2q + h: rows d = 32q + 2m + h; V's group scale folded into P (fp16), per group
+                order = list(PV_TOKENS)
+                for q in range(groups):
+                    vb = torch.gather(v_slots, 2, v_byte_offset(d, q, _R)[:, None, None].expand(WAVE, MFMA_K, 1))
+                    vb = vb[..., 0].to(torch.int64)
+                    word = vb[:, 0] | vb[:, 1] << 8 | vb[:, 2] << 16 | vb[:, 3] << 24  # byte i = token i
+                    p_q = p[:, order] * scale_value(vsb[:, order, q])
+                    p_q = p_q if exact_operands else to_fp16_rtz(p_q)
+                    for h, a_op in enumerate(f16_step_operands(word)):
+                        nb = 2 * q + h
+                        o_acc[:, nb] = mfma_16x16x16(a_op, p_q, o_acc[:, nb] * alpha[:, None], "f16")
+        # --- 5. per-head denominator over the 4 lane groups
         l_tot = l_run + _xor_shuffle(l_run, 16)
         l_tot = l_tot + _xor_shuffle(l_tot, 32)
         out = torch.zeros(16, d)
-        cols = v_dim(d, torch.arange(cfg.pv_mfmas)[None, :, None], (4 * _G[:, None, None] + _I[None, None, :]))
+        if mx:  # lane (r, g) holds O[r][(D/16)(4g+i) + nb]
+            cols = v_dim(d, torch.arange(cfg.pv_mfmas)[None, :, None], (4 * _G[:, None, None] + _I[None, None, :]))
+        else:  # lane (r, g) holds O[r][out_dim(q, h, g, i)] in MFMA 2q + h
+            nb = torch.arange(cfg.pv_mfmas)[None, :, None]
+            cols = out_dim(nb // 2, nb % 2, _G[:, None, None], _I[None, None, :])
         out[_R[:, None, None].expand_as(cols), cols] = o_acc
         return out, m_run[:16], l_tot[:16]
 
@@ -465,6 +638,8 @@ def emulate_split(cfg: DecodeConfig, query: torch.Tensor, kv_cache: torch.Tensor
     acc, m, l_ = states[0]
     for w in range(waves - 1, 0, -1):
         acc, m, l_ = merge_state(acc, m, l_, *states[w])
+    if not mx:  # V decoded as code x 2**-14: once, on the split's result
+        acc = acc * 2.0 ** -fp4_bits.FP16_OFFSET_LOG2
     return acc, m, l_
 
 

@@ -57,20 +57,33 @@ class OperandMap:
                             self.coord(lane, elem, 1).expand(WAVE, self.elements)], dim=-1)
 
 
-_ROWS16 = ((1, 0), (2, 0), (4, 0), (8, 0))  # lanes 0..15: the 16 rows (columns of B)
+ROWS16 = ((1, 0), (2, 0), (4, 0), (8, 0))  # lanes 0..15: the 16 rows (columns of B)
 _CALCULATOR = ("AMD Matrix Instruction Calculator (ROCm/amd_matrix_instruction_calculator 1.3.2, "
                "-a CDNA3 -i v_mfma_f32_16x16x16_bf16 --register-layout); the same instruction and "
                "layout on CDNA4 (ROCm/rocm-blogs matrix-cores-cdna lists 16x16x16 bf16 for both)")
 
-BF16_A = OperandMap("v_mfma_f32_16x16x16_bf16", "A", "bf16", _ROWS16 + ((0, 4), (0, 8)),
+BF16_A = OperandMap("v_mfma_f32_16x16x16_bf16", "A", "bf16", ROWS16 + ((0, 4), (0, 8)),
                     ((0, 1), (0, 2)), _CALCULATOR)
 """Lane (r, g) holds A[r][4g + i], i = 0..3."""
 
-BF16_B = OperandMap("v_mfma_f32_16x16x16_bf16", "B", "bf16", _ROWS16 + ((0, 4), (0, 8)),
+BF16_B = OperandMap("v_mfma_f32_16x16x16_bf16", "B", "bf16", ROWS16 + ((0, 4), (0, 8)),
                     ((0, 1), (0, 2)), _CALCULATOR)
 """Lane (r, g) holds B[4g + i][r] (coordinates (col, k))."""
 
-F32_D = OperandMap("v_mfma_f32_16x16x16_bf16 / v_mfma_scale_f32_16x16x128_f8f6f4", "D", "f32",
+_CALCULATOR_F16 = ("AMD Matrix Instruction Calculator (ROCm/amd_matrix_instruction_calculator 1.3.2, "
+                   "-a CDNA3 -i v_mfma_f32_16x16x16_f16 --register-layout; its A, B and D tables are entry "
+                   "for entry those of v_mfma_f32_16x16x16_bf16); the same instruction on CDNA4 "
+                   "(ROCm/rocm-blogs matrix-cores-cdna lists 16x16x16 f16 for both)")
+
+F16_A = OperandMap("v_mfma_f32_16x16x16_f16", "A", "fp16", ROWS16 + ((0, 4), (0, 8)), ((0, 1), (0, 2)),
+                   _CALCULATOR_F16)
+"""Lane (r, g) holds A[r][4g + i], i = 0..3 (the fp16 path's K rows and V^T rows)."""
+
+F16_B = OperandMap("v_mfma_f32_16x16x16_f16", "B", "fp16", ROWS16 + ((0, 4), (0, 8)), ((0, 1), (0, 2)),
+                   _CALCULATOR_F16)
+"""Lane (r, g) holds B[4g + i][r] (coordinates (col, k)): the query columns and P^T."""
+
+F32_D = OperandMap("v_mfma_f32_16x16x16_bf16 / _f16 / v_mfma_scale_f32_16x16x128_f8f6f4", "D", "f32",
                    ((0, 1), (0, 2), (0, 4), (0, 8), (4, 0), (8, 0)), ((1, 0), (2, 0)),
                    _CALCULATOR + "; scaled MFMA: ROCm/aiter op_tests/opus/device/test_mfma_scale.cu "
                    "(16x16x128 result stored as C[4 (lane/16) + i][lane % 16]), ROCm/rocm-blogs "
@@ -79,7 +92,7 @@ F32_D = OperandMap("v_mfma_f32_16x16x16_bf16 / v_mfma_scale_f32_16x16x128_f8f6f4
 
 SCALED = "v_mfma_scale_f32_16x16x128_f8f6f4"
 
-FP4 = OperandMap(SCALED, "A/B", "fp4 e2m1", _ROWS16 + ((0, 32), (0, 64)),
+FP4 = OperandMap(SCALED, "A/B", "fp4 e2m1", ROWS16 + ((0, 32), (0, 64)),
                  ((0, 1), (0, 2), (0, 4), (0, 8), (0, 16)),
                  "ROCm/triton lib/Dialect/TritonGPU/IR/LinearLayoutConversions.cpp "
                  "(chooseScaledMfmaScaleLayout: 'for mxfp4, these 32 elements are consecutive'; 16x16x128: "
@@ -90,7 +103,7 @@ FP4 = OperandMap(SCALED, "A/B", "fp4 e2m1", _ROWS16 + ((0, 32), (0, 64)),
 """Lane (r, g) holds the contiguous run K = 32g + v (v = 0..31) of row r: element v is nibble v % 2
 (low nibble = even element) of byte v // 2 of the first four dwords; dwords 4..7 are unused."""
 
-FP8 = OperandMap(SCALED, "A/B", "fp8 e4m3", _ROWS16 + ((0, 16), (0, 32)),
+FP8 = OperandMap(SCALED, "A/B", "fp8 e4m3", ROWS16 + ((0, 16), (0, 32)),
                  ((0, 1), (0, 2), (0, 4), (0, 8), (0, 64)),
                  "ROCm/FlyDSL kernels/gemm/mxfp4_preshuffle.py (a8w4 GEMM, FP8 x FP4 with per-block scales: "
                  "'fp8 128-K operand (v8i32) = two 16 B halves 64 B apart in the row (f8f6f4 ABI), packed "
@@ -102,7 +115,7 @@ FP8 = OperandMap(SCALED, "A/B", "fp8 e4m3", _ROWS16 + ((0, 16), (0, 32)),
 K = 64 + 16g + (v - 16). NOT the FP4 layout: each lane's bytes span two 32-element scale blocks
 (g // 2 and 2 + g // 2)."""
 
-SCALE = OperandMap(SCALED, "scale A/B (opsel 0)", "e8m0", _ROWS16 + ((0, 1), (0, 2)), (),
+SCALE = OperandMap(SCALED, "scale A/B (opsel 0)", "e8m0", ROWS16 + ((0, 1), (0, 2)), (),
                    "ROCm/triton LinearLayoutConversions.cpp chooseScaledMfmaScaleLayout (16x16: lane bits "
                    "0-3 -> row, lane bits 4-5 -> K/32 block; the function takes no element type, so it "
                    "holds for FP4 and FP8 alike)")
