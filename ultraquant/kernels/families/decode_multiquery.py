@@ -24,7 +24,8 @@ from ..flags import error_words
 from ..heuristics import cdiv, num_sms
 from ..specialization import LaunchPlan, Specialization, fit_divisible, signature_of, type_name
 from ..workspace import decode_workspace, dummy_f32
-from .decode_wholepage import KV_HEADS, WHOLEPAGE_MIN_SPLIT_TOKENS, WHOLEPAGE_PROGRAMS_PER_SM, wholepage_call
+from .decode_wholepage import WHOLEPAGE_MIN_SPLIT_TOKENS, WHOLEPAGE_PROGRAMS_PER_SM, wholepage_call
+from .decode_wholepage import unsupported as wholepage_unsupported
 
 MULTIQUERY_ROWS = 16
 """Query rows ((token, head) pairs of one kv head, token-major) per M tile: the kernel's ``MQ_ROWS``."""
@@ -67,13 +68,6 @@ MULTIQUERY_PARAMS: tuple[tuple[str, str], ...] = (
 query-token bound ``max_tokens``; query/output strides are per token row (the prefill layout)."""
 
 
-def multiquery_supports(*, head_size: int, gqa: int, num_kv_heads: int, block_size: int, runs: bool,
-                        target: str) -> bool:
-    """The coverage rule (build-time facts; ``runs``: the cache's 16-token runs are whole)."""
-    return (target == "cuda" and head_size == 128 and 1 <= gqa <= 16 and num_kv_heads in KV_HEADS
-            and block_size % 16 == 0 and runs)
-
-
 def multiquery_call(head_size: int, gqa: int, num_kv_heads: int, block_size: int, cache_strides: tuple[int, ...],
                     target: str, max_tokens: int, cache_aligned: bool = True) -> bool:
     """The plan's rule for one call: the whole-page decode's cache rule, D=128, and at most
@@ -83,16 +77,12 @@ def multiquery_call(head_size: int, gqa: int, num_kv_heads: int, block_size: int
 
 
 def unsupported(config: dict[str, Any]) -> str:
-    """Why the multi-query decode does not serve ``config`` (matrix keys), or ``""``."""
-    dtype = config.get("query_dtype", config.get("dtype", "bf16"))
-    if str(dtype) not in ("bf16", "fp16"):
-        return f"the multi-query decode reads bf16/fp16 queries, not {dtype}"
-    if not multiquery_supports(head_size=config.get("head_size", 0), gqa=config.get("gqa", 0),
-                               num_kv_heads=config.get("num_kv_heads", 0), block_size=config.get("block_size", 0),
-                               runs=True, target="cuda"):
-        return ("the multi-query decode serves D=128, GQA 1-16, 1/2/4/8 kv heads, blocks of a multiple of 16 "
-                "tokens (multiquery_supports); the prefill kernel serves the rest")
-    return ""
+    """Why the multi-query decode does not serve ``config`` (matrix keys), or ``""``: the whole-page
+    decode's coverage (:func:`.decode_wholepage.unsupported`) at D=128 (the 16-M-row path)."""
+    if config.get("head_size", 0) != 128:
+        return "the multi-query decode serves D=128 (the 16-M-row path); the prefill kernel serves the rest"
+    why = wholepage_unsupported(config)
+    return f"the multi-query decode covers what the whole-page decode does: {why}" if why else ""
 
 
 def decode_multiquery_spec(
@@ -219,7 +209,6 @@ __all__ = [
     "MULTIQUERY_ROWS",
     "decode_multiquery_spec",
     "multiquery_call",
-    "multiquery_supports",
     "multiquery_tiles",
     "plan_decode_multiquery",
     "unsupported",
