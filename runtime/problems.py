@@ -48,7 +48,7 @@ def register(kernel_name: str) -> Callable[[Problem], Problem]:
     return deco
 
 
-SELFTEST_VERSION = 8
+SELFTEST_VERSION = 9
 """Version of the self-test problems and pass criteria below, part of every cached verdict's key: bump
 it whenever this file changes what a self-test launches or accepts, so verdicts recorded with the old
 problems are not trusted. 1: the problems of sessions 1-2; 2: verdicts also bound to the manifest key;
@@ -57,9 +57,10 @@ problems are not trusted. 1: the problems of sessions 1-2; 2: verdicts also boun
 5: the whole-page decode problem (head-major cache, several splits); 6: a few-rows store blob is told by its
 target's spec (8 rows on NVIDIA); 7: kernels renamed by design (``uq_decode_splitkv``,
 ``uq_decode_wholepage``: manifest keys changed); 8: the multi-query decode problem
-(``uq_decode_multiquery``), the whole-page problem on several programs of the balanced schedule."""
+(``uq_decode_multiquery``), the whole-page problem on several programs of the balanced schedule; 9: the
+multi-query problem launches the blob's own M tiles per program (``TILES``)."""
 
-PROBLEMS_SOURCE_SHA256 = "3dec949d48272d33c9db667c12e650e2e7a2c324f17fbc5f83a4492946abb55b"
+PROBLEMS_SOURCE_SHA256 = "d9e13ceb3afafe6d1a840cc2f8287c667d1fa521df9bf9c62b21bbb1d7974a5f"
 """sha256 of this file with this line's hash blanked (see :func:`source_hash`); a test fails when the
 file changes and this is not updated, the reminder to bump :data:`SELFTEST_VERSION`."""
 
@@ -248,7 +249,8 @@ def decode_multiquery_problem(kernel: Kernel, spec: Specialization, dev: Device)
     sinks, window, softcap = _options(c, hq, gen, dev)
     scale = d ** -0.5
     out = torch.full((n, hq, d), float("nan"), dtype=od, device=dev)
-    plan = plan_decode_multiquery(query, cache, table, seq_lens, qsl, 8, scale, sinks, window, softcap, out)
+    plan = plan_decode_multiquery(query, cache, table, seq_lens, qsl, 8, scale, sinks, window, softcap, out,
+                                  program_tiles=c["TILES"])
     why = _launch(kernel, plan, dev)
     if why:
         return False, why

@@ -96,11 +96,14 @@ def decode_multiquery_spec(
     has_sinks: bool = False,
     has_window: bool = False,
     has_softcap: bool = False,
-    nsub: int = 4,
-    stages: int = 2,
+    tiles: int = 1,
+    nsub: int | None = None,
+    stages: int | None = None,
     **_: Any,
 ) -> Specialization:
-    """The multi-query decode kernel for one config (ring shape as the whole-page decode's default)."""
+    """The multi-query decode kernel for one config: ``tiles`` M tiles per program (1 or 2); the ring as the
+    whole-page decode's default at one tile, half the runs per stage and twice the stages at two (the
+    second tile's accumulators take the registers)."""
     d = check_head_size(head_size)
     if d != 128:
         raise UltraQuantError(f"the multi-query decode serves D=128, not {d} (the prefill kernel does)")
@@ -115,13 +118,14 @@ def decode_multiquery_spec(
             "GQA": int(gqa),
             "HK": hk,
             "WT": max(1, MULTIQUERY_WARPS // hk),
-            "NSUB": nsub,
-            "STAGES": stages,
+            "NSUB": nsub or (4 if tiles == 1 else 2),
+            "STAGES": stages or (2 if tiles == 1 else 4),
             "TW": 16,
             "BLOCK_SIZE": int(block_size),
             "HAS_SINKS": bool(has_sinks),
             "HAS_WINDOW": bool(has_window),
             "HAS_SOFTCAP": bool(has_softcap),
+            "TILES": int(tiles),
         },
         num_warps=hk * max(1, MULTIQUERY_WARPS // hk),
         num_stages=1,
@@ -132,6 +136,16 @@ def decode_multiquery_spec(
 def multiquery_tiles(gqa: int, max_tokens: int) -> int:
     """M tiles per request: ``max_tokens x GQA`` rows, 16 per tile."""
     return cdiv(max(1, int(max_tokens)) * int(gqa), MULTIQUERY_ROWS)
+
+
+MULTIQUERY_TILES: tuple[int, ...] = (1, 2)
+"""M tiles per program the kernel is built for (constexpr ``TILES``; a blob each)."""
+
+
+def multiquery_program_tiles(gqa: int, max_tokens: int) -> int:
+    """M tiles per program for a call: 2 (each run's codes decoded once for both) where a request has
+    two or more, else 1."""
+    return 2 if multiquery_tiles(gqa, max_tokens) >= 2 else 1
 
 
 def multiquery_splits(programs: int, max_tokens: int, device: torch.device, forced: int | None = None) -> int:
@@ -156,18 +170,24 @@ def plan_decode_multiquery(
     softcap: float | None,
     out: torch.Tensor,
     forced_splits: int | None = None,
+    program_tiles: int | None = None,
 ) -> LaunchPlan:
     """Launch of the multi-query decode (callers check :func:`multiquery_call` first); grid
-    ``(tiles, B, splits)``, tiles from the host bound ``max_tokens``, splits from static shapes."""
+    ``(tiles / TILES, B, splits)``, tiles from the host bound ``max_tokens`` (rounded up to whole programs
+    of :func:`multiquery_program_tiles`, or ``program_tiles``: the self-test of a given blob), splits from
+    static shapes."""
     _, hq, d = query.shape
     hk, bs = kv_cache.shape[2], kv_cache.shape[1]
     gqa = hq // hk
     nreq = seq_lens.shape[0]
+    per_program = program_tiles or multiquery_program_tiles(gqa, max_tokens)
     spec = decode_multiquery_spec(head_size=d, gqa=gqa, num_kv_heads=hk, block_size=bs, query_dtype=query.dtype,
                                   out_dtype=out.dtype, has_sinks=sinks is not None,
-                                  has_window=sliding_window is not None, has_softcap=softcap is not None)
-    tiles = multiquery_tiles(gqa, max_tokens)
-    splits = multiquery_splits(nreq * tiles, block_table.shape[1] * bs, query.device, forced_splits)
+                                  has_window=sliding_window is not None, has_softcap=softcap is not None,
+                                  tiles=per_program)
+    groups = cdiv(multiquery_tiles(gqa, max_tokens), per_program)
+    tiles = groups * per_program
+    splits = multiquery_splits(nreq * groups, block_table.shape[1] * bs, query.device, forced_splits)
     parts = nreq * tiles * hk * splits * spec.constexprs["WT"]
     part, ml, counter = decode_workspace(query.device, parts * MULTIQUERY_ROWS * d, parts * 2 * MULTIQUERY_ROWS,
                                          nreq * tiles * hk)
@@ -199,7 +219,7 @@ def plan_decode_multiquery(
         kv_cache.stride(2),
         block_table.stride(0),
     )
-    return LaunchPlan(fit_divisible(spec, args, alignable(spec.kernel)), args, (tiles, nreq, splits),
+    return LaunchPlan(fit_divisible(spec, args, alignable(spec.kernel)), args, (groups, nreq, splits),
                       notes={"num_splits": splits, "tiles": tiles})
 
 
@@ -207,8 +227,10 @@ __all__ = [
     "MULTIQUERY_MAX_TOKENS",
     "MULTIQUERY_PARAMS",
     "MULTIQUERY_ROWS",
+    "MULTIQUERY_TILES",
     "decode_multiquery_spec",
     "multiquery_call",
+    "multiquery_program_tiles",
     "multiquery_tiles",
     "plan_decode_multiquery",
     "unsupported",
