@@ -6,9 +6,10 @@ is ``prefill_attention`` with ``key``/``value`` = the cache's own (dequantized) 
 (docs/api.md, ``spec_decode_attention``). Coverage: the whole-page decode's (head-major 16-byte
 aligned runs, 1/2/4/8 kv heads, blocks of a multiple of 16) at D=128 and GQA 1-16 (the 16-M-row path);
 the rest, and any call with more than :data:`MULTIQUERY_MAX_TOKENS` new tokens per request, is the
-prefill kernel's. One blob serves every count: the query-token bound is a run-time argument
-(``max_tokens``) that sets the grid's tiles, so a CUDA graph captured at the largest count replays
-any per-request counts up to it (read from ``query_start_loc`` on the device).
+prefill kernel's. A program takes one or two M tiles (:func:`multiquery_program_tiles`; a blob each);
+otherwise the query-token bound is a run-time argument (``max_tokens``) that sets the grid's tiles, so a
+CUDA graph captured at the largest count replays any per-request counts up to it (read from
+``query_start_loc`` on the device).
 """
 
 from __future__ import annotations

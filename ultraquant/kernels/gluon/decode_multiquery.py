@@ -5,18 +5,18 @@ A step verifies ``n`` drafted tokens per request: ``n`` query tokens at the end 
 sequence, their own K/V already in the cache (stored by the step's store before attention, as vLLM
 does and as the decode does for its one token). The query rows of one kv head are the ``n x GQA``
 (token, head) pairs in token-major order (row ``r``: token ``r // GQA``, query head ``r % GQA`` of the
-kv head); a program serves one 16-row M tile of them (``tile``) for ALL kv heads of a token range of
-one request, grid ``(tiles, B, splits)``, and reads the pages exactly as the whole-page decode does:
-a ``cp.async`` ring of whole 16-token runs (:func:`~.decode_wholepage._issue_stage`), FP4 decoded by
-inline PTX into ``mma_v2`` operands (the 16-M-row path of :func:`~.decode_wholepage._run_scores` and
-:func:`~.decode_wholepage._run_pv`). Tiles of one (request, split) are neighbours in launch order, so
-the second tile of an 8-token GQA-4 step finds its pages in L2.
+kv head), 16 per M tile; a program serves ``TILES`` (1 or 2) M tiles for ALL kv heads of a token range
+of one request, grid ``(tiles / TILES, B, splits)``, and reads the pages exactly as the whole-page
+decode does: a ``cp.async`` ring of whole 16-token runs (:func:`~.decode_wholepage._issue_stage`).
+Each run's codes are decoded once for all the program's tiles: K by scale group (:func:`_group_scores`:
+the codes in the MMA's k order as fp16 ``fp4 * 2**-14`` by the decode's word PTX, the UE8M0 group
+scales on the partial scores), V as the whole-page decode's 16-M-row path (:func:`_pv_tiles`).
 
 What differs from the decode: each row's own causal limit (row ``r`` sees cached tokens
 ``< seq_len - n + r // GQA + 1``; with a window, also ``>= limit - window``), each request's own
 count ``n = qsl[b + 1] - qsl[b]`` read on the device (ragged 0..``max_tokens``; rows past ``n`` are
-empty, a tile past them reads nothing), queries and outputs addressed by token rows like the prefill
-kernel, and the partials / merge ticket per (tile, request).
+empty, a program past them reads nothing), queries and outputs addressed by token rows like the
+prefill kernel, and the partials / merge ticket per (tile, request).
 """
 
 from __future__ import annotations
