@@ -22,7 +22,7 @@ from ultraquant.errors import UltraQuantError
 from ultraquant.kernels import catalog, plans
 from ultraquant.kernels.families import decode_multiquery as mq
 
-TT = 4 * 1 * 16  # tokens per stage at the default ring (NSUB=4, 16-token runs) with WT=1 (8 kv heads)
+TT = 4 * 1 * 16  # tokens per stage at one tile per program (NSUB=4, 16-token runs) with WT=1 (8 kv heads); 16 at two
 
 
 def _model(query, kv_cache, block_table, seq_lens, qsl, scale, max_tokens, splits, window=None, tt=TT,
@@ -111,7 +111,7 @@ def test_row_mapping_model_matches_reference(lens, news, hq, hk, bs, window, spl
     want = R.spec_decode_attention(query, prob.kv_cache, prob.block_table, prob.seq_lens, qsl, scale,
                                    max_query_len=16, sliding_window=window)
     got = _model(query, prob.kv_cache, prob.block_table, prob.seq_lens, qsl, scale, 16, splits, window,
-                 tt=TT // per_program, per_program=per_program)
+                 tt=TT if per_program == 1 else 16, per_program=per_program)
     assert torch.allclose(got, want.double(), atol=1e-5, rtol=1e-4), (got - want).abs().max()
 
 

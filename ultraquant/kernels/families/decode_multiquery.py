@@ -103,8 +103,9 @@ def decode_multiquery_spec(
     **_: Any,
 ) -> Specialization:
     """The multi-query decode kernel for one config: ``tiles`` M tiles per program (1 or 2); the ring as the
-    whole-page decode's default at one tile, half the runs per stage and twice the stages at two (the
-    second tile's accumulators take the registers)."""
+    whole-page decode's default at one tile; one run per warp and stage, 8 stages (the same bytes in
+    flight) at two, where the second tile's accumulators take the registers (more runs per stage spill
+    in the loop: benchmarks/NOTES.md, "Speculative-decoding steps")."""
     d = check_head_size(head_size)
     if d != 128:
         raise UltraQuantError(f"the multi-query decode serves D=128, not {d} (the prefill kernel does)")
@@ -119,8 +120,8 @@ def decode_multiquery_spec(
             "GQA": int(gqa),
             "HK": hk,
             "WT": max(1, MULTIQUERY_WARPS // hk),
-            "NSUB": nsub or (4 if tiles == 1 else 2),
-            "STAGES": stages or (2 if tiles == 1 else 4),
+            "NSUB": nsub or (4 if tiles == 1 else 1),
+            "STAGES": stages or (2 if tiles == 1 else 8),
             "TW": 16,
             "BLOCK_SIZE": int(block_size),
             "HAS_SINKS": bool(has_sinks),

@@ -117,8 +117,8 @@ def _group_scale(kw, g: gl.constexpr):
 
 
 @gluon.jit
-def _group_scores(kc8, kw, qs, TILES: gl.constexpr, NW: gl.constexpr, TW: gl.constexpr, ROWS: gl.constexpr,
-                  H: gl.constexpr, MMA: gl.constexpr, KB: gl.constexpr):
+def _group_scores(kc8, kw, qs, qz, TILES: gl.constexpr, NW: gl.constexpr, TW: gl.constexpr, ROWS: gl.constexpr,
+                  H: gl.constexpr, MMA: gl.constexpr, KB: gl.constexpr, QA: gl.constexpr):
     """Raw scores ``Q K^T`` ``[NW, ROWS, TW]`` of one 16-token run for each of ``TILES`` M tiles, by scale
     group: the K codes (ring entry view ``kc8``) become fp16 ``fp4 * 2**-14`` once (:func:`_word_codes`),
     two MMAs per 32-dim group and tile with the query's group fragments ``qs`` (tile t, group g, half c:
@@ -132,8 +132,8 @@ def _group_scores(kc8, kw, qs, TILES: gl.constexpr, NW: gl.constexpr, TW: gl.con
     for t in gl.static_range(TILES):
         s = gl.zeros([NW, ROWS, TW], gl.float32, MMA)
         for g in gl.static_range(4):
-            sg = mma_v2(qs[8 * t + 2 * g], ka[g], gl.zeros([NW, ROWS, TW], gl.float32, MMA))
-            sg = mma_v2(qs[8 * t + 2 * g + 1], kb4[g], sg)
+            sg = mma_v2(qs.index(8 * t + 2 * g + qz).load(QA), ka[g], gl.zeros([NW, ROWS, TW], gl.float32, MMA))
+            sg = mma_v2(qs.index(8 * t + 2 * g + 1 + qz).load(QA), kb4[g], sg)
             s = s + sg * gl.expand_dims(_group_scale(kw, g), 1)
         out = out + (s,)
     return out
@@ -213,6 +213,7 @@ def uq_decode_multiquery(q_ptr, cache_ptr, bt_ptr, seqlen_ptr, qsl_ptr, sinks_pt
     RINT: gl.constexpr = 8 * H
     RING: gl.constexpr = gl.PaddedSharedLayout.with_identity_for([[RINT, 4 * SLOT - RINT]], [NR, RINT], [1, 0])
     FLAT: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])
+    QS: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [2, 1, 0])
     ring = gl.allocate_shared_memory(gl.int32, [STAGES * NR * (SLOT * 4)], FLAT)._reinterpret(
         gl.int32, [STAGES, NR, RINT], RING)
     # K code bytes in the MMA's k order (:data:`K_ORDER`): a thread's 4 k values of a k step are 4 adjacent bytes
@@ -295,6 +296,10 @@ def uq_decode_multiquery(q_ptr, cache_ptr, bt_ptr, seqlen_ptr, qsl_ptr, sinks_pt
                                  gl.SliceLayout(0, QR))
         lims = lims + (gl.expand_dims(gl.expand_dims(lim, 0), 2),)
         firsts = firsts + (gl.expand_dims(gl.expand_dims(first, 0), 2),)
+    # the query fragments live in shared memory (loaded per MMA): their registers go to the accumulators
+    q_smem = gl.allocate_shared_memory(gl.float16, [8 * TILES, NW, ROWS, 16], QS)
+    for j in gl.static_range(8 * TILES):
+        q_smem.index(j).store(qs[j])
 
     ws = gl.expand_dims(gl.arange(0, NW, gl.SliceLayout(1, TK)) % WT, 1) * TW
     ns = gl.expand_dims(_physical_token(gl.arange(0, TW, gl.SliceLayout(0, TK))), 0)
@@ -321,6 +326,7 @@ def uq_decode_multiquery(q_ptr, cache_ptr, bt_ptr, seqlen_ptr, qsl_ptr, sinks_pt
         async_copy.commit_group()
         cur = (it % STAGES) * NSUB
         t0 = t_lo + it * TT
+        qz = (t0 < 0).to(gl.int32)  # 0, but not provably: the query fragments are loaded here, not hoisted
         # scores of the stage's NSUB runs (ss[i TILES + t]), each row under its own causal limit (0 for rows
         # past the request's tokens) and window start; tokens past the split's range, or of a bad block id
         # (bounds), are empty; then ONE online-softmax update per tile for all of them
@@ -334,7 +340,7 @@ def uq_decode_multiquery(q_ptr, cache_ptr, bt_ptr, seqlen_ptr, qsl_ptr, sinks_pt
                 live = live & (tb >= 0) & (tb < num_blocks)
             ts3 = gl.expand_dims(ts, 1)
             live3 = gl.expand_dims(live, 1)
-            st = _group_scores(kc8.index(cur + i), kw, qs, TILES, NW, TW, ROWS, H, MMA, KB)
+            st = _group_scores(kc8.index(cur + i), kw, q_smem, qz, TILES, NW, TW, ROWS, H, MMA, KB, QA)
             for t in gl.static_range(TILES):
                 s = st[t] * rfs[t]
                 if HAS_SOFTCAP:
