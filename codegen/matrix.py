@@ -224,11 +224,11 @@ SPILLS_ALLOWED: tuple[SpillAllowance, ...] = (
                    "register pressure is issue 24's open item)", 512),
     SpillAllowance(("spec_decode_attention",),
                    lambda c, a: True,
-                   "the multi-query decode (16-row path at 255 registers), one M tile per program: 0-56 B measured "
-                   "(8 B at 1 kv head GQA 16 with sinks + window, 56 B at 4 kv heads GQA 2); two M tiles per "
-                   "program (the second tile's accumulators): 440-728 B (728 at 2 kv heads GQA 3 with window + "
-                   "soft cap), ~90 local accesses in a 2108-instruction loop at GQA 4 / 8 kv heads (offline sm_90 "
-                   "SASS census 2026-12-02, benchmarks/NOTES.md 'Speculative-decoding steps')", 1024),
+                   "the multi-query decode (16-row path at 255 registers), one M tile per program: 0-48 B measured "
+                   "(48 B at 4 kv heads GQA 2); two M tiles per program (the second tile's accumulators): "
+                   "392-544 B, outside the hot loop except at 1 kv head GQA 16 with sinks + window (86 local "
+                   "accesses in the loop) (offline sm_90 SASS census 2026-12-02, benchmarks/NOTES.md "
+                   "'Speculative-decoding steps')", 1024),
 )
 """Configs whose scratch/spills/local memory are accepted, each with the measured figures and a byte
 budget; every other blob must use none (the build and ``ultraquant verify`` enforce both)."""
