@@ -129,12 +129,14 @@ OPS: tuple[OpRow, ...] = (
                "seq_lens on the device; head-major caches only (takes_wholepage)"),
     # The multi-query decode (Gluon, sm_90): speculative-decoding steps of up to 16 new tokens per request
     # (ultraquant.spec_decode_attention, routed by ultraquant.kernels.plans.takes_multiquery); one blob per kv-head
-    # count, and one for every token count: the count bound is a run-time argument, not a constexpr.
+    # count and M tiles per program (1, or 2 where a request has two or more: multiquery_program_tiles); the
+    # count bound is a run-time argument, not a constexpr.
     OpRow("spec_decode_attention", ("head_size", "gqa", "block_size", "dtype", "num_kv_heads"),
-          rename={"dtype": "query_dtype"}, features=ATTENTION_FEATURES, flag_defaults=ATTENTION_FLAGS,
-          archs=("sm_90",),
-          grid="(cdiv(max_query_len * GQA, 16), num_seqs, num_splits); num_splits fixed from static shapes "
-               "(multiquery_splits of num_seqs x tiles), so graphs replay any per-request counts up to "
+          rename={"dtype": "query_dtype"},
+          features=tuple({**f, "tiles": t} for f in ATTENTION_FEATURES for t in multiquery_family.MULTIQUERY_TILES),
+          flag_defaults=ATTENTION_FLAGS, archs=("sm_90",),
+          grid="(cdiv(cdiv(max_query_len * GQA, 16), TILES), num_seqs, num_splits); num_splits fixed from static "
+               "shapes (multiquery_splits of num_seqs x programs), so graphs replay any per-request counts up to "
                "max_query_len; head-major caches only (takes_multiquery)"),
     OpRow("prefill_attention", ("head_size", "gqa", "block_size", "dtype"), rename={"dtype": "query_dtype"},
           features=ATTENTION_FEATURES, flag_defaults=ATTENTION_FLAGS, targeted=True,
@@ -222,10 +224,11 @@ SPILLS_ALLOWED: tuple[SpillAllowance, ...] = (
                    "register pressure is issue 24's open item)", 512),
     SpillAllowance(("spec_decode_attention",),
                    lambda c, a: True,
-                   "the multi-query decode (16-row path at 255 registers) with 1-4 kv heads: 32-88 B measured; "
-                   "8 kv heads: none to 40 B (8 B with soft cap + window; 40 B at GQA 6 with a window, found by "
-                   "MATRIX=cover 2026-12-02) (offline sm_90 builds, benchmarks/NOTES.md "
-                   "'Speculative-decoding steps')", 512),
+                   "the multi-query decode (16-row path at 255 registers), one M tile per program: 0-48 B measured "
+                   "(48 B at 4 kv heads GQA 2); two M tiles per program (the second tile's accumulators): "
+                   "392-544 B, outside the hot loop except at 1 kv head GQA 16 with sinks + window (86 local "
+                   "accesses in the loop) (offline sm_90 SASS census 2026-12-02, benchmarks/NOTES.md "
+                   "'Speculative-decoding steps')", 1024),
 )
 """Configs whose scratch/spills/local memory are accepted, each with the measured figures and a byte
 budget; every other blob must use none (the build and ``ultraquant verify`` enforce both)."""

@@ -48,7 +48,7 @@ def register(kernel_name: str) -> Callable[[Problem], Problem]:
     return deco
 
 
-SELFTEST_VERSION = 9
+SELFTEST_VERSION = 10
 """Version of the self-test problems and pass criteria below, part of every cached verdict's key: bump
 it whenever this file changes what a self-test launches or accepts, so verdicts recorded with the old
 problems are not trusted. 1: the problems of sessions 1-2; 2: verdicts also bound to the manifest key;
@@ -59,9 +59,10 @@ target's spec (8 rows on NVIDIA); 7: kernels renamed by design (``uq_decode_spli
 ``uq_decode_wholepage``: manifest keys changed); 8: the multi-query decode problem
 (``uq_decode_multiquery``), the whole-page problem on several programs of the balanced schedule;
 9: the decode problem's K and V groups scaled per token by 2**-12..2**12, with outliers, a zero group
-and negative zeros (the FlyDSL fp16 decode, issue 26)."""
+and negative zeros (the FlyDSL fp16 decode, issue 26); 10: the multi-query problem launches the blob's
+own M tiles per program (``TILES``)."""
 
-PROBLEMS_SOURCE_SHA256 = "1fa3a671cae4d5ef7df18926f6ab7aa41f14f652a8452c716fd00dcaaf3fc2e3"
+PROBLEMS_SOURCE_SHA256 = "4a446104ddc180628dc028a7a40ca63d6f3cdd1f49164a0b6085b456f8f5d4d8"
 """sha256 of this file with this line's hash blanked (see :func:`source_hash`); a test fails when the
 file changes and this is not updated, the reminder to bump :data:`SELFTEST_VERSION`."""
 
@@ -282,7 +283,8 @@ def decode_multiquery_problem(kernel: Kernel, spec: Specialization, dev: Device)
     sinks, window, softcap = _options(c, hq, gen, dev)
     scale = d ** -0.5
     out = torch.full((n, hq, d), float("nan"), dtype=od, device=dev)
-    plan = plan_decode_multiquery(query, cache, table, seq_lens, qsl, 8, scale, sinks, window, softcap, out)
+    plan = plan_decode_multiquery(query, cache, table, seq_lens, qsl, 8, scale, sinks, window, softcap, out,
+                                  program_tiles=c["TILES"])
     why = _launch(kernel, plan, dev)
     if why:
         return False, why

@@ -81,16 +81,17 @@ def test_expand_builds_exactly_the_model_configs(configs) -> None:
     # with the reason
     assert {(c["head_size"], c["gqa"], c["num_kv_heads"]) for c in by_op["decode_attention_wholepage"]} == {
         (128, 4, hk) for hk in matrix.WHOLEPAGE_KV_HEADS} and len(by_op["decode_attention_wholepage"]) == 4
-    # the multi-query decode (speculative-decoding steps): the same rule at D=128
-    assert {(c["head_size"], c["gqa"], c["num_kv_heads"]) for c in by_op["spec_decode_attention"]} == {
-        (128, 4, hk) for hk in matrix.WHOLEPAGE_KV_HEADS} and len(by_op["spec_decode_attention"]) == 4
+    # the multi-query decode (speculative-decoding steps): the same rule at D=128, 1 and 2 M tiles per program
+    spec = by_op["spec_decode_attention"]
+    assert {(c["head_size"], c["gqa"], c["num_kv_heads"], c["tiles"]) for c in spec} == {
+        (128, 4, hk, t) for hk in matrix.WHOLEPAGE_KV_HEADS for t in (1, 2)} and len(spec) == 8
     assert {s["op"] for s in skipped} == {"decode_attention_wholepage", "spec_decode_attention"}
-    assert len(skipped) == 2 * 2 * 4
+    assert len(skipped) == 2 * 4 + 2 * 4 * 2
     # the full matrix is untouched by the filter
     full_points, _ = matrix.expand(matrix.OPS, models.make_selection(matrix_name="full"), "sm_90", ["triton"])
     # whole-page: D=128 x 6 GQA and D=256 x 5 GQA (<= 8) x 4 blocks x 4 kv heads x 6 features; multi-query: D=128 x 6
-    # GQA x 4 blocks x 4 kv heads x 6 features
-    assert len(full_points) == 24 + 48 + 2 * 576 + 576 + 480 + 576
+    # GQA x 4 blocks x 4 kv heads x 6 features x 2 tile counts
+    assert len(full_points) == 24 + 48 + 2 * 576 + 576 + 480 + 2 * 576
 
 
 def test_build_dry_run_cli(configs) -> None:
@@ -98,8 +99,8 @@ def test_build_dry_run_cli(configs) -> None:
     res = CliRunner().invoke(main, ["build", "--arch", "sm_90", "--model", str(a), "--tp", "1", "--dry-run",
                                     "--no-cache"])
     assert res.exit_code == 0, res.output
-    assert ("sm_90: 19 blobs (store_kv 6, dequant_kv 3, decode_attention 1, decode_attention_wholepage 4, "
-            "spec_decode_attention 4, prefill_attention 1)") in res.output, res.output
+    assert ("sm_90: 23 blobs (store_kv 6, dequant_kv 3, decode_attention 1, decode_attention_wholepage 4, "
+            "spec_decode_attention 8, prefill_attention 1)") in res.output, res.output
     res = CliRunner().invoke(main, ["build", "--arch", "sm_90", "--model", str(a), "--tp", "1", "--dry-run",
                                     "--no-cache", "--kv-heads", "8"])
     assert "decode_attention_wholepage 1," in res.output, res.output
@@ -162,7 +163,7 @@ def test_info_lists_configs(tmp_path, monkeypatch, configs) -> None:
     monkeypatch.setenv("ULTRAQUANT_GENERATED", str(tmp_path))
     res = CliRunner().invoke(main, ["info"])
     assert res.exit_code == 0, res.output
-    assert "sm_90: 32 in" in res.output and "built for  models" in res.output and "llama, gpt-oss.json" in res.output
+    assert "sm_90: 36 in" in res.output and "built for  models" in res.output and "llama, gpt-oss.json" in res.output
     assert ("configs    D=128 block 16 bf16 plain: GQA 4 "
             "(decode_attention, decode_attention_wholepage, prefill_attention, spec_decode_attention)"
             in res.output)

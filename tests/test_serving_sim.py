@@ -264,6 +264,7 @@ class Simulation:
                 # decode rows (and small continuations on the multi-query decode) read their own
                 # (quantized) tokens from the cache too
                 k, v = r.kq[:end], r.vq[:end]
+                self.stats["chunks_from_cache"] += int(i >= num_decodes)
             else:
                 k = torch.cat([r.kq[:ctx], r.k[ctx:end].double()])
                 v = torch.cat([r.vq[:ctx], r.v[ctx:end].double()])
@@ -274,9 +275,11 @@ class Simulation:
 
     def _chunk_from_cache(self, ctx: int, n: int, query: torch.Tensor) -> bool:
         """Whether the layer serves this continuation by the multi-query decode (its K/V read back from
-        the cache): a small one (every small run is then <= 16 tokens) where the kernel covers the layer."""
+        the cache): a small one (every small run is then <= 16 tokens) where the kernel covers the layer.
+        The rule is asked about a query row on the layer's device (``query`` is the oracle's CPU copy: on
+        the CPU the rule always says no)."""
         return (0 < ctx and n <= self.layer.threshold <= 16
-                and ops.spec_decode_takes_kernel(query, self.kv_cache, self.layer.threshold))
+                and ops.spec_decode_takes_kernel(query[:1].to(self.device), self.kv_cache, self.layer.threshold))
 
     def compare(self, got: torch.Tensor, expect: torch.Tensor) -> None:
         """Per-element error relative to the output scale, and the per-row cosine."""
@@ -468,6 +471,7 @@ def test_serving_simulation_with_the_multiquery_route(monkeypatch) -> None:
     cfg = SimConfig(seed=4, threshold=5)
     sim = Simulation(cfg).run()
     assert sim.layer.prefill_routes["small:multiquery"] > 0, dict(sim.layer.prefill_routes)
+    assert sim.stats["chunks_from_cache"] > 0, dict(sim.stats)
     assert sim.max_err <= 1e-5 and sim.min_cos >= 1 - 1e-5, (sim.max_err, sim.min_cos)
     monkeypatch.setattr(Simulation, "_chunk_from_cache", lambda self, ctx, n, query: False)
     wrong = Simulation(cfg).run()

@@ -22,18 +22,20 @@ from ultraquant.errors import UltraQuantError
 from ultraquant.kernels import catalog, plans
 from ultraquant.kernels.families import decode_multiquery as mq
 
-TT = 4 * 1 * 16  # tokens per stage at the default ring (NSUB=4, 16-token runs) with WT=1 (8 kv heads)
+TT = 4 * 1 * 16  # tokens per stage at one tile per program (NSUB=4, 16-token runs) with WT=1 (8 kv heads); 16 at two
 
 
-def _model(query, kv_cache, block_table, seq_lens, qsl, scale, max_tokens, splits, window=None, tt=TT):
+def _model(query, kv_cache, block_table, seq_lens, qsl, scale, max_tokens, splits, window=None, tt=TT,
+           per_program=1):
     """The kernel's work split in float64 torch: per (tile, request, split) the rows' online partials
     over the split's tokens, merged like the last program does. Mirrors uq_decode_multiquery's integer
-    arithmetic (tok_first/tok_last/hi/lo/lo_run/per/t_lo/t_hi, row limits)."""
+    arithmetic (tok_first/tok_last/hi/lo/lo_run/per/t_lo/t_hi of a program's ``per_program`` tiles,
+    row limits)."""
     n, hq, d = query.shape
     hk = kv_cache.shape[2]
     gqa = hq // hk
     rows = mq.MULTIQUERY_ROWS
-    tiles = mq.multiquery_tiles(gqa, max_tokens)
+    tiles = -(-mq.multiquery_tiles(gqa, max_tokens) // per_program) * per_program
     out = torch.zeros(n, hq, d, dtype=torch.float64)
     keys, values = R.dequant_kv(kv_cache, block_table, seq_lens)
     for b in range(seq_lens.shape[0]):
@@ -42,8 +44,9 @@ def _model(query, kv_cache, block_table, seq_lens, qsl, scale, max_tokens, split
         n_new = min(max(int(qsl[b + 1]) - q0, 0), min(length, max_tokens))
         k_all, v_all = keys[b].double(), values[b].double()
         for tile in range(tiles):
-            tok_first = tile * rows // gqa
-            tok_last = min((tile * rows + rows - 1) // gqa, n_new - 1)
+            group = tile // per_program
+            tok_first = group * per_program * rows // gqa
+            tok_last = min(((group + 1) * per_program * rows - 1) // gqa, n_new - 1)
             hi = length - n_new + tok_last + 1 if tok_first < n_new else 0
             lo = 0
             if window is not None:
@@ -94,6 +97,7 @@ def _step(lens, news, hq, hk, bs, seed):
     return prob, query, qsl
 
 
+@pytest.mark.parametrize("per_program", [1, 2])
 @pytest.mark.parametrize("lens,news,hq,hk,bs,window,splits", [
     ([300, 17, 5, 64], [4, 1, 5, 16], 32, 8, 16, None, 3),        # GQA 4: 16 rows = 4 tokens per tile
     ([200, 40], [7, 16], 16, 2, 32, None, 2),                     # GQA 8: two tiles for 4+ tokens
@@ -101,12 +105,13 @@ def _step(lens, news, hq, hk, bs, seed):
     ([129, 70], [16, 2], 16, 1, 64, 7, 5),                        # GQA 16: one token per tile; tiny window
     ([90, 3], [0, 3], 4, 4, 16, None, 2),                         # an empty request
 ])
-def test_row_mapping_model_matches_reference(lens, news, hq, hk, bs, window, splits):
+def test_row_mapping_model_matches_reference(lens, news, hq, hk, bs, window, splits, per_program):
     prob, query, qsl = _step(lens, news, hq, hk, bs, seed=len(lens) + hq)
     scale = 0.125
     want = R.spec_decode_attention(query, prob.kv_cache, prob.block_table, prob.seq_lens, qsl, scale,
                                    max_query_len=16, sliding_window=window)
-    got = _model(query, prob.kv_cache, prob.block_table, prob.seq_lens, qsl, scale, 16, splits, window)
+    got = _model(query, prob.kv_cache, prob.block_table, prob.seq_lens, qsl, scale, 16, splits, window,
+                 tt=TT if per_program == 1 else 16, per_program=per_program)
     assert torch.allclose(got, want.double(), atol=1e-5, rtol=1e-4), (got - want).abs().max()
 
 
@@ -181,8 +186,15 @@ def test_plan_shapes(monkeypatch):
                                     None, out)
     p4 = fam.plan_decode_multiquery(query, prob.kv_cache, prob.block_table, prob.seq_lens, qsl, 4, 0.1, None, None,
                                     None, out)
-    assert p8.grid[:2] == (2, 4) and p4.grid[:2] == (1, 4)
-    assert p8.spec.key() == p4.spec.key()  # the count bound is a run-time argument, not a constexpr
+    p16 = fam.plan_decode_multiquery(query, prob.kv_cache, prob.block_table, prob.seq_lens, qsl, 16, 0.1, None,
+                                     None, None, out)
+    p12 = fam.plan_decode_multiquery(query, prob.kv_cache, prob.block_table, prob.seq_lens, qsl, 12, 0.1, None,
+                                     None, None, out)
+    # programs of 2 M tiles (each run's codes decoded once for both) from 2 tiles on; 12 tokens: 3 tiles -> 2
+    assert p8.grid[:2] == (1, 4) and p4.grid[:2] == (1, 4) and p16.grid[:2] == (2, 4) and p12.grid[:2] == (2, 4)
+    assert (p4.spec.constexprs["TILES"], p8.spec.constexprs["TILES"], p16.spec.constexprs["TILES"]) == (1, 2, 2)
+    assert p8.spec.key() == p16.spec.key()  # the count bound is a run-time argument, not a constexpr
+    assert p8.notes["tiles"] == 2 and p12.notes["tiles"] == 4
     names = list(p8.spec.signature)
     assert p8.args[names.index("max_tokens")] == 8 and p4.args[names.index("max_tokens")] == 4
     assert p8.args[names.index("qsl_ptr")] is qsl
@@ -211,15 +223,15 @@ def test_the_matrix_builds_the_plans_key(monkeypatch):
     sel = matrix.Selection(head_sizes=(128,), gqa=(4,), block_sizes=(16,), kv_heads=(8,),
                            ops=("spec_decode_attention",))
     points, skipped = matrix.expand(matrix.OPS, sel, "sm_90", ["triton"])
-    assert len(points) == len(matrix.ATTENTION_FEATURES) and not skipped
-    plain = next(p for p in points if not any(p.config[f] for f in ("has_sinks", "has_window", "has_softcap")))
-    built = catalog.specializer("spec_decode_attention")(**plain.config)
+    assert len(points) == len(matrix.ATTENTION_FEATURES) * len(mq.MULTIQUERY_TILES) and not skipped
+    plain = {p.config["tiles"]: catalog.specializer("spec_decode_attention")(**p.config) for p in points
+             if not any(p.config[f] for f in ("has_sinks", "has_window", "has_softcap"))}
     prob, query, qsl = _step([300, 17], [4, 2], 32, 8, 16, seed=6)
     query = query.to(torch.bfloat16)
-    for tokens in (2, 4, 16):
+    for tokens, tiles in ((2, 1), (4, 1), (5, 2), (16, 2)):
         plan = plans.plan_spec_decode(query, prob.kv_cache, prob.block_table, prob.seq_lens, qsl, tokens, 0.1, None,
                                       None, None, torch.empty_like(query))
-        assert plan.spec.key() == built.key()
+        assert plan.spec.key() == plain[tiles].key()
     assert matrix.expand(matrix.OPS, matrix.Selection(head_sizes=(256,), gqa=(4,), block_sizes=(16,), kv_heads=(8,),
                                                       ops=("spec_decode_attention",)), "sm_90", ["triton"])[0] == []
 
@@ -235,8 +247,10 @@ def test_model_specializations_plan_the_multiquery_decode(monkeypatch):
     head = (16 * 8 * 136, 136, 16 * 136)
     model = {"head_size": 128, "block_size": 16, "num_q_heads": 32, "num_kv_heads": 8, "has_sinks": True,
              "ops": ["spec_decode_attention"]}
-    (spec,) = policy.model_specializations({**model, "cache_strides": list(head)})
-    assert spec.kernel == "uq_decode_multiquery" and spec.constexprs["HAS_SINKS"] and spec.constexprs["GQA"] == 4
+    specs = policy.model_specializations({**model, "cache_strides": list(head)})
+    assert [s.constexprs["TILES"] for s in specs] == [1, 2]
+    for spec in specs:
+        assert spec.kernel == "uq_decode_multiquery" and spec.constexprs["HAS_SINKS"] and spec.constexprs["GQA"] == 4
     assert policy.model_specializations(model) == []  # no cache strides: no rule to apply
     assert policy.model_specializations({**model, "head_size": 256, "cache_strides": [16 * 8 * 272, 272, 16 * 272]}) \
         == []

@@ -28,7 +28,7 @@ from .errors import UltraQuantError
 from .kernels import catalog, plans
 from .kernels.families import dequant as dequant_family
 from .kernels.families import store as store_family
-from .kernels.families.decode_multiquery import MULTIQUERY_MAX_TOKENS, decode_multiquery_spec
+from .kernels.families.decode_multiquery import MULTIQUERY_MAX_TOKENS, MULTIQUERY_TILES, decode_multiquery_spec
 from .kernels.specialization import DTYPE_NAMES, LaunchPlan, Specialization, slot_alignment, target_of
 from .runtime import launch as runtime_launch
 from .runtime import try_launch
@@ -126,8 +126,8 @@ def model_specializations(model: dict[str, Any], device: Any = None) -> list[Spe
     slot alignment; dequant the query dtype (the dense prefill route's); decode/prefill the device's
     target and ``ULTRAQUANT_DECODE_*`` tuning; the whole-page decode
     where the plan's rule takes it (``num_kv_heads`` and head-major ``cache_strides`` given); with
-    ``spec_decode_attention`` in ``ops`` (not a default), the multi-query decode where
-    ``takes_multiquery`` takes it (the same two keys needed)."""
+    ``spec_decode_attention`` in ``ops`` (not a default), the multi-query decode (both tile counts per
+    program) where ``takes_multiquery`` takes it (the same two keys needed)."""
     unknown = sorted(set(model) - set(MODEL_KEYS))
     if unknown:
         raise UltraQuantError(f"configs: unknown model keys {unknown} (known: {', '.join(MODEL_KEYS)})")
@@ -162,9 +162,10 @@ def model_specializations(model: dict[str, Any], device: Any = None) -> list[Spe
                 hk = int(model["num_kv_heads"]) if "num_kv_heads" in model else None
                 if hk is not None and strides is not None and plans.takes_multiquery(
                         d, gqa, hk, bs, strides, dev, MULTIQUERY_MAX_TOKENS, config.get().tuning):
-                    out.append(decode_multiquery_spec(head_size=d, gqa=gqa, num_kv_heads=hk, block_size=bs,
-                                                      query_dtype=q, out_dtype=o, has_sinks=flags[0],
-                                                      has_window=flags[1], has_softcap=flags[2]))
+                    out += [decode_multiquery_spec(head_size=d, gqa=gqa, num_kv_heads=hk, block_size=bs,
+                                                   query_dtype=q, out_dtype=o, has_sinks=flags[0],
+                                                   has_window=flags[1], has_softcap=flags[2], tiles=t)
+                            for t in MULTIQUERY_TILES]
                 continue
             if op in ("decode_attention", "decode_attention_wholepage"):  # the plan's rule picks the family
                 hk = int(model["num_kv_heads"]) if "num_kv_heads" in model else None

@@ -325,6 +325,16 @@ def prefill_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tenso
     """
     geo = validate.check_prefill(query, key, value, kv_cache, block_table, seq_lens, query_start_loc,
                                  scale, sinks, sliding_window, softcap, out)
+    result = _prefill(query, key, value, kv_cache, block_table, seq_lens, query_start_loc, geo.head_size, scale,
+                      sinks, sliding_window, softcap)
+    return _write(result, query, out)
+
+
+def _prefill(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor,
+             block_table: torch.Tensor, seq_lens: torch.Tensor, query_start_loc: torch.Tensor, head_size: int,
+             scale: float, sinks: torch.Tensor | None, sliding_window: int | None,
+             softcap: float | None) -> torch.Tensor:
+    """:func:`prefill_attention` on checked arguments, float64 (any float ``key``/``value``)."""
     result = torch.zeros(query.shape, dtype=torch.float64, device=query.device)
     starts = query_start_loc.tolist()
     for i, length in enumerate(seq_lens.tolist()):
@@ -333,12 +343,12 @@ def prefill_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tenso
             continue
         prefix = length - (b - a)
         start = min(prefix, _window_start(prefix, sliding_window))
-        k_old, v_old = decode_slots(_request_slots(kv_cache, block_table, i, start, prefix), geo.head_size)
+        k_old, v_old = decode_slots(_request_slots(kv_cache, block_table, i, start, prefix), head_size)
         k = torch.cat([k_old, key[a:b].double()])
         v = torch.cat([v_old, value[a:b].double()])
         q_pos = torch.arange(prefix, length, device=query.device)
         result[a:b] = _attend(query[a:b].double(), k, v, q_pos, start, scale, sinks, sliding_window, softcap)
-    return _write(result, query, out)
+    return result
 
 
 def spec_decode_attention(query: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tensor,
@@ -348,19 +358,18 @@ def spec_decode_attention(query: torch.Tensor, kv_cache: torch.Tensor, block_tab
                           out: torch.Tensor | None = None) -> torch.Tensor:
     """A speculative-decoding step: request i's new tokens ``query_start_loc[i]:query_start_loc[i+1]``
     (at most ``max_query_len``) sit at the end of its ``seq_lens[i]`` tokens, whose K/V are ALL in the
-    cache (the step stored its own first): each attends causally to the cache. Equals
-    :func:`prefill_attention` with ``key``/``value`` = the cache's rows of the new tokens."""
+    cache (the step stored its own first): each attends causally to the cache. It is
+    :func:`prefill_attention` with ``key``/``value`` = the cache's rows of the new tokens (float64)."""
     geo = validate.check_spec_decode(query, kv_cache, block_table, seq_lens, query_start_loc, max_query_len,
                                      scale, sinks, sliding_window, softcap, out)
-    result = torch.zeros(query.shape, dtype=torch.float64, device=query.device)
+    shape = (query.shape[0], geo.num_kv_heads, geo.head_size)
+    key = torch.zeros(shape, dtype=torch.float64, device=query.device)
+    value = torch.zeros(shape, dtype=torch.float64, device=query.device)
     starts = query_start_loc.tolist()
     for i, length in enumerate(seq_lens.tolist()):
         a, b = starts[i], starts[i + 1]
-        if a == b:
-            continue
-        prefix = length - (b - a)
-        start = _window_start(prefix, sliding_window)
-        k, v = decode_slots(_request_slots(kv_cache, block_table, i, start, length), geo.head_size)
-        q_pos = torch.arange(prefix, length, device=query.device)
-        result[a:b] = _attend(query[a:b].double(), k, v, q_pos, start, scale, sinks, sliding_window, softcap)
+        key[a:b], value[a:b] = decode_slots(_request_slots(kv_cache, block_table, i, length - (b - a), length),
+                                            geo.head_size)
+    result = _prefill(query, key, value, kv_cache, block_table, seq_lens, query_start_loc, geo.head_size, scale,
+                      sinks, sliding_window, softcap)
     return _write(result, query, out)

@@ -1,6 +1,6 @@
 """Small multi-query decode (speculative-decoding step) workload for compute-sanitizer (memcheck /
 racecheck): ragged counts 0..16 at block and split boundaries, Hk 1/2/8, window + soft cap + sinks,
-two tiles per request, an empty request, head-major caches. Checks results against the reference
+one and two M tiles per program, an empty request, head-major caches. Checks results against the reference
 (exit 1 on a mismatch)."""
 
 from __future__ import annotations
@@ -18,7 +18,9 @@ from tests.gpu.test_spec_decode_gpu import _step  # noqa: E402
 from ultraquant import reference as R  # noqa: E402
 
 CASES = [
-    # seq_lens, new tokens, Hq, Hk, block, sinks, window, softcap
+    # seq_lens, new tokens, Hq, Hk, block, sinks, window, softcap (the first: one M tile, programs of one;
+    # the rest: programs of two)
+    ([700, 33, 1], [4, 2, 1], 32, 8, 16, True, 64, None),
     ([700, 1, 64, 65], [4, 1, 8, 0], 32, 8, 16, False, None, None),
     ([300, 17], [16, 3], 16, 2, 32, True, 100, 30.0),
     ([129, 5], [7, 5], 8, 1, 64, True, None, None),

@@ -5,7 +5,8 @@ Through the public op (``ultraquant.spec_decode_attention``; the plan must pick 
 GQA 1..16, Hk 1/2/4/8, blocks 16..128, ragged new-token counts 0..16 per request (0: a padding request),
 lengths 1..131072, sinks, sliding window, soft cap, fp16/bf16 queries, NaN-poisoned outputs, equality with
 ``reference.prefill_attention`` fed the cache's rows of the new tokens, CUDA graph capture at the largest
-count and replay with new counts and lengths; D=256 stays on the prefill kernel (``spec_decode_takes_kernel``).
+count and replay with new counts and lengths; programs of one and of two M tiles (``TILES``: the plan takes two
+from two tiles on, a test forces one); D=256 stays on the prefill kernel (``spec_decode_takes_kernel``).
 """
 
 from __future__ import annotations
@@ -82,6 +83,30 @@ def test_spec_decode(name):
     pre = R.prefill_attention(query.float(), kk, vv, prob.kv_cache, prob.block_table, prob.seq_lens, qsl, scale,
                               sinks=sk, sliding_window=window, softcap=softcap)
     check_close(out, pre, f"{name} vs prefill_attention")
+
+
+@pytest.mark.parametrize("name", ["gqa4-hk8-b16-k7", "gqa4-hk8-ragged", "gqa3-hk2-b32-window-softcap",
+                                  "gqa5-hk1-b128-sinks-window", "gqa16-hk1-b16-batch32"])
+def test_spec_decode_one_tile_programs(name, monkeypatch):
+    """Steps of two or more M tiles, on programs of one tile each (the plan picks two per program there):
+    the one-tile kernel against the reference on ragged rows, windows, sinks, soft cap."""
+    from ultraquant.kernels.families import decode_multiquery as fam
+
+    monkeypatch.setattr(fam, "multiquery_program_tiles", lambda gqa, max_tokens: 1)
+    lens, news, hq, hk, bs, sinks, window, softcap, dtype = CASES[name]
+    prob, query, qsl, sk = _step(lens, news, hq, hk, 128, bs, sinks, dtype, seed=len(name))
+    mq = max(news)
+    plan = plans.plan_spec_decode(query, prob.kv_cache, prob.block_table, prob.seq_lens, qsl, mq, 128 ** -0.5, sk,
+                                  window, softcap, torch.empty_like(query))
+    assert plan.spec.constexprs["TILES"] == 1 and plan.grid[0] == fam.multiquery_tiles(hq // hk, mq) > 1
+    out = torch.full_like(query, float("nan"))
+    uq.spec_decode_attention(query, prob.kv_cache, prob.block_table, prob.seq_lens, qsl, 128 ** -0.5,
+                             max_query_len=mq, sinks=sk, sliding_window=window, softcap=softcap, out=out)
+    torch.cuda.synchronize()
+    assert int(uq.check_errors()) == 0
+    ref = R.spec_decode_attention(query.float(), prob.kv_cache, prob.block_table, prob.seq_lens, qsl, 128 ** -0.5,
+                                  max_query_len=mq, sinks=sk, sliding_window=window, softcap=softcap)
+    check_close(out, ref, f"{name} one tile per program")
 
 
 def test_spec_decode_d256_keeps_prefill():

@@ -6,9 +6,10 @@ is ``prefill_attention`` with ``key``/``value`` = the cache's own (dequantized) 
 (docs/api.md, ``spec_decode_attention``). Coverage: the whole-page decode's (head-major 16-byte
 aligned runs, 1/2/4/8 kv heads, blocks of a multiple of 16) at D=128 and GQA 1-16 (the 16-M-row path);
 the rest, and any call with more than :data:`MULTIQUERY_MAX_TOKENS` new tokens per request, is the
-prefill kernel's. One blob serves every count: the query-token bound is a run-time argument
-(``max_tokens``) that sets the grid's tiles, so a CUDA graph captured at the largest count replays
-any per-request counts up to it (read from ``query_start_loc`` on the device).
+prefill kernel's. A program takes one or two M tiles (:func:`multiquery_program_tiles`; a blob each);
+otherwise the query-token bound is a run-time argument (``max_tokens``) that sets the grid's tiles, so a
+CUDA graph captured at the largest count replays any per-request counts up to it (read from
+``query_start_loc`` on the device).
 """
 
 from __future__ import annotations
@@ -24,7 +25,8 @@ from ..flags import error_words
 from ..heuristics import cdiv, num_sms
 from ..specialization import LaunchPlan, Specialization, fit_divisible, signature_of, type_name
 from ..workspace import decode_workspace, dummy_f32
-from .decode_wholepage import KV_HEADS, WHOLEPAGE_MIN_SPLIT_TOKENS, WHOLEPAGE_PROGRAMS_PER_SM, wholepage_call
+from .decode_wholepage import WHOLEPAGE_MIN_SPLIT_TOKENS, WHOLEPAGE_PROGRAMS_PER_SM, wholepage_call
+from .decode_wholepage import unsupported as wholepage_unsupported
 
 MULTIQUERY_ROWS = 16
 """Query rows ((token, head) pairs of one kv head, token-major) per M tile: the kernel's ``MQ_ROWS``."""
@@ -67,13 +69,6 @@ MULTIQUERY_PARAMS: tuple[tuple[str, str], ...] = (
 query-token bound ``max_tokens``; query/output strides are per token row (the prefill layout)."""
 
 
-def multiquery_supports(*, head_size: int, gqa: int, num_kv_heads: int, block_size: int, runs: bool,
-                        target: str) -> bool:
-    """The coverage rule (build-time facts; ``runs``: the cache's 16-token runs are whole)."""
-    return (target == "cuda" and head_size == 128 and 1 <= gqa <= 16 and num_kv_heads in KV_HEADS
-            and block_size % 16 == 0 and runs)
-
-
 def multiquery_call(head_size: int, gqa: int, num_kv_heads: int, block_size: int, cache_strides: tuple[int, ...],
                     target: str, max_tokens: int, cache_aligned: bool = True) -> bool:
     """The plan's rule for one call: the whole-page decode's cache rule, D=128, and at most
@@ -83,16 +78,12 @@ def multiquery_call(head_size: int, gqa: int, num_kv_heads: int, block_size: int
 
 
 def unsupported(config: dict[str, Any]) -> str:
-    """Why the multi-query decode does not serve ``config`` (matrix keys), or ``""``."""
-    dtype = config.get("query_dtype", config.get("dtype", "bf16"))
-    if str(dtype) not in ("bf16", "fp16"):
-        return f"the multi-query decode reads bf16/fp16 queries, not {dtype}"
-    if not multiquery_supports(head_size=config.get("head_size", 0), gqa=config.get("gqa", 0),
-                               num_kv_heads=config.get("num_kv_heads", 0), block_size=config.get("block_size", 0),
-                               runs=True, target="cuda"):
-        return ("the multi-query decode serves D=128, GQA 1-16, 1/2/4/8 kv heads, blocks of a multiple of 16 "
-                "tokens (multiquery_supports); the prefill kernel serves the rest")
-    return ""
+    """Why the multi-query decode does not serve ``config`` (matrix keys), or ``""``: the whole-page
+    decode's coverage (:func:`.decode_wholepage.unsupported`) at D=128 (the 16-M-row path)."""
+    if config.get("head_size", 0) != 128:
+        return "the multi-query decode serves D=128 (the 16-M-row path); the prefill kernel serves the rest"
+    why = wholepage_unsupported(config)
+    return f"the multi-query decode covers what the whole-page decode does: {why}" if why else ""
 
 
 def decode_multiquery_spec(
@@ -106,11 +97,15 @@ def decode_multiquery_spec(
     has_sinks: bool = False,
     has_window: bool = False,
     has_softcap: bool = False,
-    nsub: int = 4,
-    stages: int = 2,
+    tiles: int = 1,
+    nsub: int | None = None,
+    stages: int | None = None,
     **_: Any,
 ) -> Specialization:
-    """The multi-query decode kernel for one config (ring shape as the whole-page decode's default)."""
+    """The multi-query decode kernel for one config: ``tiles`` M tiles per program (1 or 2); the ring as the
+    whole-page decode's default at one tile; one run per warp and stage, 8 stages (the same bytes in
+    flight) at two, where the second tile's accumulators take the registers (more runs per stage spill
+    in the loop: benchmarks/NOTES.md, "Speculative-decoding steps")."""
     d = check_head_size(head_size)
     if d != 128:
         raise UltraQuantError(f"the multi-query decode serves D=128, not {d} (the prefill kernel does)")
@@ -125,13 +120,14 @@ def decode_multiquery_spec(
             "GQA": int(gqa),
             "HK": hk,
             "WT": max(1, MULTIQUERY_WARPS // hk),
-            "NSUB": nsub,
-            "STAGES": stages,
+            "NSUB": nsub or (4 if tiles == 1 else 1),
+            "STAGES": stages or (2 if tiles == 1 else 8),
             "TW": 16,
             "BLOCK_SIZE": int(block_size),
             "HAS_SINKS": bool(has_sinks),
             "HAS_WINDOW": bool(has_window),
             "HAS_SOFTCAP": bool(has_softcap),
+            "TILES": int(tiles),
         },
         num_warps=hk * max(1, MULTIQUERY_WARPS // hk),
         num_stages=1,
@@ -142,6 +138,16 @@ def decode_multiquery_spec(
 def multiquery_tiles(gqa: int, max_tokens: int) -> int:
     """M tiles per request: ``max_tokens x GQA`` rows, 16 per tile."""
     return cdiv(max(1, int(max_tokens)) * int(gqa), MULTIQUERY_ROWS)
+
+
+MULTIQUERY_TILES: tuple[int, ...] = (1, 2)
+"""M tiles per program the kernel is built for (constexpr ``TILES``; a blob each)."""
+
+
+def multiquery_program_tiles(gqa: int, max_tokens: int) -> int:
+    """M tiles per program for a call: 2 (each run's codes decoded once for both) where a request has
+    two or more, else 1."""
+    return 2 if multiquery_tiles(gqa, max_tokens) >= 2 else 1
 
 
 def multiquery_splits(programs: int, max_tokens: int, device: torch.device, forced: int | None = None) -> int:
@@ -166,18 +172,24 @@ def plan_decode_multiquery(
     softcap: float | None,
     out: torch.Tensor,
     forced_splits: int | None = None,
+    program_tiles: int | None = None,
 ) -> LaunchPlan:
     """Launch of the multi-query decode (callers check :func:`multiquery_call` first); grid
-    ``(tiles, B, splits)``, tiles from the host bound ``max_tokens``, splits from static shapes."""
+    ``(tiles / TILES, B, splits)``, tiles from the host bound ``max_tokens`` (rounded up to whole programs
+    of :func:`multiquery_program_tiles`, or ``program_tiles``: the self-test of a given blob), splits from
+    static shapes."""
     _, hq, d = query.shape
     hk, bs = kv_cache.shape[2], kv_cache.shape[1]
     gqa = hq // hk
     nreq = seq_lens.shape[0]
+    per_program = program_tiles or multiquery_program_tiles(gqa, max_tokens)
     spec = decode_multiquery_spec(head_size=d, gqa=gqa, num_kv_heads=hk, block_size=bs, query_dtype=query.dtype,
                                   out_dtype=out.dtype, has_sinks=sinks is not None,
-                                  has_window=sliding_window is not None, has_softcap=softcap is not None)
-    tiles = multiquery_tiles(gqa, max_tokens)
-    splits = multiquery_splits(nreq * tiles, block_table.shape[1] * bs, query.device, forced_splits)
+                                  has_window=sliding_window is not None, has_softcap=softcap is not None,
+                                  tiles=per_program)
+    groups = cdiv(multiquery_tiles(gqa, max_tokens), per_program)
+    tiles = groups * per_program
+    splits = multiquery_splits(nreq * groups, block_table.shape[1] * bs, query.device, forced_splits)
     parts = nreq * tiles * hk * splits * spec.constexprs["WT"]
     part, ml, counter = decode_workspace(query.device, parts * MULTIQUERY_ROWS * d, parts * 2 * MULTIQUERY_ROWS,
                                          nreq * tiles * hk)
@@ -209,7 +221,7 @@ def plan_decode_multiquery(
         kv_cache.stride(2),
         block_table.stride(0),
     )
-    return LaunchPlan(fit_divisible(spec, args, alignable(spec.kernel)), args, (tiles, nreq, splits),
+    return LaunchPlan(fit_divisible(spec, args, alignable(spec.kernel)), args, (groups, nreq, splits),
                       notes={"num_splits": splits, "tiles": tiles})
 
 
@@ -217,9 +229,10 @@ __all__ = [
     "MULTIQUERY_MAX_TOKENS",
     "MULTIQUERY_PARAMS",
     "MULTIQUERY_ROWS",
+    "MULTIQUERY_TILES",
     "decode_multiquery_spec",
     "multiquery_call",
-    "multiquery_supports",
+    "multiquery_program_tiles",
     "multiquery_tiles",
     "plan_decode_multiquery",
     "unsupported",

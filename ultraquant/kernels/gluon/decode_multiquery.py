@@ -5,31 +5,32 @@ A step verifies ``n`` drafted tokens per request: ``n`` query tokens at the end 
 sequence, their own K/V already in the cache (stored by the step's store before attention, as vLLM
 does and as the decode does for its one token). The query rows of one kv head are the ``n x GQA``
 (token, head) pairs in token-major order (row ``r``: token ``r // GQA``, query head ``r % GQA`` of the
-kv head); a program serves one 16-row M tile of them (``tile``) for ALL kv heads of a token range of
-one request, grid ``(tiles, B, splits)``, and reads the pages exactly as the whole-page decode does:
-a ``cp.async`` ring of whole 16-token runs (:func:`~.decode_wholepage._issue_stage`), FP4 decoded by
-inline PTX into ``mma_v2`` operands (the 16-M-row path of :func:`~.decode_wholepage._run_scores` and
-:func:`~.decode_wholepage._run_pv`). Tiles of one (request, split) are neighbours in launch order, so
-the second tile of an 8-token GQA-4 step finds its pages in L2.
+kv head), 16 per M tile; a program serves ``TILES`` (1 or 2) M tiles for ALL kv heads of a token range
+of one request, grid ``(tiles / TILES, B, splits)``, and reads the pages exactly as the whole-page
+decode does: a ``cp.async`` ring of whole 16-token runs (:func:`~.decode_wholepage._issue_stage`).
+Each run's codes are decoded once for all the program's tiles: K by scale group (:func:`_group_scores`:
+the codes in the MMA's k order as fp16 ``fp4 * 2**-14`` by the decode's word PTX, the UE8M0 group
+scales on the partial scores), V as the whole-page decode's 16-M-row path (:func:`_pv_tiles`).
 
 What differs from the decode: each row's own causal limit (row ``r`` sees cached tokens
 ``< seq_len - n + r // GQA + 1``; with a window, also ``>= limit - window``), each request's own
 count ``n = qsl[b + 1] - qsl[b]`` read on the device (ragged 0..``max_tokens``; rows past ``n`` are
-empty, a tile past them reads nothing), queries and outputs addressed by token rows like the prefill
-kernel, and the partials / merge ticket per (tile, request).
+empty, a program past them reads nothing), queries and outputs addressed by token rows like the
+prefill kernel, and the partials / merge ticket per (tile, request).
 """
 
 from __future__ import annotations
 
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.ampere import async_copy
+from triton.experimental.gluon.language.nvidia.ampere import async_copy, mma_v2
 
 from .decode_wholepage import (
     ERR_SEQ_LEN,
     LOG2E,
     _blocks_inside,
     _floor_log2,
+    _fp4_decode,
     _fwht_rows,
     _iota3,
     _issue_stage,
@@ -38,31 +39,138 @@ from .decode_wholepage import (
     _physical_token,
     _piece,
     _pow2,
-    _run_pv,
-    _run_scores,
+    _rel_scale,
     _slot_layout,
     _token_top,
     _v_layout,
+    _word_pairs,
 )
 
 MQ_ROWS = gl.constexpr(16)
 """Query rows per M tile: (token, head) pairs of one kv head, token-major."""
 
 
+_WORD_CODES_ASM = gl.constexpr("{ .reg .b32 t1, t2, t3; " + _word_pairs(["$0", "$1", "$2", "$3"], "$4") + " }")
+"""The whole-page decode's word PTX (:func:`~.decode_wholepage._word_pairs`, 11 instructions a word): the
+8 codes of 4 K bytes as fp16 ``fp4 * 2**-14``, dims (0, 4, 1, 5) and (2, 6, 3, 7) of the word."""
+
+
+@gluon.jit
+def _word_codes(b):
+    """Two fp16 tensors from uint8 ``b`` (4 adjacent code bytes a register): of each word the dims
+    (0, 4, 1, 5) and (2, 6, 3, 7), the k order of :data:`K_ORDER` (no relative scales: the group scales
+    multiply the scores, :func:`_group_scores`)."""
+    return gl.inline_asm_elementwise(asm=_WORD_CODES_ASM, constraints="=r,=r,=r,=r,r", args=[b],
+                                     dtype=(gl.float16, gl.float16), is_pure=True, pack=4)
+
+
+@gluon.jit
+def _groups4(x, NW: gl.constexpr, R: gl.constexpr, AXIS: gl.constexpr, L: gl.constexpr):
+    """The four 32-dim scale groups of ``x`` (64 dim pairs on ``AXIS`` 1 or 2, ``R`` on the other; group
+    g: pairs 16 g .. 16 g + 15), each in layout ``L``."""
+    if AXIS == 1:
+        y = gl.permute(gl.reshape(x, [NW, 2, 2, 16, R]), [0, 3, 4, 1, 2])  # g = 2 g1 + g0 -> last axes
+    else:
+        y = gl.permute(gl.reshape(x, [NW, R, 2, 2, 16]), [0, 1, 4, 2, 3])
+    e0, e1 = gl.split(y)  # g0 = 0, 1
+    g0, g2 = gl.split(e0)
+    g1, g3 = gl.split(e1)
+    return (gl.convert_layout(g0, L), gl.convert_layout(g1, L), gl.convert_layout(g2, L),
+            gl.convert_layout(g3, L))
+
+
+K_ORDER = gl.constexpr([1, 8, 2, 4, 16, 32])
+"""The MMA k index of each bit of a K code byte's index (dim pair) in its slot: bytes ``4 t .. 4 t + 3`` of a
+16-byte scale group are k ``2 t, 2 t + 1, 2 t + 8, 2 t + 9``, the four k values lane ``t`` of a quad holds
+in an ``m16n8k16`` B fragment, so one 32-bit shared load feeds them; the query takes the same order
+(:func:`_k_order`)."""
+
+
+@gluon.jit
+def _query_groups(q, NW: gl.constexpr, R: gl.constexpr, L: gl.constexpr):
+    """fp16 A operands (layout ``L``) of float32 ``q`` ``[NW, R, 128]`` in the k order of the K codes
+    (:func:`_word_codes`, :data:`K_ORDER`): for scale group g and half c (the word's dims (0, 4, 1, 5) or
+    (2, 6, 3, 7)), element k = dim ``32 g + 8 t + 4 k0 + 2 c + k3`` (k = k0 + 2 t + 8 k3); returned
+    (g0 c0, g0 c1, g1 c0, ...)."""
+    y = gl.reshape(q, [NW, R, 2, 2, 2, 2, 2, 2, 2])  # dim bits g1 g0 t1 t0 k0 c k3
+    y = gl.reshape(gl.permute(y, [0, 1, 8, 4, 5, 6, 2, 3, 7]), [NW, R, 16, 2, 2, 2])  # k, g1, g0, c
+    c0, c1 = gl.split(y.to(gl.float16))
+    a0, a1 = gl.split(c0)  # g0
+    b0, b1 = gl.split(c1)
+    g0c0, g2c0 = gl.split(a0)
+    g1c0, g3c0 = gl.split(a1)
+    g0c1, g2c1 = gl.split(b0)
+    g1c1, g3c1 = gl.split(b1)
+    return (gl.convert_layout(g0c0, L), gl.convert_layout(g0c1, L), gl.convert_layout(g1c0, L),
+            gl.convert_layout(g1c1, L), gl.convert_layout(g2c0, L), gl.convert_layout(g2c1, L),
+            gl.convert_layout(g3c0, L), gl.convert_layout(g3c1, L))
+
+
+@gluon.jit
+def _group_scale(kw, g: gl.constexpr):
+    """``2**(byte g of the scale words kw - 127)`` as float32 (UE8M0 ``byte << 23``)."""
+    if g == 3:
+        bits = (kw >> 1) & 0x7F800000
+    else:
+        bits = (kw << (23 - 8 * g)) & 0x7F800000
+    return bits.to(gl.float32, bitcast=True)
+
+
+@gluon.jit
+def _group_scores(kc8, kw, qs, qz, TILES: gl.constexpr, NW: gl.constexpr, TW: gl.constexpr, ROWS: gl.constexpr,
+                  H: gl.constexpr, MMA: gl.constexpr, KB: gl.constexpr, QA: gl.constexpr):
+    """Raw scores ``Q K^T`` ``[NW, ROWS, TW]`` of one 16-token run for each of ``TILES`` M tiles, by scale
+    group: the K codes (ring entry view ``kc8``) become fp16 ``fp4 * 2**-14`` once (:func:`_word_codes`),
+    two MMAs per 32-dim group and tile with the query's group fragments ``qs`` (tile t, group g, half c:
+    ``qs[8 t + 2 g + c]``), then the group's UE8M0 scale (scale words ``kw`` ``[NW, TW]`` in the
+    score-column layout) times its partial scores; no per-element relative scales."""
+    kb = _piece(kc8.permute([0, 3, 1, 2]), [NW, H, TW], KB, KB)  # the fp16 B layout: 4 code bytes a word
+    k_a, k_b = _word_codes(kb)
+    ka = _groups4(k_a, NW, TW, 1, KB)
+    kb4 = _groups4(k_b, NW, TW, 1, KB)
+    out = ()
+    for t in gl.static_range(TILES):
+        s = gl.zeros([NW, ROWS, TW], gl.float32, MMA)
+        for g in gl.static_range(4):
+            sg = mma_v2(qs.index(8 * t + 2 * g + qz).load(QA), ka[g], gl.zeros([NW, ROWS, TW], gl.float32, MMA))
+            sg = mma_v2(qs.index(8 * t + 2 * g + 1 + qz).load(QA), kb4[g], sg)
+            s = s + sg * gl.expand_dims(_group_scale(kw, g), 1)
+        out = out + (s,)
+    return out
+
+
+@gluon.jit
+def _pv_tiles(accs, vc8, vw, vtop, vexp, ps, RUN: gl.constexpr, nr, vgroup, TILES: gl.constexpr,
+              NSUB: gl.constexpr, NW: gl.constexpr, TW: gl.constexpr, H: gl.constexpr, VL: gl.constexpr,
+              VLW: gl.constexpr, VB: gl.constexpr, PA: gl.constexpr):
+    """``acc += P V`` of run ``RUN`` of the stage for each of ``TILES`` M tiles (accumulators ``accs[2 t]``,
+    ``accs[2 t + 1]``: even / odd dims; probabilities ``ps[t NSUB + RUN]``): the whole-page decode's m16 V path
+    (:func:`~.decode_wholepage._run_pv`) with the V codes decoded once for all tiles."""
+    vb = _piece(vc8.permute([0, 1, 3, 4, 2]), [NW, TW, H // 8, 8], VL, VLW)
+    vrel = _rel_scale(gl.expand_dims(vw, 3), gl.expand_dims(vtop, 3), vgroup)
+    vb = gl.reshape(gl.permute(vb, [0, 1, 3, 2]), [NW, TW, H])
+    vrel = gl.reshape(gl.permute(vrel, [0, 1, 3, 2]), [NW, TW, H])
+    v_lo, v_hi = _fp4_decode(gl.convert_layout(vb, VB), gl.convert_layout(vrel, VB))
+    fac = gl.expand_dims(_pow2(gl.minimum(vexp - nr, 127)), 1)
+    out = ()
+    for t in gl.static_range(TILES):
+        pv = gl.convert_layout((ps[t * NSUB + RUN] * fac).to(gl.float16), PA)
+        out = out + (mma_v2(pv, v_lo, accs[2 * t]), mma_v2(pv, v_hi, accs[2 * t + 1]))
+    return out
+
+
 @gluon.jit
 def _row_limits(tile, length, n_new, window, GQA: gl.constexpr, ROWS: gl.constexpr, HAS_WINDOW: gl.constexpr,
                 L: gl.constexpr):
-    """Per row of M tile ``tile`` (layout ``L``, ``[ROWS]``): whether it is a real (token, head) pair
-    of the request's ``n_new`` tokens, its causal limit (cached tokens ``< lim``) and its first
-    visible token (0 without a window)."""
-    flat = tile * ROWS + gl.arange(0, ROWS, L)
-    tok = flat // GQA
-    valid = tok < n_new
-    lim = gl.where(valid, length - n_new + tok + 1, 0)
+    """Per row of M tile ``tile`` (layout ``L``, ``[ROWS]``): its causal limit (cached tokens ``< lim``; 0
+    unless it is a real (token, head) pair of the request's ``n_new`` tokens) and its first visible
+    token (0 without a window)."""
+    tok = (tile * ROWS + gl.arange(0, ROWS, L)) // GQA
+    lim = gl.where(tok < n_new, length - n_new + tok + 1, 0)
     first = lim * 0
     if HAS_WINDOW:
         first = gl.maximum(lim - window, 0)
-    return valid, lim, first
+    return lim, first
 
 
 @gluon.jit
@@ -73,8 +181,9 @@ def uq_decode_multiquery(q_ptr, cache_ptr, bt_ptr, seqlen_ptr, qsl_ptr, sinks_pt
                          D: gl.constexpr, LOG2D: gl.constexpr, GQA: gl.constexpr, HK: gl.constexpr,
                          WT: gl.constexpr, NSUB: gl.constexpr, STAGES: gl.constexpr, TW: gl.constexpr,
                          BLOCK_SIZE: gl.constexpr, HAS_SINKS: gl.constexpr, HAS_WINDOW: gl.constexpr,
-                         HAS_SOFTCAP: gl.constexpr):
-    """Multi-query whole-page decode, grid ``(tiles, B, num_splits)``; see the module docstring."""
+                         HAS_SOFTCAP: gl.constexpr, TILES: gl.constexpr):
+    """Multi-query whole-page decode, grid ``(tiles / TILES, B, num_splits)``: ``TILES`` M tiles per program
+    (each run's codes decoded once for all of them); see the module docstring."""
     gl.static_assert(D == 128, "the multi-query decode: D=128 (the 16-M-row path)")
     gl.static_assert(TW == 16, "the multi-query decode: 16-token runs per warp")
     NW: gl.constexpr = gl.num_warps()
@@ -88,8 +197,8 @@ def uq_decode_multiquery(q_ptr, cache_ptr, bt_ptr, seqlen_ptr, qsl_ptr, sinks_pt
     # ---- layouts (the whole-page decode's 16-M-row path): warp = MMA batch
     MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[NW, 1, 1],
                                                   instr_shape=[1, 16, 8])
-    QA: gl.constexpr = gl.DotOperandLayout(0, MMA, 8)   # q halves [NW, ROWS, H]
-    KB: gl.constexpr = gl.DotOperandLayout(1, MMA, 8)   # K halves [NW, H, TW]
+    QA: gl.constexpr = gl.DotOperandLayout(0, MMA, 2)   # q halves, one scale group [NW, ROWS, 16]
+    KB: gl.constexpr = gl.DotOperandLayout(1, MMA, 2)   # K codes / halves [NW, H, TW] (k pairs in a word)
     PA: gl.constexpr = gl.DotOperandLayout(0, MMA, 2)   # probabilities [NW, ROWS, TW]
     VB: gl.constexpr = gl.DotOperandLayout(1, MMA, 2)   # V halves [NW, TW, H]
     QR: gl.constexpr = gl.SliceLayout(2, MMA)           # [NW, ROWS]
@@ -104,9 +213,11 @@ def uq_decode_multiquery(q_ptr, cache_ptr, bt_ptr, seqlen_ptr, qsl_ptr, sinks_pt
     RINT: gl.constexpr = 8 * H
     RING: gl.constexpr = gl.PaddedSharedLayout.with_identity_for([[RINT, 4 * SLOT - RINT]], [NR, RINT], [1, 0])
     FLAT: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])
+    QS: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [2, 1, 0])
     ring = gl.allocate_shared_memory(gl.int32, [STAGES * NR * (SLOT * 4)], FLAT)._reinterpret(
         gl.int32, [STAGES, NR, RINT], RING)
-    PB: gl.constexpr = _slot_layout(2 * H, SLOT - 2 * H, [NW, TW, 2, H])
+    # K code bytes in the MMA's k order (:data:`K_ORDER`): a thread's 4 k values of a k step are 4 adjacent bytes
+    PB: gl.constexpr = _slot_layout(2 * H, SLOT - 2 * H, [NW, TW, 2, H], K_ORDER)
     PV: gl.constexpr = _slot_layout(2 * H, SLOT - 2 * H, [NW, TW, 2, H // 8, 8])
     SW2: gl.constexpr = 32
     PWD: gl.constexpr = _slot_layout(SW2, SLOT // 4 - SW2, [NW, TW, 2, SW2 // 2])
@@ -118,10 +229,9 @@ def uq_decode_multiquery(q_ptr, cache_ptr, bt_ptr, seqlen_ptr, qsl_ptr, sinks_pt
     vc8 = bytes8.slice(H + G, 4)._reinterpret(gl.uint8, [E, NW, TW, 2, H // 8, 8], PV)
     ks = words.slice(H // 4, H // 4)._reinterpret(gl.int32, [E, NW, TW, 2, SW2 // 2], PWD)
     vs = words.slice((SLOT - G) // 4, 1)._reinterpret(gl.int32, [E, NW, TW, 2, SW2 // 2], PWD)
-    KW: gl.constexpr = gl.SliceLayout(1, KB)            # [NW, TW] K scale words
     VW: gl.constexpr = gl.SliceLayout(2, gl.SliceLayout(3, VL))  # [NW, TW] V scale words
 
-    tile = gl.program_id(0)
+    tg = gl.program_id(0)  # M tiles tg TILES .. tg TILES + TILES - 1
     b = gl.program_id(1)
     sp = gl.program_id(2)
     length = gl.load(seqlen_ptr + b)
@@ -135,9 +245,9 @@ def uq_decode_multiquery(q_ptr, cache_ptr, bt_ptr, seqlen_ptr, qsl_ptr, sinks_pt
     count_bad = (n_new < 0) | (n_new > length) | (n_new > max_tokens)
     gl.store(err_ptr + ERR_SEQ_LEN, 1, mask=length_bad | count_bad)
     n_new = gl.minimum(gl.maximum(n_new, 0), gl.minimum(length, max_tokens))
-    # the tile's token range: up to its last real row's limit, from its first row's window start
-    tok_first = (tile * ROWS) // GQA
-    tok_last = gl.minimum((tile * ROWS + ROWS - 1) // GQA, n_new - 1)
+    # the tiles' token range: up to their last real row's limit, from their first row's window start
+    tok_first = (tg * TILES * ROWS) // GQA
+    tok_last = gl.minimum(((tg + 1) * TILES * ROWS - 1) // GQA, n_new - 1)
     hi = gl.where(tok_first < n_new, length - n_new + tok_last + 1, 0)
     lo = 0
     if HAS_WINDOW:
@@ -154,10 +264,12 @@ def uq_decode_multiquery(q_ptr, cache_ptr, bt_ptr, seqlen_ptr, qsl_ptr, sinks_pt
     qr3 = _iota3(ROWS, 1, QL)
     qc3 = _iota3(D, 2, QL)
     qh3 = _iota3(NW, 0, QL) // WT
-    qflat = tile * ROWS + qr3
-    qtok = qflat // GQA
-    qoff = (q_start + qtok).to(gl.int64) * stride_qn + (qh3 * GQA + qflat % GQA) * stride_qh + qc3
-    q_in = gl.load(q_ptr + qoff, mask=(qtok < n_new) & (qc3 < D), other=0.0)
+    q_ins = ()
+    for t in gl.static_range(TILES):
+        qflat = (tg * TILES + t) * ROWS + qr3
+        qtok = qflat // GQA
+        qoff = (q_start + qtok).to(gl.int64) * stride_qn + (qh3 * GQA + qflat % GQA) * stride_qh + qc3
+        q_ins = q_ins + (gl.load(q_ptr + qoff, mask=(qtok < n_new) & (qc3 < D), other=0.0),)
     inside = _blocks_inside(bt_row, t_lo, t_hi, num_blocks, err_ptr, BLOCK_SIZE, NW)
 
     for i in gl.static_range(STAGES - 1):
@@ -165,36 +277,45 @@ def uq_decode_multiquery(q_ptr, cache_ptr, bt_ptr, seqlen_ptr, qsl_ptr, sinks_pt
                      NSUB, NW, WT, SLOT, BLOCK_SIZE)
         async_copy.commit_group()
 
-    # ---- query: rotate, scale, fp16 halves times a per-row power of two, once
-    q = _fwht_rows(q_in.to(gl.float32), NW, ROWS, D, LOG2D)
-    if HAS_SOFTCAP:
-        q = q * scale
-    else:
-        q = q * (scale * LOG2E)
-    e = gl.maximum(_floor_log2(gl.max(gl.abs(q), axis=2)), -100)
-    q = q * gl.expand_dims(_pow2(14 - e), 2)
-    q_e, q_o = gl.split(gl.reshape(q, [NW, ROWS, H, 2]))
-    q_e = gl.convert_layout(q_e.to(gl.float16), QA)
-    q_o = gl.convert_layout(q_o.to(gl.float16), QA)
-    rowfac = gl.convert_layout(_pow2(e - 14), QR)
-    valid, lim, first = _row_limits(tile, length, n_new, window, GQA, ROWS, HAS_WINDOW, gl.SliceLayout(0, QR))
-    rowbias = gl.expand_dims(gl.where(valid, 0.0, float("-inf")), 0)
-    lim3 = gl.expand_dims(gl.expand_dims(lim, 0), 2)
-    first3 = gl.expand_dims(gl.expand_dims(first, 0), 2)
+    # ---- queries: rotate, scale, fp16 with the row's largest element in [2**14, 2**15) (K's fp16 codes are
+    # fp4 * 2**-14), per scale group in the K codes' k order; each row's factor back and causal limits
+    qs = ()
+    rfs = ()
+    lims = ()
+    firsts = ()
+    for t in gl.static_range(TILES):
+        q = _fwht_rows(q_ins[t].to(gl.float32), NW, ROWS, D, LOG2D)
+        if HAS_SOFTCAP:
+            q = q * scale
+        else:
+            q = q * (scale * LOG2E)
+        e = gl.maximum(_floor_log2(gl.max(gl.abs(q), axis=2)), -100)
+        qs = qs + _query_groups(q * gl.expand_dims(_pow2(14 - e), 2), NW, ROWS, QA)
+        rfs = rfs + (gl.expand_dims(gl.convert_layout(_pow2(e), QR), 2),)
+        lim, first = _row_limits(tg * TILES + t, length, n_new, window, GQA, ROWS, HAS_WINDOW,
+                                 gl.SliceLayout(0, QR))
+        lims = lims + (gl.expand_dims(gl.expand_dims(lim, 0), 2),)
+        firsts = firsts + (gl.expand_dims(gl.expand_dims(first, 0), 2),)
+    # the query fragments live in shared memory (loaded per MMA): their registers go to the accumulators
+    q_smem = gl.allocate_shared_memory(gl.float16, [8 * TILES, NW, ROWS, 16], QS)
+    for j in gl.static_range(8 * TILES):
+        q_smem.index(j).store(qs[j])
 
     ws = gl.expand_dims(gl.arange(0, NW, gl.SliceLayout(1, TK)) % WT, 1) * TW
     ns = gl.expand_dims(_physical_token(gl.arange(0, TW, gl.SliceLayout(0, TK))), 0)
-    kgroup = _iota3(H, 1, KB) // 16
     SV: gl.constexpr = gl.SliceLayout(3, VL)
     gv = gl.expand_dims(gl.expand_dims(gl.arange(0, 8, gl.SliceLayout(0, gl.SliceLayout(1, SV))), 0), 1)
     R3: gl.constexpr = gl.SliceLayout(0, gl.SliceLayout(1, gl.SliceLayout(2, VL)))
     rv = gl.expand_dims(gl.expand_dims(gl.expand_dims(gl.arange(0, 8, R3), 0), 1), 2)
     vgroup = gl.expand_dims(gv // 2, 3) + rv * 0
 
-    acc_e = gl.zeros([NW, ROWS, H], gl.float32, MMA)
-    acc_o = gl.zeros([NW, ROWS, H], gl.float32, MMA)
-    m_i = gl.full([NW, ROWS], float("-inf"), gl.float32, QR)
-    l_i = gl.zeros([NW, ROWS], gl.float32, QR)
+    accs = ()
+    m_is = ()
+    l_is = ()
+    for _t in gl.static_range(TILES):
+        accs = accs + (gl.zeros([NW, ROWS, H], gl.float32, MMA), gl.zeros([NW, ROWS, H], gl.float32, MMA))
+        m_is = m_is + (gl.full([NW, ROWS], float("-inf"), gl.float32, QR),)
+        l_is = l_is + (gl.zeros([NW, ROWS], gl.float32, QR),)
     run = gl.full([NW], -254, gl.int32, QW)
     for it in range(n_it):
         async_copy.wait_group(STAGES - 2)
@@ -205,36 +326,52 @@ def uq_decode_multiquery(q_ptr, cache_ptr, bt_ptr, seqlen_ptr, qsl_ptr, sinks_pt
         async_copy.commit_group()
         cur = (it % STAGES) * NSUB
         t0 = t_lo + it * TT
-        # scores of the stage's NSUB runs, each row under its own causal limit, then ONE online-softmax
-        # update for all of them
+        qz = (t0 < 0).to(gl.int32)  # 0, but not provably: the query fragments are loaded here, not hoisted
+        # scores of the stage's NSUB runs (ss[i TILES + t]), each row under its own causal limit (0 for rows
+        # past the request's tokens) and window start; tokens past the split's range, or of a bad block id
+        # (bounds), are empty; then ONE online-softmax update per tile for all of them
         ss = ()
         for i in gl.static_range(NSUB):
-            kw = _piece(ks.index(cur + i), [NW, TW], KW, KW)
+            kw = _piece(ks.index(cur + i), [NW, TW], TK, TK)
             ts = t0 + i * (WT * TW) + ws + ns
-            s = _run_scores(0, 0, 0, 0, kc8.index(cur + i), kw, kw, 0, 0, 0, 0, 0, 0, 0, 0, q_e, q_o,
-                            kgroup, rowfac, rowbias, ts, t_hi, lo, inside, bt_row, num_blocks, softcap, D, NW, TW,
-                            ROWS, H, False, HAS_SOFTCAP, HAS_WINDOW, BLOCK_SIZE, MMA, KB, TK, 1, 2)
+            live = ts < t_hi
+            if not inside:
+                tb = gl.load(bt_row + ts // BLOCK_SIZE, mask=live, other=0)
+                live = live & (tb >= 0) & (tb < num_blocks)
             ts3 = gl.expand_dims(ts, 1)
-            seen = ts3 < lim3
-            if HAS_WINDOW:
-                seen = seen & (ts3 >= first3)
-            ss = ss + (gl.where(seen, s, float("-inf")),)
-        smax = ss[0]
-        for i in gl.static_range(1, NSUB):
-            smax = gl.maximum(smax, ss[i])
-        m_new = gl.maximum(m_i, gl.max(smax, axis=2))
-        m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)
-        alpha = gl.exp2(m_i - m_safe)
-        ps = ()
-        for i in gl.static_range(NSUB):
-            ps = ps + (gl.exp2(ss[i] - gl.expand_dims(m_safe, 2)),)
-        psum = ps[0]
-        for i in gl.static_range(1, NSUB):
-            psum = psum + ps[i]
-        l_i = l_i * alpha + gl.sum(psum, axis=2)
-        m_i = m_new
+            live3 = gl.expand_dims(live, 1)
+            st = _group_scores(kc8.index(cur + i), kw, q_smem, qz, TILES, NW, TW, ROWS, H, MMA, KB, QA)
+            for t in gl.static_range(TILES):
+                s = st[t] * rfs[t]
+                if HAS_SOFTCAP:
+                    s = softcap * (1.0 - 2.0 / (gl.exp2(s / softcap * (2.0 * LOG2E)) + 1.0)) * LOG2E
+                seen = (ts3 < lims[t]) & live3
+                if HAS_WINDOW:
+                    seen = seen & (ts3 >= firsts[t])
+                ss = ss + (gl.where(seen, s, float("-inf")),)
+        ps = ()  # ps[t NSUB + i]
+        alphas = ()
+        m_next = ()
+        l_next = ()
+        for t in gl.static_range(TILES):
+            smax = ss[t]
+            for i in gl.static_range(1, NSUB):
+                smax = gl.maximum(smax, ss[i * TILES + t])
+            m_new = gl.maximum(m_is[t], gl.max(smax, axis=2))
+            m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)
+            alpha = gl.exp2(m_is[t] - m_safe)
+            psum = gl.zeros([NW, ROWS], gl.float32, QR)
+            for i in gl.static_range(NSUB):
+                p = gl.exp2(ss[i * TILES + t] - gl.expand_dims(m_safe, 2))
+                ps = ps + (p,)
+                psum = psum + gl.sum(p, axis=2)
+            alphas = alphas + (alpha,)
+            m_next = m_next + (m_new,)
+            l_next = l_next + (l_is[t] * alpha + psum,)
+        m_is = m_next
+        l_is = l_next
 
-        # V: scale word per token, reference exponent from the largest contribution of the runs
+        # V: scale word per token, one reference exponent per warp (all tiles) from the largest contribution
         vws = ()
         vtops = ()
         vexps = ()
@@ -245,101 +382,115 @@ def uq_decode_multiquery(q_ptr, cache_ptr, bt_ptr, seqlen_ptr, qsl_ptr, sinks_pt
             vws = vws + (vw,)
             vtops = vtops + (vtop,)
         cmax = ps[0] * gl.expand_dims(_pow2(gl.minimum(vexps[0], 127)), 1)
-        for i in gl.static_range(1, NSUB):
-            cmax = gl.maximum(cmax, ps[i] * gl.expand_dims(_pow2(gl.minimum(vexps[i], 127)), 1))
+        amax = gl.max(alphas[0], axis=1)
+        for t in gl.static_range(TILES):
+            for i in gl.static_range(NSUB):
+                if t + i > 0:
+                    cmax = gl.maximum(cmax, ps[t * NSUB + i] * gl.expand_dims(_pow2(gl.minimum(vexps[i], 127)), 1))
+            if t > 0:
+                amax = gl.maximum(amax, gl.max(alphas[t], axis=1))
         ctop = _floor_log2(gl.max(gl.max(cmax, axis=2), axis=1))
-        shrink = _floor_log2(gl.max(alpha, axis=1))
-        new_run = gl.maximum(run + shrink, ctop)
-        c = gl.expand_dims(alpha * gl.expand_dims(_pow2(gl.minimum(run - new_run, 127)), 1), 2)
+        new_run = gl.maximum(run + _floor_log2(amax), ctop)
+        down = gl.expand_dims(_pow2(gl.minimum(run - new_run, 127)), 1)
         nr = gl.expand_dims(gl.convert_layout(new_run, gl.SliceLayout(1, TK)), 1)
-        acc_e = acc_e * c
-        acc_o = acc_o * c
+        scaled = ()
+        for t in gl.static_range(TILES):
+            c = gl.expand_dims(alphas[t] * down, 2)
+            scaled = scaled + (accs[2 * t] * c, accs[2 * t + 1] * c)
+        accs = scaled
         for i in gl.static_range(NSUB):
-            acc_e, acc_o = _run_pv(acc_e, acc_o, vc8.index(cur + i), vws[i], vtops[i], vexps[i], ps[i], nr,
-                                   vgroup, NW, TW, H, False, VL, VLW, VB, VB, PA, PA, 1)
+            accs = _pv_tiles(accs, vc8.index(cur + i), vws[i], vtops[i], vexps[i], ps, i, nr, vgroup, TILES, NSUB,
+                             NW, TW, H, VL, VLW, VB, PA)
         run = new_run
     async_copy.wait_group(0)
 
-    pair0 = (b * gl.num_programs(0) + tile) * HK
-    # ---- the program's partial of each kv head (its WT token groups combined) to the workspace
     f = gl.expand_dims(gl.expand_dims(_pow2(gl.minimum(run, 127)), 1), 2)
+    # partial (EP: a kv head's WT token groups in-thread) and merge (ML) layouts
     EP: gl.constexpr = gl.BlockedLayout([1, WT, 1, 4], [1, 1, 1, 32], [HK, 1, WT, 1], [3, 1, 2, 0])
     E3: gl.constexpr = gl.SliceLayout(3, EP)
-    x4 = gl.convert_layout(gl.reshape(_partial_rows((acc_e * f, acc_o * f), 2, NW, ROWS, D, False),
-                                      [HK, WT, ROWS, D]), EP)
-    m4 = gl.convert_layout(gl.reshape(m_i, [HK, WT, ROWS]), E3)
-    l4 = gl.convert_layout(gl.reshape(l_i, [HK, WT, ROWS]), E3)
-    m_c = gl.max(m4, axis=1)
-    m_z = gl.where(m_c == float("-inf"), 0.0, m_c)
-    sc = gl.exp2(m4 - gl.expand_dims(m_z, 1))
-    acc_c = gl.sum(x4 * gl.expand_dims(sc, 3), axis=1)
-    l_c = gl.sum(l4 * sc, axis=1)
     P3: gl.constexpr = gl.SliceLayout(1, EP)
     P2: gl.constexpr = gl.SliceLayout(1, E3)
-    ph = _iota3(HK, 0, P3)
-    pr = _iota3(ROWS, 1, P3)
-    pc = _iota3(D, 2, P3)
-    pslot = (((pair0 + ph) * num_splits + sp) * WT).to(gl.int64)
-    gl.store(part_ptr + pslot * (ROWS * D) + pr * D + pc, acc_c, mask=(pr >= 0) & (pc >= 0) & (ph >= 0))
-    ph2 = gl.expand_dims(gl.arange(0, HK, gl.SliceLayout(1, P2)), 1)
-    pr2 = gl.expand_dims(gl.arange(0, ROWS, gl.SliceLayout(0, P2)), 0)
-    mlp = ml_ptr + (((pair0 + ph2) * num_splits + sp) * WT).to(gl.int64) * (2 * ROWS) + pr2
-    mlmask = (pr2 >= 0) & (ph2 >= 0)
-    gl.store(mlp, m_c, mask=mlmask)
-    gl.store(mlp + ROWS, l_c, mask=mlmask)
-    gl.thread_barrier()
-    ticket = gl.atomic_add(counter_ptr + pair0, 1)
-    if ticket == num_splits - 1:
-        # ---- last program of this (tile, request): merge every head's partials, fold the sinks
-        ML: gl.constexpr = gl.BlockedLayout([1, 1, 4], [1, 1, 32], [HK, 1, NW // HK], [2, 1, 0])
-        M2: gl.constexpr = gl.SliceLayout(2, ML)
-        mh = _iota3(HK, 0, ML)
-        mr = _iota3(ROWS, 1, ML)
-        mc = _iota3(D, 2, ML)
-        mh2 = gl.expand_dims(gl.arange(0, HK, gl.SliceLayout(1, M2)), 1)
-        mr2 = gl.expand_dims(gl.arange(0, ROWS, gl.SliceLayout(0, M2)), 0)
-        acc = gl.zeros([HK, ROWS, D], gl.float32, ML)
-        m_a = gl.full([HK, ROWS], float("-inf"), gl.float32, M2)
-        l_a = gl.zeros([HK, ROWS], gl.float32, M2)
-        for s0 in range(0, num_splits, MERGE):
-            accs2 = ()
-            ms2 = ()
-            ls2 = ()
-            for k in gl.static_range(MERGE):
-                s = s0 + k
-                src3 = (((pair0 + mh) * num_splits + s) * WT).to(gl.int64)
-                src2 = (((pair0 + mh2) * num_splits + s) * WT).to(gl.int64)
-                live3 = (s < num_splits) & (mr >= 0) & (mc >= 0) & (mh >= 0)
-                live2 = (s < num_splits) & (mr2 >= 0) & (mh2 >= 0)
-                accs2 = accs2 + (gl.load(part_ptr + src3 * (ROWS * D) + mr * D + mc, mask=live3, other=0.0,
+    ML: gl.constexpr = gl.BlockedLayout([1, 1, 4], [1, 1, 32], [HK, 1, NW // HK], [2, 1, 0])
+    M2: gl.constexpr = gl.SliceLayout(2, ML)
+    for t in gl.static_range(TILES):
+        tile = tg * TILES + t
+        acc_e = accs[2 * t]
+        acc_o = accs[2 * t + 1]
+        m_i = m_is[t]
+        l_i = l_is[t]
+        pair0 = (b * gl.num_programs(0) * TILES + tile) * HK
+        # ---- the program's partial of each kv head (its WT token groups combined) to the workspace
+        x4 = gl.convert_layout(gl.reshape(_partial_rows((acc_e * f, acc_o * f), 2, NW, ROWS, D, False),
+                                          [HK, WT, ROWS, D]), EP)
+        m4 = gl.convert_layout(gl.reshape(m_i, [HK, WT, ROWS]), E3)
+        l4 = gl.convert_layout(gl.reshape(l_i, [HK, WT, ROWS]), E3)
+        m_c = gl.max(m4, axis=1)
+        m_z = gl.where(m_c == float("-inf"), 0.0, m_c)
+        sc = gl.exp2(m4 - gl.expand_dims(m_z, 1))
+        acc_c = gl.sum(x4 * gl.expand_dims(sc, 3), axis=1)
+        l_c = gl.sum(l4 * sc, axis=1)
+        ph = _iota3(HK, 0, P3)
+        pr = _iota3(ROWS, 1, P3)
+        pc = _iota3(D, 2, P3)
+        pslot = (((pair0 + ph) * num_splits + sp) * WT).to(gl.int64)
+        gl.store(part_ptr + pslot * (ROWS * D) + pr * D + pc, acc_c, mask=(pr >= 0) & (pc >= 0) & (ph >= 0))
+        ph2 = gl.expand_dims(gl.arange(0, HK, gl.SliceLayout(1, P2)), 1)
+        pr2 = gl.expand_dims(gl.arange(0, ROWS, gl.SliceLayout(0, P2)), 0)
+        mlp = ml_ptr + (((pair0 + ph2) * num_splits + sp) * WT).to(gl.int64) * (2 * ROWS) + pr2
+        mlmask = (pr2 >= 0) & (ph2 >= 0)
+        gl.store(mlp, m_c, mask=mlmask)
+        gl.store(mlp + ROWS, l_c, mask=mlmask)
+        gl.thread_barrier()
+        ticket = gl.atomic_add(counter_ptr + pair0, 1)
+        if ticket == num_splits - 1:
+            # ---- last program of this (tile, request): merge every head's partials, fold the sinks
+            mh = _iota3(HK, 0, ML)
+            mr = _iota3(ROWS, 1, ML)
+            mc = _iota3(D, 2, ML)
+            mh2 = gl.expand_dims(gl.arange(0, HK, gl.SliceLayout(1, M2)), 1)
+            mr2 = gl.expand_dims(gl.arange(0, ROWS, gl.SliceLayout(0, M2)), 0)
+            acc = gl.zeros([HK, ROWS, D], gl.float32, ML)
+            m_a = gl.full([HK, ROWS], float("-inf"), gl.float32, M2)
+            l_a = gl.zeros([HK, ROWS], gl.float32, M2)
+            for s0 in range(0, num_splits, MERGE):
+                accs2 = ()
+                ms2 = ()
+                ls2 = ()
+                for k in gl.static_range(MERGE):
+                    s = s0 + k
+                    src3 = (((pair0 + mh) * num_splits + s) * WT).to(gl.int64)
+                    src2 = (((pair0 + mh2) * num_splits + s) * WT).to(gl.int64)
+                    live3 = (s < num_splits) & (mr >= 0) & (mc >= 0) & (mh >= 0)
+                    live2 = (s < num_splits) & (mr2 >= 0) & (mh2 >= 0)
+                    accs2 = accs2 + (gl.load(part_ptr + src3 * (ROWS * D) + mr * D + mc, mask=live3, other=0.0,
+                                             cache_modifier=".cg"),)
+                    ms2 = ms2 + (gl.load(ml_ptr + src2 * (2 * ROWS) + mr2, mask=live2, other=float("-inf"),
                                          cache_modifier=".cg"),)
-                ms2 = ms2 + (gl.load(ml_ptr + src2 * (2 * ROWS) + mr2, mask=live2, other=float("-inf"),
-                                     cache_modifier=".cg"),)
-                ls2 = ls2 + (gl.load(ml_ptr + src2 * (2 * ROWS) + ROWS + mr2, mask=live2, other=0.0,
-                                     cache_modifier=".cg"),)
-            m_n = m_a
-            for k in gl.static_range(MERGE):
-                m_n = gl.maximum(m_n, ms2[k])
-            m_s = gl.where(m_n == float("-inf"), 0.0, m_n)
-            a1 = gl.exp2(m_a - m_s)
-            acc = acc * gl.expand_dims(a1, 2)
-            l_a = l_a * a1
-            for k in gl.static_range(MERGE):
-                a2 = gl.exp2(ms2[k] - m_s)
-                acc = acc + accs2[k] * gl.expand_dims(a2, 2)
-                l_a = l_a + ls2[k] * a2
-            m_a = m_n
-        flat2 = tile * ROWS + mr2
-        rmask2 = (flat2 // GQA < n_new) & (mh2 >= 0)
-        if HAS_SINKS:
-            sink = gl.load(sinks_ptr + mh2 * GQA + flat2 % GQA, mask=rmask2, other=0.0).to(gl.float32) * LOG2E
-            m_n = gl.maximum(m_a, sink)
-            acc = acc * gl.expand_dims(gl.exp2(m_a - m_n), 2)
-            l_a = l_a * gl.exp2(m_a - m_n) + gl.exp2(sink - m_n)
-        denom = gl.where(l_a > 0.0, l_a, 1.0)
-        o = gl.where(gl.expand_dims(l_a > 0.0, 2), acc / gl.expand_dims(denom, 2), 0.0)
-        flat3 = tile * ROWS + mr
-        orow = (q_start + flat3 // GQA).to(gl.int64) * stride_on
-        optr = out_ptr + orow + (mh * GQA + flat3 % GQA) * stride_oh + mc
-        gl.store(optr, o.to(out_ptr.dtype.element_ty), mask=(flat3 // GQA < n_new) & (mc >= 0) & (mh >= 0))
-        gl.atomic_xchg(counter_ptr + pair0, 0)
+                    ls2 = ls2 + (gl.load(ml_ptr + src2 * (2 * ROWS) + ROWS + mr2, mask=live2, other=0.0,
+                                         cache_modifier=".cg"),)
+                m_n = m_a
+                for k in gl.static_range(MERGE):
+                    m_n = gl.maximum(m_n, ms2[k])
+                m_s = gl.where(m_n == float("-inf"), 0.0, m_n)
+                a1 = gl.exp2(m_a - m_s)
+                acc = acc * gl.expand_dims(a1, 2)
+                l_a = l_a * a1
+                for k in gl.static_range(MERGE):
+                    a2 = gl.exp2(ms2[k] - m_s)
+                    acc = acc + accs2[k] * gl.expand_dims(a2, 2)
+                    l_a = l_a + ls2[k] * a2
+                m_a = m_n
+            flat2 = tile * ROWS + mr2
+            rmask2 = (flat2 // GQA < n_new) & (mh2 >= 0)
+            if HAS_SINKS:
+                sink = gl.load(sinks_ptr + mh2 * GQA + flat2 % GQA, mask=rmask2, other=0.0).to(gl.float32) * LOG2E
+                m_n = gl.maximum(m_a, sink)
+                acc = acc * gl.expand_dims(gl.exp2(m_a - m_n), 2)
+                l_a = l_a * gl.exp2(m_a - m_n) + gl.exp2(sink - m_n)
+            denom = gl.where(l_a > 0.0, l_a, 1.0)
+            o = gl.where(gl.expand_dims(l_a > 0.0, 2), acc / gl.expand_dims(denom, 2), 0.0)
+            flat3 = tile * ROWS + mr
+            orow = (q_start + flat3 // GQA).to(gl.int64) * stride_on
+            optr = out_ptr + orow + (mh * GQA + flat3 % GQA) * stride_oh + mc
+            gl.store(optr, o.to(out_ptr.dtype.element_ty), mask=(flat3 // GQA < n_new) & (mc >= 0) & (mh >= 0))
+            gl.atomic_xchg(counter_ptr + pair0, 0)
