@@ -781,7 +781,7 @@ def _schedule(seqlen_ptr, num_requests, window, cap, pid, progs, TT: gl.constexp
 
 
 @gluon.jit(noinline=True)
-def _serve_piece(ring, q_ptr, cache_ptr, bt_ptr, seqlen_ptr, sinks_ptr, out_ptr, part_ptr, ml_ptr, counter_ptr,
+def _serve_piece(q_ptr, cache_ptr, bt_ptr, seqlen_ptr, sinks_ptr, out_ptr, part_ptr, ml_ptr, counter_ptr,
                  err_ptr, scale, softcap, window, num_blocks, cap, stride_qb, stride_qh, stride_ob, stride_oh,
                  stride_cb, stride_ch, stride_btb, b, cs, w0, w1, total, active, pid,
                  D: gl.constexpr, LOG2D: gl.constexpr, GQA: gl.constexpr, ROWS: gl.constexpr,
@@ -823,6 +823,13 @@ def _serve_piece(ring, q_ptr, cache_ptr, bt_ptr, seqlen_ptr, sinks_ptr, out_ptr,
     # allocated flat: a padded allocation stops at the last run's 512th word, but its copy fills the
     # whole 136-byte slot stride (17 rows of 128 B), so the last run's 17th row would land past the end
     FLAT: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])
+    RINT: gl.constexpr = 8 * H                         # words of a run's first 2H bytes per token
+    RING: gl.constexpr = gl.PaddedSharedLayout.with_identity_for([[RINT, 4 * SLOT - RINT]], [NR, RINT], [1, 0])
+    # allocated here, not by the kernel: Triton 3.6 places a noinline function's scratch at the start of
+    # shared memory whatever the caller holds there, so a ring passed in would be overwritten
+    ring = gl.allocate_shared_memory(gl.int32, [STAGES * NR * (SLOT * 4)], FLAT)._reinterpret(
+        gl.int32, [STAGES, NR, RINT], RING)
+    gl.thread_barrier()  # every warp is past the caller's (and the previous piece's) shared memory use
     # math views of sub-tile entries (NW runs): K codes at slot byte 0, V codes at byte H + G, the scale
     # words at words H/4 and SLOT/4 - 1. Each view is [NW, TW, 2, n] over 2n-element slot pieces padded
     # to the slot (128 + 8 bytes, 32 + 2 words) and based at its piece's offset; slicing index 0 of the
@@ -1236,20 +1243,6 @@ def uq_decode_wholepage(q_ptr, cache_ptr, bt_ptr, seqlen_ptr, sinks_ptr, out_ptr
     TT: gl.constexpr = NSUB * WT * TW
     MIN_UNITS: gl.constexpr = max(1, MIN_TOKENS // TT)  # the schedule's shortest piece at the average
 
-    H: gl.constexpr = D // 2
-    G: gl.constexpr = D // 32
-    # ---- the ring: STAGES x NR runs of 16 whole slots (16 x 136 B), run q at 2176*q bytes. Entries are
-    # the leading dimension (the layouts describe one entry; padding counts over the whole buffer).
-    NR: gl.constexpr = NSUB * NW
-    SLOT: gl.constexpr = 2 * (H + G)
-    RINT: gl.constexpr = 8 * H                         # words of a run's first 2H bytes per token
-    RING: gl.constexpr = gl.PaddedSharedLayout.with_identity_for([[RINT, 4 * SLOT - RINT]], [NR, RINT], [1, 0])
-    # allocated flat: a padded allocation stops at the last run's 512th word, but its copy fills the
-    # whole 136-byte slot stride (17 rows of 128 B), so the last run's 17th row would land past the end
-    FLAT: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])
-    ring = gl.allocate_shared_memory(gl.int32, [STAGES * NR * (SLOT * 4)], FLAT)._reinterpret(
-        gl.int32, [STAGES, NR, RINT], RING)
-
     # ---- the balanced schedule (module docstring): this program's units [w0, w1) of the batch's total
     pid = gl.program_id(0)
     progs = gl.num_programs(0)
@@ -1260,7 +1253,7 @@ def uq_decode_wholepage(q_ptr, cache_ptr, bt_ptr, seqlen_ptr, sinks_ptr, out_ptr
     # without the piece loop around it (inlined, it issued the shared loads closer to their uses and the
     # uniform shapes ran 12-19% slower than the static split: benchmarks/NOTES.md, "Serving decode")
     for b in range(b_first, b_last + 1):
-        cs = _serve_piece(ring, q_ptr, cache_ptr, bt_ptr, seqlen_ptr, sinks_ptr, out_ptr, part_ptr, ml_ptr, counter_ptr,
+        cs = _serve_piece(q_ptr, cache_ptr, bt_ptr, seqlen_ptr, sinks_ptr, out_ptr, part_ptr, ml_ptr, counter_ptr,
                           err_ptr, scale, softcap, window, num_blocks, cap, stride_qb, stride_qh, stride_ob, stride_oh,
                           stride_cb, stride_ch, stride_btb, b, cs, w0, w1, total, active, pid,
                           D, LOG2D, GQA, ROWS, GQA_PAD, HK, WT, NSUB, STAGES, TW, BLOCK_SIZE,
