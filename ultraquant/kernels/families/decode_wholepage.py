@@ -49,8 +49,8 @@ class WholePageTuning:
     """Launch shape of the whole-page decode: ``warps`` (Hk kv heads x warps/Hk token groups), a ring of ``stages`` x
     ``nsub`` sub-tiles of ``tw`` tokens per warp (16: one run; ``None``: 4 at D=128, 2 at D=256, so the
     ring stays ~140 KB), an optional register cap, an optional persistent grid size (``programs``;
-    default :func:`wholepage_programs`); ``rows_in_n``: query rows in
-    the MMA N dimension (8 rows, used where GQA <= 8). Defaults: the fastest timed on the H200
+    default :func:`wholepage_programs`); ``rows_in_n``: query rows in the MMA N dimension (8 rows per MMA;
+    GQA 9..16 at D=128 as two 8-row groups; False: 16 M rows). Defaults: the fastest timed on the H200
     (benchmarks/NOTES.md, "Whole-page decode")."""
 
     warps: int = 8

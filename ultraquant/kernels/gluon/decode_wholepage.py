@@ -28,7 +28,10 @@ the prototype that passed every correctness case (benchmarks/NOTES.md): batched 
 the query rotated once in registers, FP4 codes decoded by inline PTX straight into the MMA operands
 (a code word's four fp16 pairs in 11 instructions, :func:`_word_pairs`), K scales after the MMA per
 32-element group, V scales like split-KV (each token's largest scale on the probability with a running
-reference exponent; V outliers 2^20 apart stay exact). After the loop the WT warps of each kv head
+reference exponent; V outliers 2^20 apart stay exact); above GQA 8 (D=128) two 8-row query groups share
+each decoded K/V fragment (:func:`_qk_runs2`, :func:`_pv_word2`). Each piece is one call of the noinline
+:func:`_serve_piece`, which allocates the ring (ptxas schedules its stage loop as in a one-piece kernel;
+a ring passed in from the kernel would overlap the callee's scratch). After the loop the WT warps of each kv head
 combine their (m, l, acc) inside the program and each piece leaves one partial per kv head in the
 workspace; the last program of a request (atomic ticket) merges them for all heads, folds the sinks
 and writes ``out``.
@@ -1231,8 +1234,9 @@ def uq_decode_wholepage(q_ptr, cache_ptr, bt_ptr, seqlen_ptr, sinks_ptr, out_ptr
                         ROWS_IN_N: gl.constexpr, MIN_TOKENS: gl.constexpr):
     """Whole-page paged decode over a persistent grid ``(programs, 1, 1)`` balanced from ``seq_lens`` on
     the device (``num_requests``: the batch size); see the module docstring.
-    ``ROWS_IN_N``: the query rows are the MMA N dimension (S^T = K Q^T, O^T = V^T P^T, 8 rows: GQA <= 8)
-    instead of 16 padded M rows."""
+    ``ROWS_IN_N``: the query rows are the MMA N dimension (S^T = K Q^T, O^T = V^T P^T; 8 rows per MMA, ROWS =
+    16 as two 8-row groups over the same decoded K/V fragments) instead of 16 padded M rows. Each piece is one
+    call of the noinline :func:`_serve_piece`."""
     gl.static_assert(D == 128 or (D == 256 and ROWS_IN_N), "the whole-page decode: D=128, or D=256 with rows in N")
     gl.static_assert((ROWS == 16 and not ROWS_IN_N) or (ROWS == 8 and ROWS_IN_N) or (ROWS == 16 and D == 128),
                      "the whole-page decode: 16 M rows (GQA <= 16), 8 N rows (GQA <= 8) or two groups of 8 in N "
