@@ -600,8 +600,9 @@ def _run_scores(kwa, kwb, kwc, kwd, kc8, kw, kw1, q0, q1, q2, q3, q4, q5, q6, q7
         s = mma_v2(q_e, k_lo, gl.zeros([NW, ROWS, TW], gl.float32, MMA))
         s = mma_v2(q_o, k_hi, s)
         s = s * gl.expand_dims(_pow2(gl.convert_layout(ktop, TK) - 127), RAX)
+    s = _scale_scores(s, rowfac, rowbias, softcap, HAS_SOFTCAP, TAX)
     live = _score_live(ts, t_hi, lo, inside, bt_row, num_blocks, HAS_WINDOW, BLOCK_SIZE)
-    return _finish_scores(s, rowfac, rowbias, live, softcap, HAS_SOFTCAP, RAX, TAX)
+    return gl.where(gl.expand_dims(live, RAX), s, float("-inf"))
 
 
 @gluon.jit
@@ -617,10 +618,9 @@ def _score_live(ts, t_hi, lo, inside, bt_row, num_blocks, HAS_WINDOW: gl.constex
 
 
 @gluon.jit
-def _finish_scores(s, rowfac, rowbias, live, softcap, HAS_SOFTCAP: gl.constexpr, RAX: gl.constexpr,
-                   TAX: gl.constexpr):
+def _scale_scores(s, rowfac, rowbias, softcap, HAS_SOFTCAP: gl.constexpr, TAX: gl.constexpr):
     """Raw scores ``s`` to the log2 domain: the rows' power of two ``rowfac``, the soft cap, padding rows
-    (``rowbias``) and dead tokens (``live``) at -inf."""
+    (``rowbias``) at -inf."""
     rf = gl.expand_dims(rowfac, TAX)
     rb = gl.expand_dims(rowbias, TAX)
     if HAS_SOFTCAP:
@@ -629,7 +629,7 @@ def _finish_scores(s, rowfac, rowbias, live, softcap, HAS_SOFTCAP: gl.constexpr,
         s = s + rb
     else:
         s = gl.fma(s, rf, rb)
-    return gl.where(gl.expand_dims(live, RAX), s, float("-inf"))
+    return s
 
 
 @gluon.jit
@@ -642,9 +642,10 @@ def _run_scores2(kwa, kwb, kw, q0, q1, q2, q3, q4, q5, q6, q7, rowfac, rowfac2, 
     kb = _piece(kwb.permute([0, 1, 3, 2]), [NW, TW, 8], MMA, MMA)
     kw3 = gl.expand_dims(kw, 2) + gl.zeros([NW, TW, 8], gl.int32, MMA)
     s, s2 = _qk_runs2(ka, kb, kw3, q0, q1, q2, q3, q4, q5, q6, q7)
-    live = _score_live(ts, t_hi, lo, inside, bt_row, num_blocks, HAS_WINDOW, BLOCK_SIZE)
-    return (_finish_scores(s, rowfac, rowbias, live, softcap, HAS_SOFTCAP, 2, 1),
-            _finish_scores(s2, rowfac2, rowbias2, live, softcap, HAS_SOFTCAP, 2, 1))
+    s = _scale_scores(s, rowfac, rowbias, softcap, HAS_SOFTCAP, 1)
+    s2 = _scale_scores(s2, rowfac2, rowbias2, softcap, HAS_SOFTCAP, 1)
+    live = gl.expand_dims(_score_live(ts, t_hi, lo, inside, bt_row, num_blocks, HAS_WINDOW, BLOCK_SIZE), 2)
+    return gl.where(live, s, float("-inf")), gl.where(live, s2, float("-inf"))
 
 
 @gluon.jit
