@@ -72,13 +72,14 @@ def test_spec_warps_and_ring():
     assert c["GQA_PAD"] == 4 and (c["ROWS"], c["ROWS_IN_N"]) == (8, True)
 
 
-@pytest.mark.parametrize("gqa,rows_in_n,want", [
-    (1, True, (8, True)), (8, True, (8, True)),      # query rows in the MMA N dimension: 8 of them
-    (9, True, (16, False)), (16, True, (16, False)),  # more than 8: 16 M rows
-    (4, False, (16, False)),
+@pytest.mark.parametrize("d,gqa,rows_in_n,want", [
+    (128, 1, True, (8, True)), (128, 8, True, (8, True)),  # query rows in the MMA N dimension: 8 of them
+    (128, 9, True, (16, True)), (128, 16, True, (16, True)),  # more than 8 at D=128: two 8-row groups in N
+    (128, 16, False, (16, False)), (128, 4, False, (16, False)),  # 16 M rows
+    (256, 8, True, (8, True)),
 ])
-def test_spec_rows(gqa, rows_in_n, want):
-    c = decode_wholepage_spec(head_size=128, gqa=gqa, num_kv_heads=1, block_size=64,
+def test_spec_rows(d, gqa, rows_in_n, want):
+    c = decode_wholepage_spec(head_size=d, gqa=gqa, num_kv_heads=1, block_size=64,
                        tuning=WholePageTuning(rows_in_n=rows_in_n)).constexprs
     assert (c["ROWS"], c["ROWS_IN_N"]) == want
 

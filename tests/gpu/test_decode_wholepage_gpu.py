@@ -5,10 +5,10 @@ head-major caches: whole 16-token runs) through the routed public API (``ultraqu
 the plan must pick whole-page; AOT blob or Gluon JIT by ``ULTRAQUANT_BACKEND``), tuned ring shapes through
 ``decode_wholepage``: ragged lengths at block/split boundaries (including an empty request), sinks, sliding
 window, soft cap, V outliers 2^20 apart, NaN-poisoned outputs, several ring shapes, warp counts and
-persistent grid sizes, ragged serving batches (lengths 0..131072) for the balanced schedule, CUDA graph
-capture + replay with new (ragged) lengths on a side stream. Token-major caches (Hk > 1)
-and everything else are split-KV decode's by ``wholepage_supports`` (tests/test_decode_wholepage_plan.py,
-tests/test_decode_route.py, CPU).
+persistent grid sizes, GQA 9..16 as two 8-row groups in N (routed) and as 16 M rows, ragged serving
+batches (lengths 0..131072) for the balanced schedule, CUDA graph capture + replay with new (ragged)
+lengths on a side stream. Token-major caches (Hk > 1) and everything else are split-KV decode's by
+``wholepage_supports`` (tests/test_decode_wholepage_plan.py, tests/test_decode_route.py, CPU).
 """
 
 from __future__ import annotations
@@ -138,6 +138,12 @@ def test_decode_wholepage_graph_replay_ragged_new_lengths():
 def test_decode_wholepage_16_warps(name):
     """16 warps (two token groups per kv head at Hk=8) under a 128-register cap."""
     _run(name, WholePageTuning(warps=16, nsub=1, stages=4, maxnreg=128))
+
+
+@pytest.mark.parametrize("name", ["gqa16-hk1-b16-batch64", "ragged-gqa16-hk2-b16-sinks-window-softcap"])
+def test_decode_wholepage_gqa16_m_rows(name):
+    """GQA 16 on the 16-M-row path (``rows_in_n=False``; routed GQA 9..16 runs two 8-row groups in N)."""
+    _run(name, WholePageTuning(rows_in_n=False))
 
 
 def test_decode_wholepage_token_major_is_refused():

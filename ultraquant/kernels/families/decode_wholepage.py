@@ -49,8 +49,8 @@ class WholePageTuning:
     """Launch shape of the whole-page decode: ``warps`` (Hk kv heads x warps/Hk token groups), a ring of ``stages`` x
     ``nsub`` sub-tiles of ``tw`` tokens per warp (16: one run; ``None``: 4 at D=128, 2 at D=256, so the
     ring stays ~140 KB), an optional register cap, an optional persistent grid size (``programs``;
-    default :func:`wholepage_programs`); ``rows_in_n``: query rows in
-    the MMA N dimension (8 rows, used where GQA <= 8). Defaults: the fastest timed on the H200
+    default :func:`wholepage_programs`); ``rows_in_n``: query rows in the MMA N dimension (8 rows per MMA;
+    GQA 9..16 at D=128 as two 8-row groups; False: 16 M rows). Defaults: the fastest timed on the H200
     (benchmarks/NOTES.md, "Whole-page decode")."""
 
     warps: int = 8
@@ -149,7 +149,9 @@ def decode_wholepage_spec(
             f"whole-page decode tuning {tuning}: needs 16-token runs per warp (tw=16) and power-of-two "
             "warps, nsub and stages >= 2 (the ring's padded shared views)"
         )
-    rows_in_n = tuning.rows_in_n and int(gqa) <= 8
+    # rows in N: 8 query rows per MMA tile; GQA 9..16 at D=128 as two 8-row groups over the same decoded
+    # K/V fragments (benchmarks/NOTES.md, "Serving decode")
+    rows_in_n = tuning.rows_in_n and (int(gqa) <= 8 or d == 128)
     return Specialization(
         kernel="uq_decode_wholepage",
         signature=signature_of(WHOLEPAGE_PARAMS, query=type_name(query_dtype),
@@ -158,7 +160,7 @@ def decode_wholepage_spec(
             "D": d,
             "LOG2D": d.bit_length() - 1,
             "GQA": int(gqa),
-            "ROWS": 8 if rows_in_n else 16,
+            "ROWS": 8 if rows_in_n and int(gqa) <= 8 else 16,
             "GQA_PAD": pow2_at_least(int(gqa)),
             "HK": hk,
             "WT": wt,

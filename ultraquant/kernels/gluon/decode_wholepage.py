@@ -28,7 +28,10 @@ the prototype that passed every correctness case (benchmarks/NOTES.md): batched 
 the query rotated once in registers, FP4 codes decoded by inline PTX straight into the MMA operands
 (a code word's four fp16 pairs in 11 instructions, :func:`_word_pairs`), K scales after the MMA per
 32-element group, V scales like split-KV (each token's largest scale on the probability with a running
-reference exponent; V outliers 2^20 apart stay exact). After the loop the WT warps of each kv head
+reference exponent; V outliers 2^20 apart stay exact); above GQA 8 (D=128) two 8-row query groups share
+each decoded K/V fragment (:func:`_qk_runs2`, :func:`_pv_word2`). Each piece is one call of the noinline
+:func:`_serve_piece`, which allocates the ring (ptxas schedules its stage loop as in a one-piece kernel;
+a ring passed in from the kernel would overlap the callee's scratch). After the loop the WT warps of each kv head
 combine their (m, l, acc) inside the program and each piece leaves one partial per kv head in the
 workspace; the last program of a request (atomic ticket) merges them for all heads, folds the sinks
 and writes ``out``.
@@ -76,67 +79,89 @@ def _word_pairs(outs: list[str], src: str) -> str:
             f"prmt.b32 {o1}, t3, 0, 0x2404; and.b32 {o3}, t3, 0xFF00FF00;")
 
 
-def _qk_ptx() -> str:
-    """PTX of :func:`_qk_runs`: per scale group g, the K words of tokens n and n + 8 become fp16 A
-    fragments of two ``m16n8k16`` steps (nibbles (0, 4) and (1, 5) of a word are the first step's
-    k pairs, (2, 6) and (3, 7) the second's), two MMAs with the query fragments $16 + 4g .. $19 + 4g,
-    then the group's UE8M0 scale (byte g of the scale words $12 / $14: ``byte << 23`` is
-    ``2**(byte - 127)``) times the group's scores, summed in $0..$3."""
-    lines = ["{ .reg .b32 t1, t2, t3, p0, p1, p2, p3, r0, r1, r2, r3, fa, fb; .reg .f32 e0, e1, e2, e3, z;",
-             "mov.f32 z, 0f00000000;"]
-    mma = "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {e0, e1, e2, e3}, "
+def _qk_ptx(groups: int = 1) -> str:
+    """PTX of :func:`_qk_runs` (``groups`` = 2: :func:`_qk_runs2`, two 8-row query groups over the same K
+    fragments): per scale group g, the K words of tokens n and n + 8 become fp16 A fragments of two
+    ``m16n8k16`` steps (nibbles (0, 4) and (1, 5) of a word are the first step's k pairs, (2, 6) and
+    (3, 7) the second's), two MMAs per row group with its query fragments, then the group's UE8M0 scale
+    (byte g of the scale words of tokens n / n + 8: ``byte << 23`` is ``2**(byte - 127)``) times the
+    group's scores, summed into row group r's outputs $4r..$4r + 3. Inputs from $4G: K words (2 x 4),
+    scale words (4), then per row group 4 x 4 query words. The decode is shared by the row groups."""
+    acc_regs = [f"{c}{k}" for c in "ef"[:groups] for k in range(4)]
+    lines = ["{ .reg .b32 t1, t2, t3, p0, p1, p2, p3, r0, r1, r2, r3, fa, fb; "
+             f".reg .f32 {', '.join(acc_regs)}, z;", "mov.f32 z, 0f00000000;"]
+    base = 4 * groups
+    kw = base + 8
     for g in range(4):
-        x = 4 + (g % 2) + 4 * (g // 2)  # token n's word of group g; token n + 8's is 2 further
-        q = 16 + 4 * g
+        x = base + (g % 2) + 4 * (g // 2)  # token n's word of group g; token n + 8's is 2 further
         lines += [_word_pairs(["p0", "p1", "p2", "p3"], f"${x}"), _word_pairs(["r0", "r1", "r2", "r3"], f"${x + 2}")]
-        for step in range(2):
-            a = f"{{p{2 * step}, r{2 * step}, p{2 * step + 1}, r{2 * step + 1}}}, "
-            acc = "{z, z, z, z}" if step == 0 else "{e0, e1, e2, e3}"
-            lines += [mma + a + f"{{${q + 2 * step}, ${q + 2 * step + 1}}}, {acc};"]
+        for r in range(groups):
+            e = "ef"[r]
+            q = base + 12 + 16 * r + 4 * g
+            mma = f"mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {{{e}0, {e}1, {e}2, {e}3}}, "
+            for step in range(2):
+                a = f"{{p{2 * step}, r{2 * step}, p{2 * step + 1}, r{2 * step + 1}}}, "
+                acc = "{z, z, z, z}" if step == 0 else f"{{{e}0, {e}1, {e}2, {e}3}}"
+                lines += [mma + a + f"{{${q + 2 * step}, ${q + 2 * step + 1}}}, {acc};"]
         shift = 23 - 8 * g
-        lines += [f"shl.b32 fa, $12, {shift}; shl.b32 fb, $14, {shift};" if shift > 0
-                  else "shr.b32 fa, $12, 1; shr.b32 fb, $14, 1;",
+        lines += [f"shl.b32 fa, ${kw}, {shift}; shl.b32 fb, ${kw + 2}, {shift};" if shift > 0
+                  else f"shr.b32 fa, ${kw}, 1; shr.b32 fb, ${kw + 2}, 1;",
                   "and.b32 fa, fa, 0x7F800000; and.b32 fb, fb, 0x7F800000;"]
-        if g == 0:
-            lines += ["mul.f32 $0, e0, fa; mul.f32 $1, e1, fa; mul.f32 $2, e2, fb; mul.f32 $3, e3, fb;"]
-        else:
-            lines += ["fma.rn.f32 $0, e0, fa, $0; fma.rn.f32 $1, e1, fa, $1; fma.rn.f32 $2, e2, fb, $2;",
-                      "fma.rn.f32 $3, e3, fb, $3;"]
+        for r in range(groups):
+            e, o = "ef"[r], 4 * r
+            if g == 0:
+                lines += [f"mul.f32 ${o}, {e}0, fa; mul.f32 ${o + 1}, {e}1, fa; mul.f32 ${o + 2}, {e}2, fb; "
+                          f"mul.f32 ${o + 3}, {e}3, fb;"]
+            else:
+                lines += [f"fma.rn.f32 ${o}, {e}0, fa, ${o}; fma.rn.f32 ${o + 1}, {e}1, fa, ${o + 1}; "
+                          f"fma.rn.f32 ${o + 2}, {e}2, fb, ${o + 2};", f"fma.rn.f32 ${o + 3}, {e}3, fb, ${o + 3};"]
     return " ".join(lines + ["}"])
 
 
 _QK_ASM = gl.constexpr(_qk_ptx())
 _QK_CONSTRAINTS = gl.constexpr(",".join(["=f"] * 4 + ["r"] * 28))
 """Scores of one 16-token run (:func:`_qk_runs`): 4 scores out, 7 x 4 words in."""
+_QK2_ASM = gl.constexpr(_qk_ptx(2))
+_QK2_CONSTRAINTS = gl.constexpr(",".join(["=f"] * 8 + ["r"] * 44))
+"""The same for two row groups (:func:`_qk_runs2`): 2 x 4 scores out, 3 x 4 + 2 x 4 x 4 words in."""
 
 
-def _pv_word_ptx() -> str:
-    """PTX of :func:`_pv_word`: the four 16-dim output tiles whose V codes are the four bytes of one V
-    word of tokens (a, b, c, d) ($32..$35). PRMT puts bytes 0, 1 (then 2, 3) of tokens a and b (c and
-    d) into the two 16-bit lanes, so the word's nibble pairs (:func:`_word_pairs`) are the tiles' fp16
-    A fragments: byte k's low / high nibbles are fragments 0 / 1 of tile k (tokens a, b; 2 / 3 for c,
-    d). Times the tokens' relative scales ($36: a, b; $37: c, d), one ``m16n8k16`` MMA per tile with the
-    probability fragments $40, $41 onto accumulators $16.. (tile k: $16 + 4k .. $19 + 4k) into $0.."""
+def _pv_word_ptx(groups: int = 1) -> str:
+    """PTX of :func:`_pv_word` (``groups`` = 2: :func:`_pv_word2`, two 8-row groups of probabilities
+    over the same V fragments): the four 16-dim output tiles whose V codes are the four bytes of one V
+    word of tokens (a, b, c, d). PRMT puts bytes 0, 1 (then 2, 3) of tokens a and b (c and d) into the
+    two 16-bit lanes, so the word's nibble pairs (:func:`_word_pairs`) are the tiles' fp16 A fragments:
+    byte k's low / high nibbles are fragments 0 / 1 of tile k (tokens a, b; 2 / 3 for c, d). Times the
+    tokens' relative scales (a, b; c, d), one ``m16n8k16`` MMA per tile and row group with that group's
+    probability fragments. Operands: outputs (row group r, tile k) $16r + 4k.., the accumulators in
+    the same order from $16G, then the V words (4), the relative scales (4), the probability fragments
+    (4 per row group)."""
+    n = 16 * groups
+    vw, rel = 2 * n, 2 * n + 4
     lines = ["{ .reg .b32 t1, t2, t3, z0, z1, p0, p1, p2, p3, r0, r1, r2, r3;"]
     for half in range(2):
         sel = "0x5410" if half == 0 else "0x7632"
-        lines += [f"prmt.b32 z0, $32, $33, {sel}; prmt.b32 z1, $34, $35, {sel};",
+        lines += [f"prmt.b32 z0, ${vw}, ${vw + 1}, {sel}; prmt.b32 z1, ${vw + 2}, ${vw + 3}, {sel};",
                   _word_pairs(["p0", "p1", "p2", "p3"], "z0"), _word_pairs(["r0", "r1", "r2", "r3"], "z1")]
         for b in range(2):  # tile k = 2 half + b: pairs 2b, 2b + 1
             k = 2 * half + b
             a0, a1, a2, a3 = f"p{2 * b}", f"p{2 * b + 1}", f"r{2 * b}", f"r{2 * b + 1}"
-            lines += [f"mul.rn.f16x2 {a0}, {a0}, $36; mul.rn.f16x2 {a1}, {a1}, $36; "
-                      f"mul.rn.f16x2 {a2}, {a2}, $37; mul.rn.f16x2 {a3}, {a3}, $37;",
-                      f"mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {{${4 * k}, ${4 * k + 1}, ${4 * k + 2}, "
-                      f"${4 * k + 3}}}, {{{a0}, {a1}, {a2}, {a3}}}, {{$40, $41}}, {{${16 + 4 * k}, ${17 + 4 * k}, "
-                      f"${18 + 4 * k}, ${19 + 4 * k}}};"]
+            lines += [f"mul.rn.f16x2 {a0}, {a0}, ${rel}; mul.rn.f16x2 {a1}, {a1}, ${rel}; "
+                      f"mul.rn.f16x2 {a2}, {a2}, ${rel + 1}; mul.rn.f16x2 {a3}, {a3}, ${rel + 1};"]
+            for r in range(groups):
+                o, pf = 16 * r + 4 * k, rel + 4 + 4 * r
+                lines += [f"mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {{${o}, ${o + 1}, ${o + 2}, "
+                          f"${o + 3}}}, {{{a0}, {a1}, {a2}, {a3}}}, {{${pf}, ${pf + 1}}}, {{${n + o}, ${n + o + 1}, "
+                          f"${n + o + 2}, ${n + o + 3}}};"]
     return " ".join(lines + ["}"])
-
 
 _PV_ASM = gl.constexpr(_pv_word_ptx())
 _PV_CONSTRAINTS = gl.constexpr(",".join(["=f"] * 16 + ["f"] * 16 + ["r"] * 12))
 """The four output tiles of one V word of one run (:func:`_pv_word`): 4 x 4 accumulators out and in,
 3 x 4 words."""
+_PV2_ASM = gl.constexpr(_pv_word_ptx(2))
+_PV2_CONSTRAINTS = gl.constexpr(",".join(["=f"] * 32 + ["f"] * 32 + ["r"] * 16))
+"""The same for two row groups (:func:`_pv_word2`): 2 x 4 x 4 accumulators out and in, 4 x 4 words."""
 
 
 @gluon.constexpr_function
@@ -305,6 +330,34 @@ def _pv_word(acc0, acc1, acc2, acc3, vw, rel, pfr):
         constraints=_PV_CONSTRAINTS,
         args=[acc0, acc1, acc2, acc3, vw, rel, pfr],
         dtype=(gl.float32, gl.float32, gl.float32, gl.float32),
+        is_pure=True,
+        pack=4,
+    )
+
+
+@gluon.jit
+def _qk_runs2(ka, kb, kw, q0, q1, q2, q3, q4, q5, q6, q7):
+    """:func:`_qk_runs` for two 8-row query groups (fragments ``q0..q3`` and ``q4..q7``) over the same K
+    fragments (decoded once): the scores of rows 0..7 and 8..15."""
+    return gl.inline_asm_elementwise(
+        asm=_QK2_ASM,
+        constraints=_QK2_CONSTRAINTS,
+        args=[ka, kb, kw, q0, q1, q2, q3, q4, q5, q6, q7],
+        dtype=(gl.float32, gl.float32),
+        is_pure=True,
+        pack=4,
+    )
+
+
+@gluon.jit
+def _pv_word2(acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7, vw, rel, pfr, pfr2):
+    """:func:`_pv_word` for two 8-row groups (accumulators ``acc0..3`` with probabilities ``pfr``,
+    ``acc4..7`` with ``pfr2``) over the same V fragments (decoded and scaled once)."""
+    return gl.inline_asm_elementwise(
+        asm=_PV2_ASM,
+        constraints=_PV2_CONSTRAINTS,
+        args=[acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7, vw, rel, pfr, pfr2],
+        dtype=(gl.float32, gl.float32, gl.float32, gl.float32, gl.float32, gl.float32, gl.float32, gl.float32),
         is_pure=True,
         pack=4,
     )
@@ -547,6 +600,27 @@ def _run_scores(kwa, kwb, kwc, kwd, kc8, kw, kw1, q0, q1, q2, q3, q4, q5, q6, q7
         s = mma_v2(q_e, k_lo, gl.zeros([NW, ROWS, TW], gl.float32, MMA))
         s = mma_v2(q_o, k_hi, s)
         s = s * gl.expand_dims(_pow2(gl.convert_layout(ktop, TK) - 127), RAX)
+    s = _scale_scores(s, rowfac, rowbias, softcap, HAS_SOFTCAP, TAX)
+    live = _score_live(ts, t_hi, lo, inside, bt_row, num_blocks, HAS_WINDOW, BLOCK_SIZE)
+    return gl.where(gl.expand_dims(live, RAX), s, float("-inf"))
+
+
+@gluon.jit
+def _score_live(ts, t_hi, lo, inside, bt_row, num_blocks, HAS_WINDOW: gl.constexpr, BLOCK_SIZE: gl.constexpr):
+    """Which tokens ``ts`` of a run count: inside the request, the window and (unless ``inside``) the cache."""
+    live = ts < t_hi
+    if HAS_WINDOW:
+        live = live & (ts >= lo)
+    if not inside:  # a range with a bad block id (bounds): its tokens are empty
+        tb = gl.load(bt_row + ts // BLOCK_SIZE, mask=live, other=0)
+        live = live & (tb >= 0) & (tb < num_blocks)
+    return live
+
+
+@gluon.jit
+def _scale_scores(s, rowfac, rowbias, softcap, HAS_SOFTCAP: gl.constexpr, TAX: gl.constexpr):
+    """Raw scores ``s`` to the log2 domain: the rows' power of two ``rowfac``, the soft cap, padding rows
+    (``rowbias``) at -inf."""
     rf = gl.expand_dims(rowfac, TAX)
     rb = gl.expand_dims(rowbias, TAX)
     if HAS_SOFTCAP:
@@ -555,13 +629,23 @@ def _run_scores(kwa, kwb, kwc, kwd, kc8, kw, kw1, q0, q1, q2, q3, q4, q5, q6, q7
         s = s + rb
     else:
         s = gl.fma(s, rf, rb)
-    live = ts < t_hi
-    if HAS_WINDOW:
-        live = live & (ts >= lo)
-    if not inside:  # a range with a bad block id (bounds): its tokens are empty
-        tb = gl.load(bt_row + ts // BLOCK_SIZE, mask=live, other=0)
-        live = live & (tb >= 0) & (tb < num_blocks)
-    return gl.where(gl.expand_dims(live, RAX), s, float("-inf"))
+    return s
+
+
+@gluon.jit
+def _run_scores2(kwa, kwb, kw, q0, q1, q2, q3, q4, q5, q6, q7, rowfac, rowfac2, rowbias, rowbias2, ts, t_hi, lo,
+                 inside, bt_row, num_blocks, softcap, NW: gl.constexpr, TW: gl.constexpr, HAS_SOFTCAP: gl.constexpr,
+                 HAS_WINDOW: gl.constexpr, BLOCK_SIZE: gl.constexpr, MMA: gl.constexpr):
+    """:func:`_run_scores` with rows in N for two 8-row query groups (D=128; fragments ``q0..q3``, ``q4..q7``):
+    the K words are loaded and decoded once (:func:`_qk_runs2`); the scores of rows 0..7 and 8..15."""
+    ka = _piece(kwa.permute([0, 1, 3, 2]), [NW, TW, 8], MMA, MMA)
+    kb = _piece(kwb.permute([0, 1, 3, 2]), [NW, TW, 8], MMA, MMA)
+    kw3 = gl.expand_dims(kw, 2) + gl.zeros([NW, TW, 8], gl.int32, MMA)
+    s, s2 = _qk_runs2(ka, kb, kw3, q0, q1, q2, q3, q4, q5, q6, q7)
+    s = _scale_scores(s, rowfac, rowbias, softcap, HAS_SOFTCAP, 1)
+    s2 = _scale_scores(s2, rowfac2, rowbias2, softcap, HAS_SOFTCAP, 1)
+    live = gl.expand_dims(_score_live(ts, t_hi, lo, inside, bt_row, num_blocks, HAS_WINDOW, BLOCK_SIZE), 2)
+    return gl.where(live, s, float("-inf")), gl.where(live, s2, float("-inf"))
 
 
 @gluon.jit
@@ -700,32 +784,25 @@ def _schedule(seqlen_ptr, num_requests, window, cap, pid, progs, TT: gl.constexp
     return total, active, w0, w1, b_first, cs, b_last
 
 
-@gluon.jit
-def uq_decode_wholepage(q_ptr, cache_ptr, bt_ptr, seqlen_ptr, sinks_ptr, out_ptr, part_ptr, ml_ptr, counter_ptr,
-                        err_ptr, scale, softcap, window, num_requests, num_blocks, bt_cols,
-                        stride_qb, stride_qh, stride_ob, stride_oh,
-                        stride_cb, stride_ct, stride_ch, stride_btb,
-                        D: gl.constexpr, LOG2D: gl.constexpr, GQA: gl.constexpr, ROWS: gl.constexpr,
-                        GQA_PAD: gl.constexpr, HK: gl.constexpr, WT: gl.constexpr, NSUB: gl.constexpr,
-                        STAGES: gl.constexpr, TW: gl.constexpr, BLOCK_SIZE: gl.constexpr, HAS_SINKS: gl.constexpr,
-                        HAS_WINDOW: gl.constexpr, HAS_SOFTCAP: gl.constexpr,
-                        ROWS_IN_N: gl.constexpr, MIN_TOKENS: gl.constexpr):
-    """Whole-page paged decode over a persistent grid ``(programs, 1, 1)`` balanced from ``seq_lens`` on
-    the device (``num_requests``: the batch size); see the module docstring.
-    ``ROWS_IN_N``: the query rows are the MMA N dimension (S^T = K Q^T, O^T = V^T P^T, 8 rows: GQA <= 8)
-    instead of 16 padded M rows."""
-    gl.static_assert(D == 128 or (D == 256 and ROWS_IN_N), "the whole-page decode: D=128, or D=256 with rows in N")
-    gl.static_assert((ROWS == 16 and not ROWS_IN_N) or (ROWS == 8 and ROWS_IN_N),
-                     "the whole-page decode: 16 M rows (GQA <= 16) or 8 N rows (GQA <= 8)")
-    gl.static_assert(TW == 16, "the whole-page decode: 16-token runs per warp")
+@gluon.jit(noinline=True)
+def _serve_piece(q_ptr, cache_ptr, bt_ptr, seqlen_ptr, sinks_ptr, out_ptr, part_ptr, ml_ptr, counter_ptr,
+                 err_ptr, scale, softcap, window, num_blocks, cap, stride_qb, stride_qh, stride_ob, stride_oh,
+                 stride_cb, stride_ch, stride_btb, b, cs, w0, w1, total, active, pid,
+                 D: gl.constexpr, LOG2D: gl.constexpr, GQA: gl.constexpr, ROWS: gl.constexpr,
+                 GQA_PAD: gl.constexpr, HK: gl.constexpr, WT: gl.constexpr, NSUB: gl.constexpr,
+                 STAGES: gl.constexpr, TW: gl.constexpr, BLOCK_SIZE: gl.constexpr, HAS_SINKS: gl.constexpr,
+                 HAS_WINDOW: gl.constexpr, HAS_SOFTCAP: gl.constexpr, ROWS_IN_N: gl.constexpr):
+    """Serve request ``b``'s piece of this program's units ``[w0, w1)`` (the request's units start at
+    ``cs``): stream it through the ring, leave one partial per kv head in slot ``pid + b`` and, for the
+    request's last piece (atomic ticket), merge its pieces into ``out``. Returns the request's end unit."""
     NW: gl.constexpr = gl.num_warps()
-    gl.static_assert(NW == HK * WT, "the whole-page decode: num_warps must be HK * WT")
     H: gl.constexpr = D // 2
     G: gl.constexpr = D // 32
     TT: gl.constexpr = NSUB * WT * TW
     PAIR: gl.constexpr = NSUB  # runs per online-softmax update: the whole stage
-    MIN_UNITS: gl.constexpr = max(1, MIN_TOKENS // TT)  # the schedule's shortest piece at the average
     MERGE: gl.constexpr = _merge_step(HK * GQA_PAD * D // (32 * NW), HK)  # partials per merge step
+    RG: gl.constexpr = ROWS // 8 if ROWS_IN_N else 1  # row groups: 8 query rows each in N (GQA 9..16: 2)
+    RR: gl.constexpr = ROWS // RG                     # rows of a group
 
     # ---- layouts: warp = MMA batch
     MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[NW, 1, 1],
@@ -747,13 +824,16 @@ def uq_decode_wholepage(q_ptr, cache_ptr, bt_ptr, seqlen_ptr, sinks_ptr, out_ptr
     # the leading dimension (the layouts describe one entry; padding counts over the whole buffer).
     NR: gl.constexpr = NSUB * NW
     SLOT: gl.constexpr = 2 * (H + G)
-    RINT: gl.constexpr = 8 * H                         # words of a run's first 2H bytes per token
-    RING: gl.constexpr = gl.PaddedSharedLayout.with_identity_for([[RINT, 4 * SLOT - RINT]], [NR, RINT], [1, 0])
     # allocated flat: a padded allocation stops at the last run's 512th word, but its copy fills the
     # whole 136-byte slot stride (17 rows of 128 B), so the last run's 17th row would land past the end
     FLAT: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])
+    RINT: gl.constexpr = 8 * H                         # words of a run's first 2H bytes per token
+    RING: gl.constexpr = gl.PaddedSharedLayout.with_identity_for([[RINT, 4 * SLOT - RINT]], [NR, RINT], [1, 0])
+    # allocated here, not by the kernel: Triton 3.6 places a noinline function's scratch at the start of
+    # shared memory whatever the caller holds there, so a ring passed in would be overwritten
     ring = gl.allocate_shared_memory(gl.int32, [STAGES * NR * (SLOT * 4)], FLAT)._reinterpret(
         gl.int32, [STAGES, NR, RINT], RING)
+    gl.thread_barrier()  # every warp is past the caller's (and the previous piece's) shared memory use
     # math views of sub-tile entries (NW runs): K codes at slot byte 0, V codes at byte H + G, the scale
     # words at words H/4 and SLOT/4 - 1. Each view is [NW, TW, 2, n] over 2n-element slot pieces padded
     # to the slot (128 + 8 bytes, 32 + 2 words) and based at its piece's offset; slicing index 0 of the
@@ -795,50 +875,58 @@ def uq_decode_wholepage(q_ptr, cache_ptr, bt_ptr, seqlen_ptr, sinks_ptr, out_ptr
     WARPT: gl.constexpr = gl.SliceLayout(1, ROWT)       # [NW]
     VW: gl.constexpr = gl.SliceLayout(2, gl.SliceLayout(3, VL))  # [NW, TW] V scale words
 
-    # ---- the balanced schedule (module docstring): this program's units [w0, w1) of the batch's total
-    pid = gl.program_id(0)
-    progs = gl.num_programs(0)
-    cap = bt_cols * BLOCK_SIZE  # bounds: a length outside [0, the row's capacity] is clamped, error word set
-    total, active, w0, w1, b_first, cs, b_last = _schedule(seqlen_ptr, num_requests, window, cap, pid, progs,
-                                                           TT, HAS_WINDOW, MIN_UNITS, NW)
-    for b in range(b_first, b_last + 1):
-        length = gl.load(seqlen_ptr + b)
-        gl.store(err_ptr + ERR_SEQ_LEN, 1, mask=(length < 0) | (length > cap))
-        length = gl.minimum(gl.maximum(length, 0), cap)
-        lo = 0
-        if HAS_WINDOW:
-            lo = gl.maximum(length - window, 0)
-        lo_run = (lo // TT) * TT  # stages start on TT-token boundaries (whole runs); tokens below lo are masked
-        ce = cs + _units(length, window, cap, TT, HAS_WINDOW)
-        t_lo = lo_run + (gl.maximum(cs, w0) - cs) * TT
-        t_hi = gl.minimum(lo_run + (gl.minimum(ce, w1) - cs) * TT, length)
-        n_it = gl.cdiv(gl.maximum(t_hi - t_lo, 0), TT)
-        first = _owner(cs, active, total)  # the programs that hold pieces of request b: first .. last
-        nparts = _owner(ce - 1, active, total) - first + 1
-        bt_row = bt_ptr + b.to(gl.int64) * stride_btb
-        # ---- the query, loaded before the ring copies queue up ahead of it
-        qr = gl.arange(0, ROWS, gl.SliceLayout(0, gl.SliceLayout(2, QL)))
-        qc = gl.arange(0, D, gl.SliceLayout(0, gl.SliceLayout(1, QL)))
-        qw = gl.arange(0, NW, gl.SliceLayout(1, gl.SliceLayout(2, QL)))
-        qr3 = gl.expand_dims(gl.expand_dims(qr, 0), 2)
-        qc3 = gl.expand_dims(gl.expand_dims(qc, 0), 1)
-        qh3 = gl.expand_dims(gl.expand_dims(qw // WT, 1), 2)
-        qoff = (qh3 * GQA + qr3) * stride_qh + qc3
-        q_in = gl.load(q_ptr + b.to(gl.int64) * stride_qb + qoff, mask=(qr3 < GQA) & (qc3 < D), other=0.0)
-        inside = _blocks_inside(bt_row, t_lo, t_hi, num_blocks, err_ptr, BLOCK_SIZE, NW)
+    length = gl.load(seqlen_ptr + b)
+    gl.store(err_ptr + ERR_SEQ_LEN, 1, mask=(length < 0) | (length > cap))
+    length = gl.minimum(gl.maximum(length, 0), cap)
+    lo = 0
+    if HAS_WINDOW:
+        lo = gl.maximum(length - window, 0)
+    lo_run = (lo // TT) * TT  # stages start on TT-token boundaries (whole runs); tokens below lo are masked
+    ce = cs + _units(length, window, cap, TT, HAS_WINDOW)
+    t_lo = lo_run + (gl.maximum(cs, w0) - cs) * TT
+    t_hi = gl.minimum(lo_run + (gl.minimum(ce, w1) - cs) * TT, length)
+    n_it = gl.cdiv(gl.maximum(t_hi - t_lo, 0), TT)
+    first = _owner(cs, active, total)  # the programs that hold pieces of request b: first .. last
+    nparts = _owner(ce - 1, active, total) - first + 1
+    bt_row = bt_ptr + b.to(gl.int64) * stride_btb
+    # ---- the query, loaded before the ring copies queue up ahead of it; rows in N above GQA 8: RG = 2
+    # groups of 8 rows, each its own query fragments, over the same decoded K/V fragments
+    qr = gl.arange(0, RR, gl.SliceLayout(0, gl.SliceLayout(2, QL)))
+    qc = gl.arange(0, D, gl.SliceLayout(0, gl.SliceLayout(1, QL)))
+    qw = gl.arange(0, NW, gl.SliceLayout(1, gl.SliceLayout(2, QL)))
+    qr3 = gl.expand_dims(gl.expand_dims(qr, 0), 2)
+    qc3 = gl.expand_dims(gl.expand_dims(qc, 0), 1)
+    qh3 = gl.expand_dims(gl.expand_dims(qw // WT, 1), 2)
+    q_row = q_ptr + b.to(gl.int64) * stride_qb + (qh3 * GQA + qr3) * stride_qh + qc3
+    q_in = gl.load(q_row, mask=(qr3 < GQA) & (qc3 < D), other=0.0)
+    inside = _blocks_inside(bt_row, t_lo, t_hi, num_blocks, err_ptr, BLOCK_SIZE, NW)
 
-        # ---- prologue: STAGES - 1 stages in flight
-        for i in gl.static_range(STAGES - 1):
-            _issue_stage(ring, i, cache_ptr, bt_row, t_lo + i * TT, t_hi, stride_cb, stride_ch, inside, num_blocks,
-                         NSUB, NW, WT, SLOT, BLOCK_SIZE)
-            async_copy.commit_group()
+    # ---- prologue: STAGES - 1 stages in flight
+    for i in gl.static_range(STAGES - 1):
+        _issue_stage(ring, i, cache_ptr, bt_row, t_lo + i * TT, t_hi, stride_cb, stride_ch, inside, num_blocks,
+                     NSUB, NW, WT, SLOT, BLOCK_SIZE)
+        async_copy.commit_group()
 
-        # ---- query: rotate, scale, fp16 halves times a per-row power of two (as split-KV), once
+    # score axes: rows (query rows) and tokens; QR/QW/TK: per-row, per-warp, per-token state layouts
+    RAX: gl.constexpr = _pick(ROWS_IN_N, 2, 1)
+    TAX: gl.constexpr = 3 - RAX
+    QR: gl.constexpr = _pick(ROWS_IN_N, ROWT, ROW)
+    QW: gl.constexpr = _pick(ROWS_IN_N, WARPT, WARP)
+    TK: gl.constexpr = _pick(ROWS_IN_N, TOKT, TOK)
+    KWL: gl.constexpr = _pick(ROWS_IN_N, TOKT, KW)
+    # ---- query: rotate, scale, fp16 halves times a per-row power of two (as split-KV), once per row group;
+    # qf: 10 values per group (rows in N: fragments q0..q7; m16: the halves q_e, q_o)
+    qf = ()
+    rowfacs = ()
+    rowbiases = ()
+    for g in gl.static_range(RG):
+        if g > 0:  # the next group's rows, loaded after the previous group's fragments (whole rows per thread)
+            q_in = gl.load(q_row + g * RR * stride_qh, mask=(qr3 + g * RR < GQA) & (qc3 < D), other=0.0)
         q = q_in.to(gl.float32)
         if D == 128:
-            q = _fwht_rows(q, NW, ROWS, D, LOG2D)
+            q = _fwht_rows(q, NW, RR, D, LOG2D)
         else:
-            q = _fwht_split(q, NW, ROWS, D, LOG2D, QL2)
+            q = _fwht_split(q, NW, RR, D, LOG2D, QL2)
         if HAS_SOFTCAP:
             q = q * scale
         else:
@@ -849,8 +937,8 @@ def uq_decode_wholepage(q_ptr, cache_ptr, bt_ptr, seqlen_ptr, sinks_ptr, out_ptr
             # fp16 with the row's largest element in [2**14, 2**15); K's fp16 codes are fp4 * 2**-14
             q = q * gl.expand_dims(_pow2(14 - e), 2)
             if D == 256:  # groups 0..3 and 4..7 (two _qk_runs per run)
-                q = gl.convert_layout(q, _halves_layout(NW, ROWS))
-                qa, qb = gl.split(gl.permute(gl.reshape(q, [NW, ROWS, 2, 128]), [0, 1, 3, 2]))
+                q = gl.convert_layout(q, _halves_layout(NW, RR))
+                qa, qb = gl.split(gl.permute(gl.reshape(q, [NW, RR, 2, 128]), [0, 1, 3, 2]))
                 q0, q1, q2, q3 = _query_frags(qa, NW, MMA)
                 q4, q5, q6, q7 = _query_frags(qb, NW, MMA)
             else:
@@ -864,7 +952,7 @@ def uq_decode_wholepage(q_ptr, cache_ptr, bt_ptr, seqlen_ptr, sinks_ptr, out_ptr
             rowscale = _pow2(e)
         else:
             q = q * gl.expand_dims(_pow2(14 - e), 2)
-            q_e, q_o = gl.split(gl.reshape(q, [NW, ROWS, H, 2]))
+            q_e, q_o = gl.split(gl.reshape(q, [NW, RR, H, 2]))
             q_e = gl.convert_layout(q_e.to(gl.float16), QA)
             q_o = gl.convert_layout(q_o.to(gl.float16), QA)
             q0 = 0
@@ -876,220 +964,302 @@ def uq_decode_wholepage(q_ptr, cache_ptr, bt_ptr, seqlen_ptr, sinks_ptr, out_ptr
             q6 = 0
             q7 = 0
             rowscale = _pow2(e - 14)
-        # score axes: rows (query rows) and tokens; QR/QW/TK: per-row, per-warp, per-token state layouts
-        RAX: gl.constexpr = _pick(ROWS_IN_N, 2, 1)
-        TAX: gl.constexpr = 3 - RAX
-        QR: gl.constexpr = _pick(ROWS_IN_N, ROWT, ROW)
-        QW: gl.constexpr = _pick(ROWS_IN_N, WARPT, WARP)
-        TK: gl.constexpr = _pick(ROWS_IN_N, TOKT, TOK)
-        KWL: gl.constexpr = _pick(ROWS_IN_N, TOKT, KW)
-        rowfac = gl.convert_layout(rowscale, QR)
-        rows = gl.arange(0, ROWS, gl.SliceLayout(0, QR))
-        rowbias = gl.expand_dims(gl.where(rows < GQA, 0.0, float("-inf")), 0)
+        qf = qf + (q0, q1, q2, q3, q4, q5, q6, q7, q_e, q_o)
+        rowfacs = rowfacs + (gl.convert_layout(rowscale, QR),)
+        rows = gl.arange(0, RR, gl.SliceLayout(0, QR)) + g * RR
+        rowbiases = rowbiases + (gl.expand_dims(gl.where(rows < GQA, 0.0, float("-inf")), 0),)
 
-        # ---- per-warp token offsets in the per-token layout; K groups in the K operand layout; V byte groups
-        ws = gl.expand_dims(gl.arange(0, NW, gl.SliceLayout(1, TK)) % WT, 1) * TW
-        ns = gl.expand_dims(_physical_token(gl.arange(0, TW, gl.SliceLayout(0, TK))), 0)
-        kgroup = 0  # m16 only: the K and V groups of the fp16-halves path
-        vgroup = 0
-        if not ROWS_IN_N:
-            kgroup = _iota3(H, 1, KB) // 16
-            SV: gl.constexpr = gl.SliceLayout(3, VL)
-            gv = gl.expand_dims(gl.expand_dims(gl.arange(0, 8, gl.SliceLayout(0, gl.SliceLayout(1, SV))), 0), 1)
-            R3: gl.constexpr = gl.SliceLayout(0, gl.SliceLayout(1, gl.SliceLayout(2, VL)))
-            rv = gl.expand_dims(gl.expand_dims(gl.expand_dims(gl.arange(0, 8, R3), 0), 1), 2)
-            vgroup = gl.expand_dims(gv // 2, 3) + rv * 0
+    # ---- per-warp token offsets in the per-token layout; K groups in the K operand layout; V byte groups
+    ws = gl.expand_dims(gl.arange(0, NW, gl.SliceLayout(1, TK)) % WT, 1) * TW
+    ns = gl.expand_dims(_physical_token(gl.arange(0, TW, gl.SliceLayout(0, TK))), 0)
+    kgroup = 0  # m16 only: the K and V groups of the fp16-halves path
+    vgroup = 0
+    if not ROWS_IN_N:
+        kgroup = _iota3(H, 1, KB) // 16
+        SV: gl.constexpr = gl.SliceLayout(3, VL)
+        gv = gl.expand_dims(gl.expand_dims(gl.arange(0, 8, gl.SliceLayout(0, gl.SliceLayout(1, SV))), 0), 1)
+        R3: gl.constexpr = gl.SliceLayout(0, gl.SliceLayout(1, gl.SliceLayout(2, VL)))
+        rv = gl.expand_dims(gl.expand_dims(gl.expand_dims(gl.arange(0, 8, R3), 0), 1), 2)
+        vgroup = gl.expand_dims(gv // 2, 3) + rv * 0
 
-        # accumulators: rows in N, 8 tiles [NW, 16 dims, 8 rows] (_pv_word); m16, even / odd dims [NW, 16, 64]
-        NT: gl.constexpr = D // 16 if ROWS_IN_N else 2
-        ACC: gl.constexpr = _pick(ROWS_IN_N, [NW, 16, ROWS], [NW, ROWS, H])
-        accs = ()
-        for _t in gl.static_range(NT):
-            accs = accs + (gl.zeros(ACC, gl.float32, MMA),)
-        m_i = gl.full([NW, ROWS], float("-inf"), gl.float32, QR)
-        l_i = gl.zeros([NW, ROWS], gl.float32, QR)
-        run = gl.full([NW], -254, gl.int32, QW)
-        for it in range(n_it):
-            # stage `it` landed (at most STAGES - 2 younger groups pending); the barrier also retires
-            # every warp's reads of the buffer the next issue overwrites
-            async_copy.wait_group(STAGES - 2)
-            gl.thread_barrier()
-            nxt = (it + STAGES - 1) % STAGES
-            _issue_stage(ring, nxt, cache_ptr, bt_row, t_lo + (it + STAGES - 1) * TT, t_hi, stride_cb, stride_ch,
-                         inside, num_blocks, NSUB, NW, WT, SLOT, BLOCK_SIZE)
-            async_copy.commit_group()
-            cur = (it % STAGES) * NSUB
-            t0 = t_lo + it * TT
-            for jp in gl.static_range(NSUB // PAIR):
-                j = jp * PAIR
-                kw = _piece(ks.index(cur + j), [NW, TW], KWL, KWL)
-                # scores of PAIR runs, then ONE online-softmax update for all of them (one cross-lane
-                # max, one sum, one rescale of the accumulator per PAIR * 16 tokens)
-                ss = ()
-                for i in gl.static_range(PAIR):
-                    kwi = kw
-                    if i > 0:
-                        kwi = _piece(ks.index(cur + j + i), [NW, TW], KWL, KWL)
-                    kwi1 = kwi
-                    if D == 256:
-                        kwi1 = _piece(ks1.index(cur + j + i), [NW, TW], KWL, KWL)
-                    e_i = cur + j + i
+    # accumulators: rows in N, 8 tiles [NW, 16 dims, 8 rows] (_pv_word) per row group; m16, even / odd dims
+    # [NW, 16, 64]; accs[g * NT + t]: tile t of row group g
+    NT: gl.constexpr = D // 16 if ROWS_IN_N else 2
+    ACC: gl.constexpr = _pick(ROWS_IN_N, [NW, 16, RR], [NW, RR, H])
+    accs = ()
+    for _t in gl.static_range(RG * NT):
+        accs = accs + (gl.zeros(ACC, gl.float32, MMA),)
+    m_i = ()
+    l_i = ()
+    for _g in gl.static_range(RG):
+        m_i = m_i + (gl.full([NW, RR], float("-inf"), gl.float32, QR),)
+        l_i = l_i + (gl.zeros([NW, RR], gl.float32, QR),)
+    run = gl.full([NW], -254, gl.int32, QW)
+    for it in range(n_it):
+        # stage `it` landed (at most STAGES - 2 younger groups pending); the barrier also retires
+        # every warp's reads of the buffer the next issue overwrites
+        async_copy.wait_group(STAGES - 2)
+        gl.thread_barrier()
+        nxt = (it + STAGES - 1) % STAGES
+        _issue_stage(ring, nxt, cache_ptr, bt_row, t_lo + (it + STAGES - 1) * TT, t_hi, stride_cb, stride_ch,
+                     inside, num_blocks, NSUB, NW, WT, SLOT, BLOCK_SIZE)
+        async_copy.commit_group()
+        cur = (it % STAGES) * NSUB
+        t0 = t_lo + it * TT
+        for jp in gl.static_range(NSUB // PAIR):
+            j = jp * PAIR
+            kw = _piece(ks.index(cur + j), [NW, TW], KWL, KWL)
+            # scores of PAIR runs (ss[i * RG + g]), then ONE online-softmax update per row group for all of
+            # them (one cross-lane max, one sum, one rescale of the accumulator per PAIR * 16 tokens)
+            ss = ()
+            for i in gl.static_range(PAIR):
+                kwi = kw
+                if i > 0:
+                    kwi = _piece(ks.index(cur + j + i), [NW, TW], KWL, KWL)
+                kwi1 = kwi
+                if D == 256:
+                    kwi1 = _piece(ks1.index(cur + j + i), [NW, TW], KWL, KWL)
+                e_i = cur + j + i
+                ts = t0 + (j + i) * (WT * TW) + ws + ns
+                if RG == 1:
                     ss = ss + (_run_scores(kwa.index(e_i), kwb.index(e_i), kwc.index(e_i), kwd.index(e_i),
-                                           kc8.index(e_i), kwi, kwi1, q0, q1, q2, q3, q4, q5, q6, q7, q_e, q_o,
-                                           kgroup, rowfac, rowbias, t0 + (j + i) * (WT * TW) + ws + ns, t_hi, lo,
-                                           inside, bt_row, num_blocks, softcap, D, NW, TW, ROWS, H, ROWS_IN_N,
+                                           kc8.index(e_i), kwi, kwi1, qf[0], qf[1], qf[2], qf[3], qf[4], qf[5],
+                                           qf[6], qf[7], qf[8], qf[9], kgroup, rowfacs[0], rowbiases[0], ts, t_hi,
+                                           lo, inside, bt_row, num_blocks, softcap, D, NW, TW, RR, H, ROWS_IN_N,
                                            HAS_SOFTCAP, HAS_WINDOW, BLOCK_SIZE, MMA, KB, TK, RAX, TAX),)
-                smax = ss[0]
+                else:
+                    ss = ss + _run_scores2(kwa.index(e_i), kwb.index(e_i), kwi, qf[0], qf[1], qf[2], qf[3], qf[10],
+                                           qf[11], qf[12], qf[13], rowfacs[0], rowfacs[1], rowbiases[0],
+                                           rowbiases[1], ts, t_hi, lo, inside, bt_row, num_blocks, softcap, NW, TW,
+                                           HAS_SOFTCAP, HAS_WINDOW, BLOCK_SIZE, MMA)
+            ps = ()  # ps[g * PAIR + i]
+            alphas = ()
+            m_new_g = ()
+            l_new_g = ()
+            for g in gl.static_range(RG):
+                smax = ss[g]
                 for i in gl.static_range(1, PAIR):
-                    smax = gl.maximum(smax, ss[i])
-                m_new = gl.maximum(m_i, gl.max(smax, axis=TAX))
+                    smax = gl.maximum(smax, ss[i * RG + g])
+                m_new = gl.maximum(m_i[g], gl.max(smax, axis=TAX))
                 m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)
-                alpha = gl.exp2(m_i - m_safe)
-                ps = ()
-                for i in gl.static_range(PAIR):
-                    ps = ps + (gl.exp2(ss[i] - gl.expand_dims(m_safe, TAX)),)
-                psum = ps[0]
+                alpha = gl.exp2(m_i[g] - m_safe)
+                psum = gl.exp2(ss[g] - gl.expand_dims(m_safe, TAX))
+                ps = ps + (psum,)
                 for i in gl.static_range(1, PAIR):
-                    psum = psum + ps[i]
-                l_i = l_i * alpha + gl.sum(psum, axis=TAX)
-                m_i = m_new
+                    p_i = gl.exp2(ss[i * RG + g] - gl.expand_dims(m_safe, TAX))
+                    ps = ps + (p_i,)
+                    psum = psum + p_i
+                l_new_g = l_new_g + (l_i[g] * alpha + gl.sum(psum, axis=TAX),)
+                m_new_g = m_new_g + (m_new,)
+                alphas = alphas + (alpha,)
+            l_i = l_new_g
+            m_i = m_new_g
 
-                # V: scale word per token, reference exponent from the largest contribution of the runs
-                vws = ()
-                vws1 = ()
-                vtops = ()
-                vexps = ()
-                for i in gl.static_range(PAIR):
-                    if ROWS_IN_N:  # the score layout's tokens
-                        vw = _piece(vs.index(cur + j + i), [NW, TW], TK, TK)
-                        vtop = _token_top(vw)
-                        vw1 = vw
-                        if D == 256:
-                            vw1 = _piece(vs1.index(cur + j + i), [NW, TW], TK, TK)
-                            vtop = gl.maximum(vtop, _token_top(vw1))
-                        vws1 = vws1 + (vw1,)
-                        vexps = vexps + (vtop - 127,)
-                    else:
-                        vw = gl.expand_dims(_piece(vs.index(cur + j + i), [NW, TW], VW, VW), 2)
-                        vtop = _token_top(vw)
-                        vexps = vexps + (gl.convert_layout(gl.max(vtop, axis=2), TK) - 127,)
-                    vws = vws + (vw,)
-                    vtops = vtops + (vtop,)
-                cmax = ps[0] * gl.expand_dims(_pow2(gl.minimum(vexps[0], 127)), RAX)
-                for i in gl.static_range(1, PAIR):
-                    cmax = gl.maximum(cmax, ps[i] * gl.expand_dims(_pow2(gl.minimum(vexps[i], 127)), RAX))
-                ctop = _floor_log2(gl.max(gl.max(cmax, axis=TAX), axis=1))
-                shrink = _floor_log2(gl.max(alpha, axis=1))
-                new_run = gl.maximum(run + shrink, ctop)
-                c = gl.expand_dims(alpha * gl.expand_dims(_pow2(gl.minimum(run - new_run, 127)), 1), TAX)
-                nr = gl.expand_dims(gl.convert_layout(new_run, gl.SliceLayout(1, TK)), 1)
-                scaled = ()
+            # V: scale word per token, reference exponent from the largest contribution of the runs
+            vws = ()
+            vws1 = ()
+            vtops = ()
+            vexps = ()
+            for i in gl.static_range(PAIR):
+                if ROWS_IN_N:  # the score layout's tokens
+                    vw = _piece(vs.index(cur + j + i), [NW, TW], TK, TK)
+                    vtop = _token_top(vw)
+                    vw1 = vw
+                    if D == 256:
+                        vw1 = _piece(vs1.index(cur + j + i), [NW, TW], TK, TK)
+                        vtop = gl.maximum(vtop, _token_top(vw1))
+                    vws1 = vws1 + (vw1,)
+                    vexps = vexps + (vtop - 127,)
+                else:
+                    vw = gl.expand_dims(_piece(vs.index(cur + j + i), [NW, TW], VW, VW), 2)
+                    vtop = _token_top(vw)
+                    vexps = vexps + (gl.convert_layout(gl.max(vtop, axis=2), TK) - 127,)
+                vws = vws + (vw,)
+                vtops = vtops + (vtop,)
+            cmax = ps[0] * gl.expand_dims(_pow2(gl.minimum(vexps[0], 127)), RAX)
+            for k in gl.static_range(1, RG * PAIR):
+                cmax = gl.maximum(cmax, ps[k] * gl.expand_dims(_pow2(gl.minimum(vexps[k % PAIR], 127)), RAX))
+            ctop = _floor_log2(gl.max(gl.max(cmax, axis=TAX), axis=1))
+            alpha_top = gl.max(alphas[0], axis=1)
+            for g in gl.static_range(1, RG):
+                alpha_top = gl.maximum(alpha_top, gl.max(alphas[g], axis=1))
+            shrink = _floor_log2(alpha_top)
+            new_run = gl.maximum(run + shrink, ctop)
+            nr = gl.expand_dims(gl.convert_layout(new_run, gl.SliceLayout(1, TK)), 1)
+            scaled = ()
+            for g in gl.static_range(RG):
+                c = gl.expand_dims(alphas[g] * gl.expand_dims(_pow2(gl.minimum(run - new_run, 127)), 1), TAX)
                 for t in gl.static_range(NT):
-                    scaled = scaled + (accs[t] * c,)
-                accs = scaled
-                for i in gl.static_range(PAIR):
-                    if ROWS_IN_N:
-                        pfr, rel = _pv_operands(ps[i], gl.expand_dims(vws[i], 2), gl.expand_dims(vws1[i], 2),
-                                                gl.expand_dims(vtops[i], 2), gl.expand_dims(nr, 2), D, NW, MMA)
-                        vwt = (_piece(vwa.index(cur + j + i), [NW, 16, ROWS], MMA, MMA),
-                               _piece(vwb.index(cur + j + i), [NW, 16, ROWS], MMA, MMA))
-                        if D == 256:
-                            vwt = vwt + (_piece(vwc.index(cur + j + i), [NW, 16, ROWS], MMA, MMA),
-                                         _piece(vwd.index(cur + j + i), [NW, 16, ROWS], MMA, MMA))
-                        tiles = ()
+                    scaled = scaled + (accs[g * NT + t] * c,)
+            accs = scaled
+            for i in gl.static_range(PAIR):
+                if ROWS_IN_N:
+                    pfr, rel = _pv_operands(ps[i], gl.expand_dims(vws[i], 2), gl.expand_dims(vws1[i], 2),
+                                            gl.expand_dims(vtops[i], 2), gl.expand_dims(nr, 2), D, NW, MMA)
+                    vwt = (_piece(vwa.index(cur + j + i), [NW, 16, RR], MMA, MMA),
+                           _piece(vwb.index(cur + j + i), [NW, 16, RR], MMA, MMA))
+                    if D == 256:
+                        vwt = vwt + (_piece(vwc.index(cur + j + i), [NW, 16, RR], MMA, MMA),
+                                     _piece(vwd.index(cur + j + i), [NW, 16, RR], MMA, MMA))
+                    tiles = ()
+                    if RG == 1:
                         for v in gl.static_range(NT // 4):  # tile 4 v + k: byte k of the thread's V word v
                             t0_, t1_, t2_, t3_ = _pv_word(accs[4 * v], accs[4 * v + 1], accs[4 * v + 2],
                                                           accs[4 * v + 3], vwt[v], rel, pfr)
                             tiles = tiles + (t0_, t1_, t2_, t3_)
-                        accs = tiles
-                    else:
-                        acc_e, acc_o = _run_pv(accs[0], accs[1], vc8.index(cur + j + i), vws[i], vtops[i], vexps[i],
-                                               ps[i], nr, vgroup, NW, TW, H, ROWS_IN_N, VL, VLW, VA, VB, PTB, PA, RAX)
-                        accs = (acc_e, acc_o)
-                run = new_run
-        async_copy.wait_group(0)
+                    else:  # the second row group's probabilities (its relative V scales are the first's)
+                        pfr2 = _pv_operands(ps[PAIR + i], gl.expand_dims(vws[i], 2), gl.expand_dims(vws1[i], 2),
+                                            gl.expand_dims(vtops[i], 2), gl.expand_dims(nr, 2), D, NW, MMA)[0]
+                        tiles2 = ()
+                        for v in gl.static_range(NT // 4):
+                            o = _pv_word2(accs[4 * v], accs[4 * v + 1], accs[4 * v + 2], accs[4 * v + 3],
+                                          accs[NT + 4 * v], accs[NT + 4 * v + 1], accs[NT + 4 * v + 2],
+                                          accs[NT + 4 * v + 3], vwt[v], rel, pfr, pfr2)
+                            tiles = tiles + (o[0], o[1], o[2], o[3])
+                            tiles2 = tiles2 + (o[4], o[5], o[6], o[7])
+                        tiles = tiles + tiles2
+                    accs = tiles
+                else:
+                    acc_e, acc_o = _run_pv(accs[0], accs[1], vc8.index(cur + j + i), vws[i], vtops[i], vexps[i],
+                                           ps[i], nr, vgroup, NW, TW, H, ROWS_IN_N, VL, VLW, VA, VB, PTB, PA, RAX)
+                    accs = (acc_e, acc_o)
+            run = new_run
+    async_copy.wait_group(0)
 
-        pair0 = b * HK
-        # ---- the program's partial of each kv head (acc * 2**run, m, l; its WT token groups combined
-        # here, across warps) to the workspace, coalesced: slot (pid + b)*HK + h (the schedule's piece index)
-        f = gl.expand_dims(gl.expand_dims(_pow2(gl.minimum(run, 127)), 1), TAX)
+    pair0 = b * HK
+    # ---- the program's partial of each kv head (acc * 2**run, m, l; its WT token groups combined
+    # here, across warps) to the workspace, coalesced: slot (pid + b)*HK + h (the schedule's piece index)
+    f = gl.expand_dims(gl.expand_dims(_pow2(gl.minimum(run, 127)), 1), TAX)
+    xs = ()
+    for g in gl.static_range(RG):
         scaled = ()
         for t in gl.static_range(NT):
-            scaled = scaled + (accs[t] * f,)
-        EP: gl.constexpr = gl.BlockedLayout([1, WT, 1, 4], [1, 1, 1, 32], [HK, 1, WT, 1], [3, 1, 2, 0])  # WT in-thread
-        E3: gl.constexpr = gl.SliceLayout(3, EP)
-        x4 = gl.convert_layout(gl.reshape(_partial_rows(scaled, NT, NW, ROWS, D, ROWS_IN_N), [HK, WT, ROWS, D]), EP)
-        m4 = gl.convert_layout(gl.reshape(m_i, [HK, WT, ROWS]), E3)
-        l4 = gl.convert_layout(gl.reshape(l_i, [HK, WT, ROWS]), E3)
-        m_c = gl.max(m4, axis=1)
-        m_z = gl.where(m_c == float("-inf"), 0.0, m_c)
-        sc = gl.exp2(m4 - gl.expand_dims(m_z, 1))
-        acc_c = gl.sum(x4 * gl.expand_dims(sc, 3), axis=1)
-        l_c = gl.sum(l4 * sc, axis=1)
-        P3: gl.constexpr = gl.SliceLayout(1, EP)
-        P2: gl.constexpr = gl.SliceLayout(1, E3)
-        ph = _iota3(HK, 0, P3)
-        pr = _iota3(ROWS, 1, P3)
-        pc = _iota3(D, 2, P3)
-        pslot = ((pid + b) * HK + ph).to(gl.int64)
-        gl.store(part_ptr + pslot * (ROWS * D) + pr * D + pc, acc_c, mask=(pr < GQA) & (pc >= 0) & (ph >= 0))
-        ph2 = gl.expand_dims(gl.arange(0, HK, gl.SliceLayout(1, P2)), 1)
-        pr2 = gl.expand_dims(gl.arange(0, ROWS, gl.SliceLayout(0, P2)), 0)
-        mlp = ml_ptr + ((pid + b) * HK + ph2).to(gl.int64) * (2 * ROWS) + pr2
-        mlmask = (pr2 < GQA) & (ph2 >= 0)
-        gl.store(mlp, m_c, mask=mlmask)
-        gl.store(mlp + ROWS, l_c, mask=mlmask)
-        gl.thread_barrier()
-        ticket = gl.atomic_add(counter_ptr + pair0, 1)
-        if ticket == nparts - 1:
-            # ---- last program of this request: merge every head's nparts partials (slots first + b ..)
-            ML: gl.constexpr = gl.BlockedLayout([1, 1, 4], [1, 1, 32], [HK, 1, NW // HK], [2, 1, 0])
-            mh = gl.expand_dims(gl.expand_dims(gl.arange(0, HK, gl.SliceLayout(1, gl.SliceLayout(2, ML))), 1), 2)
-            mr = gl.expand_dims(gl.expand_dims(gl.arange(0, GQA_PAD, gl.SliceLayout(0, gl.SliceLayout(2, ML))), 0), 2)
-            mc = gl.expand_dims(gl.expand_dims(gl.arange(0, D, gl.SliceLayout(0, gl.SliceLayout(1, ML))), 0), 1)
-            M2: gl.constexpr = gl.SliceLayout(2, ML)
-            mh2 = gl.expand_dims(gl.arange(0, HK, gl.SliceLayout(1, M2)), 1)
-            mr2 = gl.expand_dims(gl.arange(0, GQA_PAD, gl.SliceLayout(0, M2)), 0)
-            acc = gl.zeros([HK, GQA_PAD, D], gl.float32, ML)
-            m_a = gl.full([HK, GQA_PAD], float("-inf"), gl.float32, M2)
-            l_a = gl.zeros([HK, GQA_PAD], gl.float32, M2)
-            rmask3 = (mr < GQA) & (mc >= 0) & (mh >= 0)
-            rmask2 = (mr2 < GQA) & (mh2 >= 0)
-            for s0 in range(0, nparts, MERGE):  # MERGE partials per step: their loads overlap
-                accs2 = ()
-                ms2 = ()
-                ls2 = ()
-                for k in gl.static_range(MERGE):
-                    s = s0 + k
-                    src3 = ((first + s + b) * HK + mh).to(gl.int64)
-                    src2 = ((first + s + b) * HK + mh2).to(gl.int64)
-                    accs2 = accs2 + (gl.load(part_ptr + src3 * (ROWS * D) + mr * D + mc, mask=rmask3 & (s < nparts),
-                                             other=0.0, cache_modifier=".cg"),)
-                    ms2 = ms2 + (gl.load(ml_ptr + src2 * (2 * ROWS) + mr2, mask=rmask2 & (s < nparts),
-                                         other=float("-inf"), cache_modifier=".cg"),)
-                    ls2 = ls2 + (gl.load(ml_ptr + src2 * (2 * ROWS) + ROWS + mr2, mask=rmask2 & (s < nparts),
+            scaled = scaled + (accs[g * NT + t] * f,)
+        xs = xs + (_partial_rows(scaled, NT, NW, RR, D, ROWS_IN_N),)
+    if RG == 1:
+        x_rows = xs[0]
+        m_rows = m_i[0]
+        l_rows = l_i[0]
+    else:  # row 8 g + r of the partial: row r of group g
+        x_rows = gl.reshape(gl.permute(gl.join(xs[0], xs[1]), [0, 3, 1, 2]), [NW, ROWS, D])
+        m_rows = gl.reshape(gl.permute(gl.join(m_i[0], m_i[1]), [0, 2, 1]), [NW, ROWS])
+        l_rows = gl.reshape(gl.permute(gl.join(l_i[0], l_i[1]), [0, 2, 1]), [NW, ROWS])
+    EP: gl.constexpr = gl.BlockedLayout([1, WT, 1, 4], [1, 1, 1, 32], [HK, 1, WT, 1], [3, 1, 2, 0])  # WT in-thread
+    E3: gl.constexpr = gl.SliceLayout(3, EP)
+    x4 = gl.convert_layout(gl.reshape(x_rows, [HK, WT, ROWS, D]), EP)
+    m4 = gl.convert_layout(gl.reshape(m_rows, [HK, WT, ROWS]), E3)
+    l4 = gl.convert_layout(gl.reshape(l_rows, [HK, WT, ROWS]), E3)
+    m_c = gl.max(m4, axis=1)
+    m_z = gl.where(m_c == float("-inf"), 0.0, m_c)
+    sc = gl.exp2(m4 - gl.expand_dims(m_z, 1))
+    acc_c = gl.sum(x4 * gl.expand_dims(sc, 3), axis=1)
+    l_c = gl.sum(l4 * sc, axis=1)
+    P3: gl.constexpr = gl.SliceLayout(1, EP)
+    P2: gl.constexpr = gl.SliceLayout(1, E3)
+    ph = _iota3(HK, 0, P3)
+    pr = _iota3(ROWS, 1, P3)
+    pc = _iota3(D, 2, P3)
+    pslot = ((pid + b) * HK + ph).to(gl.int64)
+    gl.store(part_ptr + pslot * (ROWS * D) + pr * D + pc, acc_c, mask=(pr < GQA) & (pc >= 0) & (ph >= 0))
+    ph2 = gl.expand_dims(gl.arange(0, HK, gl.SliceLayout(1, P2)), 1)
+    pr2 = gl.expand_dims(gl.arange(0, ROWS, gl.SliceLayout(0, P2)), 0)
+    mlp = ml_ptr + ((pid + b) * HK + ph2).to(gl.int64) * (2 * ROWS) + pr2
+    mlmask = (pr2 < GQA) & (ph2 >= 0)
+    gl.store(mlp, m_c, mask=mlmask)
+    gl.store(mlp + ROWS, l_c, mask=mlmask)
+    gl.thread_barrier()
+    ticket = gl.atomic_add(counter_ptr + pair0, 1)
+    if ticket == nparts - 1:
+        # ---- last program of this request: merge every head's nparts partials (slots first + b ..)
+        ML: gl.constexpr = gl.BlockedLayout([1, 1, 4], [1, 1, 32], [HK, 1, NW // HK], [2, 1, 0])
+        mh = gl.expand_dims(gl.expand_dims(gl.arange(0, HK, gl.SliceLayout(1, gl.SliceLayout(2, ML))), 1), 2)
+        mr = gl.expand_dims(gl.expand_dims(gl.arange(0, GQA_PAD, gl.SliceLayout(0, gl.SliceLayout(2, ML))), 0), 2)
+        mc = gl.expand_dims(gl.expand_dims(gl.arange(0, D, gl.SliceLayout(0, gl.SliceLayout(1, ML))), 0), 1)
+        M2: gl.constexpr = gl.SliceLayout(2, ML)
+        mh2 = gl.expand_dims(gl.arange(0, HK, gl.SliceLayout(1, M2)), 1)
+        mr2 = gl.expand_dims(gl.arange(0, GQA_PAD, gl.SliceLayout(0, M2)), 0)
+        acc = gl.zeros([HK, GQA_PAD, D], gl.float32, ML)
+        m_a = gl.full([HK, GQA_PAD], float("-inf"), gl.float32, M2)
+        l_a = gl.zeros([HK, GQA_PAD], gl.float32, M2)
+        rmask3 = (mr < GQA) & (mc >= 0) & (mh >= 0)
+        rmask2 = (mr2 < GQA) & (mh2 >= 0)
+        for s0 in range(0, nparts, MERGE):  # MERGE partials per step: their loads overlap
+            accs2 = ()
+            ms2 = ()
+            ls2 = ()
+            for k in gl.static_range(MERGE):
+                s = s0 + k
+                src3 = ((first + s + b) * HK + mh).to(gl.int64)
+                src2 = ((first + s + b) * HK + mh2).to(gl.int64)
+                accs2 = accs2 + (gl.load(part_ptr + src3 * (ROWS * D) + mr * D + mc, mask=rmask3 & (s < nparts),
                                          other=0.0, cache_modifier=".cg"),)
-                m_n = m_a
-                for k in gl.static_range(MERGE):
-                    m_n = gl.maximum(m_n, ms2[k])
-                m_s = gl.where(m_n == float("-inf"), 0.0, m_n)
-                a1 = gl.exp2(m_a - m_s)
-                acc = acc * gl.expand_dims(a1, 2)
-                l_a = l_a * a1
-                for k in gl.static_range(MERGE):
-                    a2 = gl.exp2(ms2[k] - m_s)
-                    acc = acc + accs2[k] * gl.expand_dims(a2, 2)
-                    l_a = l_a + ls2[k] * a2
-                m_a = m_n
-            heads2 = mh2 * GQA + mr2
-            if HAS_SINKS:
-                sink = gl.load(sinks_ptr + heads2, mask=rmask2, other=0.0).to(gl.float32) * LOG2E
-                m_n = gl.maximum(m_a, sink)
-                acc = acc * gl.expand_dims(gl.exp2(m_a - m_n), 2)
-                l_a = l_a * gl.exp2(m_a - m_n) + gl.exp2(sink - m_n)
-            denom = gl.where(l_a > 0.0, l_a, 1.0)
-            o = gl.where(gl.expand_dims(l_a > 0.0, 2), acc / gl.expand_dims(denom, 2), 0.0)
-            optr = out_ptr + b.to(gl.int64) * stride_ob + (mh * GQA + mr) * stride_oh + mc
-            gl.store(optr, o.to(out_ptr.dtype.element_ty), mask=rmask3)
-            gl.atomic_xchg(counter_ptr + pair0, 0)
-        cs = ce
+                ms2 = ms2 + (gl.load(ml_ptr + src2 * (2 * ROWS) + mr2, mask=rmask2 & (s < nparts),
+                                     other=float("-inf"), cache_modifier=".cg"),)
+                ls2 = ls2 + (gl.load(ml_ptr + src2 * (2 * ROWS) + ROWS + mr2, mask=rmask2 & (s < nparts),
+                                     other=0.0, cache_modifier=".cg"),)
+            m_n = m_a
+            for k in gl.static_range(MERGE):
+                m_n = gl.maximum(m_n, ms2[k])
+            m_s = gl.where(m_n == float("-inf"), 0.0, m_n)
+            a1 = gl.exp2(m_a - m_s)
+            acc = acc * gl.expand_dims(a1, 2)
+            l_a = l_a * a1
+            for k in gl.static_range(MERGE):
+                a2 = gl.exp2(ms2[k] - m_s)
+                acc = acc + accs2[k] * gl.expand_dims(a2, 2)
+                l_a = l_a + ls2[k] * a2
+            m_a = m_n
+        heads2 = mh2 * GQA + mr2
+        if HAS_SINKS:
+            sink = gl.load(sinks_ptr + heads2, mask=rmask2, other=0.0).to(gl.float32) * LOG2E
+            m_n = gl.maximum(m_a, sink)
+            acc = acc * gl.expand_dims(gl.exp2(m_a - m_n), 2)
+            l_a = l_a * gl.exp2(m_a - m_n) + gl.exp2(sink - m_n)
+        denom = gl.where(l_a > 0.0, l_a, 1.0)
+        o = gl.where(gl.expand_dims(l_a > 0.0, 2), acc / gl.expand_dims(denom, 2), 0.0)
+        optr = out_ptr + b.to(gl.int64) * stride_ob + (mh * GQA + mr) * stride_oh + mc
+        gl.store(optr, o.to(out_ptr.dtype.element_ty), mask=rmask3)
+        gl.atomic_xchg(counter_ptr + pair0, 0)
+    return ce
+
+
+@gluon.jit
+def uq_decode_wholepage(q_ptr, cache_ptr, bt_ptr, seqlen_ptr, sinks_ptr, out_ptr, part_ptr, ml_ptr, counter_ptr,
+                        err_ptr, scale, softcap, window, num_requests, num_blocks, bt_cols,
+                        stride_qb, stride_qh, stride_ob, stride_oh,
+                        stride_cb, stride_ct, stride_ch, stride_btb,
+                        D: gl.constexpr, LOG2D: gl.constexpr, GQA: gl.constexpr, ROWS: gl.constexpr,
+                        GQA_PAD: gl.constexpr, HK: gl.constexpr, WT: gl.constexpr, NSUB: gl.constexpr,
+                        STAGES: gl.constexpr, TW: gl.constexpr, BLOCK_SIZE: gl.constexpr, HAS_SINKS: gl.constexpr,
+                        HAS_WINDOW: gl.constexpr, HAS_SOFTCAP: gl.constexpr,
+                        ROWS_IN_N: gl.constexpr, MIN_TOKENS: gl.constexpr):
+    """Whole-page paged decode over a persistent grid ``(programs, 1, 1)`` balanced from ``seq_lens`` on
+    the device (``num_requests``: the batch size); see the module docstring.
+    ``ROWS_IN_N``: the query rows are the MMA N dimension (S^T = K Q^T, O^T = V^T P^T; 8 rows per MMA, ROWS =
+    16 as two 8-row groups over the same decoded K/V fragments) instead of 16 padded M rows. Each piece is one
+    call of the noinline :func:`_serve_piece`."""
+    gl.static_assert(D == 128 or (D == 256 and ROWS_IN_N), "the whole-page decode: D=128, or D=256 with rows in N")
+    gl.static_assert((ROWS == 16 and not ROWS_IN_N) or (ROWS == 8 and ROWS_IN_N) or (ROWS == 16 and D == 128),
+                     "the whole-page decode: 16 M rows (GQA <= 16), 8 N rows (GQA <= 8) or two groups of 8 in N "
+                     "(GQA <= 16, D=128)")
+    gl.static_assert(TW == 16, "the whole-page decode: 16-token runs per warp")
+    NW: gl.constexpr = gl.num_warps()
+    gl.static_assert(NW == HK * WT, "the whole-page decode: num_warps must be HK * WT")
+    TT: gl.constexpr = NSUB * WT * TW
+    MIN_UNITS: gl.constexpr = max(1, MIN_TOKENS // TT)  # the schedule's shortest piece at the average
+
+    # ---- the balanced schedule (module docstring): this program's units [w0, w1) of the batch's total
+    pid = gl.program_id(0)
+    progs = gl.num_programs(0)
+    cap = bt_cols * BLOCK_SIZE  # bounds: a length outside [0, the row's capacity] is clamped, error word set
+    total, active, w0, w1, b_first, cs, b_last = _schedule(seqlen_ptr, num_requests, window, cap, pid, progs,
+                                                           TT, HAS_WINDOW, MIN_UNITS, NW)
+    # each piece is one call of a noinline function: ptxas then schedules the stage loop as in a kernel
+    # without the piece loop around it (inlined, it issued the shared loads closer to their uses and the
+    # uniform shapes ran 12-19% slower than the static split: benchmarks/NOTES.md, "Serving decode")
+    for b in range(b_first, b_last + 1):
+        cs = _serve_piece(q_ptr, cache_ptr, bt_ptr, seqlen_ptr, sinks_ptr, out_ptr, part_ptr, ml_ptr, counter_ptr,
+                          err_ptr, scale, softcap, window, num_blocks, cap, stride_qb, stride_qh, stride_ob, stride_oh,
+                          stride_cb, stride_ch, stride_btb, b, cs, w0, w1, total, active, pid,
+                          D, LOG2D, GQA, ROWS, GQA_PAD, HK, WT, NSUB, STAGES, TW, BLOCK_SIZE,
+                          HAS_SINKS, HAS_WINDOW, HAS_SOFTCAP, ROWS_IN_N)
