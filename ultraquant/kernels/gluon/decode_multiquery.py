@@ -30,11 +30,14 @@ from .decode_wholepage import (
     LOG2E,
     _blocks_inside,
     _floor_log2,
+    _fold_partials,
+    _fold_sink,
     _fp4_decode,
     _fwht_rows,
     _iota3,
     _issue_stage,
     _merge_step,
+    _normalized,
     _partial_rows,
     _physical_token,
     _piece,
@@ -468,27 +471,13 @@ def uq_decode_multiquery(q_ptr, cache_ptr, bt_ptr, seqlen_ptr, qsl_ptr, sinks_pt
                                          cache_modifier=".cg"),)
                     ls2 = ls2 + (gl.load(ml_ptr + src2 * (2 * ROWS) + ROWS + mr2, mask=live2, other=0.0,
                                          cache_modifier=".cg"),)
-                m_n = m_a
-                for k in gl.static_range(MERGE):
-                    m_n = gl.maximum(m_n, ms2[k])
-                m_s = gl.where(m_n == float("-inf"), 0.0, m_n)
-                a1 = gl.exp2(m_a - m_s)
-                acc = acc * gl.expand_dims(a1, 2)
-                l_a = l_a * a1
-                for k in gl.static_range(MERGE):
-                    a2 = gl.exp2(ms2[k] - m_s)
-                    acc = acc + accs2[k] * gl.expand_dims(a2, 2)
-                    l_a = l_a + ls2[k] * a2
-                m_a = m_n
+                acc, m_a, l_a = _fold_partials(acc, m_a, l_a, accs2, ms2, ls2, MERGE)
             flat2 = tile * ROWS + mr2
             rmask2 = (flat2 // GQA < n_new) & (mh2 >= 0)
             if HAS_SINKS:
                 sink = gl.load(sinks_ptr + mh2 * GQA + flat2 % GQA, mask=rmask2, other=0.0).to(gl.float32) * LOG2E
-                m_n = gl.maximum(m_a, sink)
-                acc = acc * gl.expand_dims(gl.exp2(m_a - m_n), 2)
-                l_a = l_a * gl.exp2(m_a - m_n) + gl.exp2(sink - m_n)
-            denom = gl.where(l_a > 0.0, l_a, 1.0)
-            o = gl.where(gl.expand_dims(l_a > 0.0, 2), acc / gl.expand_dims(denom, 2), 0.0)
+                acc, l_a = _fold_sink(acc, m_a, l_a, sink)
+            o = _normalized(acc, l_a)
             flat3 = tile * ROWS + mr
             orow = (q_start + flat3 // GQA).to(gl.int64) * stride_on
             optr = out_ptr + orow + (mh * GQA + flat3 % GQA) * stride_oh + mc

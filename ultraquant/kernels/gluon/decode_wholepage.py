@@ -216,6 +216,40 @@ def _merge_step(per_thread, hk):
     return max(1, min(8, (64 if hk >= 8 else 32) // max(1, per_thread)))
 
 
+@gluon.jit
+def _fold_partials(acc, m_a, l_a, accs, ms, ls, MERGE: gl.constexpr):
+    """Fold ``MERGE`` loaded partials (``accs`` [HK, rows, D], row maxima ``ms`` and sums ``ls`` in base 2)
+    into the running merge ``(acc, m_a, l_a)``: one rescale of the running rows, one per partial."""
+    m_n = m_a
+    for k in gl.static_range(MERGE):
+        m_n = gl.maximum(m_n, ms[k])
+    m_s = gl.where(m_n == float("-inf"), 0.0, m_n)
+    a1 = gl.exp2(m_a - m_s)
+    acc = acc * gl.expand_dims(a1, 2)
+    l_a = l_a * a1
+    for k in gl.static_range(MERGE):
+        a2 = gl.exp2(ms[k] - m_s)
+        acc = acc + accs[k] * gl.expand_dims(a2, 2)
+        l_a = l_a + ls[k] * a2
+    return acc, m_n, l_a
+
+
+@gluon.jit
+def _fold_sink(acc, m_a, l_a, sink):
+    """The merged rows with each head's sink logit (base 2) added to the softmax's mass (no value)."""
+    m_n = gl.maximum(m_a, sink)
+    acc = acc * gl.expand_dims(gl.exp2(m_a - m_n), 2)
+    l_a = l_a * gl.exp2(m_a - m_n) + gl.exp2(sink - m_n)
+    return acc, l_a
+
+
+@gluon.jit
+def _normalized(acc, l_a):
+    """The merged rows' output ``acc / l``; rows that saw no key (``l == 0``) are 0."""
+    denom = gl.where(l_a > 0.0, l_a, 1.0)
+    return gl.where(gl.expand_dims(l_a > 0.0, 2), acc / gl.expand_dims(denom, 2), 0.0)
+
+
 @gluon.constexpr_function
 def _pick(cond, a, b):
     """``a`` if ``cond`` else ``b`` (layouts chosen by a constexpr flag)."""
@@ -1197,26 +1231,11 @@ def _serve_piece(q_ptr, cache_ptr, bt_ptr, seqlen_ptr, sinks_ptr, out_ptr, part_
                                      other=float("-inf"), cache_modifier=".cg"),)
                 ls2 = ls2 + (gl.load(ml_ptr + src2 * (2 * ROWS) + ROWS + mr2, mask=rmask2 & (s < nparts),
                                      other=0.0, cache_modifier=".cg"),)
-            m_n = m_a
-            for k in gl.static_range(MERGE):
-                m_n = gl.maximum(m_n, ms2[k])
-            m_s = gl.where(m_n == float("-inf"), 0.0, m_n)
-            a1 = gl.exp2(m_a - m_s)
-            acc = acc * gl.expand_dims(a1, 2)
-            l_a = l_a * a1
-            for k in gl.static_range(MERGE):
-                a2 = gl.exp2(ms2[k] - m_s)
-                acc = acc + accs2[k] * gl.expand_dims(a2, 2)
-                l_a = l_a + ls2[k] * a2
-            m_a = m_n
-        heads2 = mh2 * GQA + mr2
+            acc, m_a, l_a = _fold_partials(acc, m_a, l_a, accs2, ms2, ls2, MERGE)
         if HAS_SINKS:
-            sink = gl.load(sinks_ptr + heads2, mask=rmask2, other=0.0).to(gl.float32) * LOG2E
-            m_n = gl.maximum(m_a, sink)
-            acc = acc * gl.expand_dims(gl.exp2(m_a - m_n), 2)
-            l_a = l_a * gl.exp2(m_a - m_n) + gl.exp2(sink - m_n)
-        denom = gl.where(l_a > 0.0, l_a, 1.0)
-        o = gl.where(gl.expand_dims(l_a > 0.0, 2), acc / gl.expand_dims(denom, 2), 0.0)
+            sink = gl.load(sinks_ptr + mh2 * GQA + mr2, mask=rmask2, other=0.0).to(gl.float32) * LOG2E
+            acc, l_a = _fold_sink(acc, m_a, l_a, sink)
+        o = _normalized(acc, l_a)
         optr = out_ptr + b.to(gl.int64) * stride_ob + (mh * GQA + mr) * stride_oh + mc
         gl.store(optr, o.to(out_ptr.dtype.element_ty), mask=rmask3)
         gl.atomic_xchg(counter_ptr + pair0, 0)
