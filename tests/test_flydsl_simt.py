@@ -54,6 +54,22 @@ def test_gfx942_kernel_runs_like_the_reference(pipelined):
     _check(got, expect, emu)
 
 
+@pytest.mark.parametrize("pipelined", [True, False])
+def test_gfx942_d512_staged_v_runs_like_the_reference(pipelined):
+    """D=512 takes V's code bytes through LDS (``layout.V_STAGE_HEAD_SIZES``): one wave per workgroup,
+    as built; a request of length 0, two splits, block-table entries past each sequence poisoned."""
+    d, g, hk, bs, lens, splits = 512, 4, 1, 16, [40, 0, 70], 2
+    assert d in lay.V_STAGE_HEAD_SIZES
+    q, cache, bt, seq = _cache(d, g, hk, bs, lens, seed=3)
+    bt[0, 3:] = -1
+    bt[1, :] = 2**30
+    got = simt.run_decode({"head_size": d, "gqa": g, "block_size": bs}, "gfx942", q, cache, bt, seq,
+                          d**-0.5, num_splits=splits, waves=1, pipelined=pipelined)
+    expect = ref.decode_attention(q.float(), cache, bt, seq, d**-0.5)
+    emu = lay.emulate_decode(lay.DecodeConfig(d, g, bs), q, cache, bt, seq, d**-0.5, num_splits=splits, waves=1)
+    _check(got, expect, emu)
+
+
 def test_gfx942_features_head_major_cache_any_workgroup_order():
     """Sinks + window + soft cap, a permuted (head-major) cache view, workgroups in random order (the
     last-arriving split merges), one kernel run with one split (direct write) and one with four."""

@@ -315,6 +315,9 @@ def build_decode(cfg: DecodeConfig, arch: str, *, name: str, query_dtype: str = 
         return [acc[k] * a1v + acc2[k] * a2v for k in range(len(acc))], m_new, l_ * a1 + l2 * a2
 
     SLOT_BYTES = ROWS * D * 4 + 2 * ROWS * 4  # one wave's (acc, m, l) in LDS
+    stage_v = not mx and D in lay.V_STAGE_HEAD_SIZES  # fp16 path: V code bytes through LDS
+    NV = D // 128  # staged V: 32-bit words of the D/32 V code bytes a lane loads per token
+    STAGE_BYTES = lay.v_stage_bytes(D)
     # pipelined loop: also carry the entry of the tile after next (below D=512: at 512 its register
     # makes the mx loop spill)
     ahead = pipelined and D < 512
@@ -364,8 +367,12 @@ def build_decode(cfg: DecodeConfig, arch: str, *, name: str, query_dtype: str = 
                 v_base = row_base(within + 4 * g + i)
                 out += [fx.Int32(w) for w in _load(cache_ptr, v_base + fx.Int64(lay.k_scales_offset(D)), fx.Int32,
                                                    NW, 4)]
-                out += [fx.Int32(_load(cache_ptr, v_base + fx.Int64(lay.v_byte_offset(D, q, r)), fx.Uint8, 1, 1)[0])
-                        & 0xFF for q in range(NG)]
+                if stage_v:
+                    out += [fx.Int32(w) for w in _load(cache_ptr, v_base + fx.Int64(lay.v_code_offset(D, r)),
+                                                       fx.Int32, NV, 4)]
+                else:
+                    out += [fx.Int32(_load(cache_ptr, v_base + fx.Int64(lay.v_byte_offset(D, q, r)), fx.Uint8, 1,
+                                           1)[0]) & 0xFF for q in range(NG)]
                 out += [fx.Int32(w) for w in _load(cache_ptr, v_base + fx.Int64(lay.v_scales_offset(D)), fx.Int32,
                                                    NW, 4)]
             return out + inside_flag
@@ -382,12 +389,33 @@ def build_decode(cfg: DecodeConfig, arch: str, *, name: str, query_dtype: str = 
                       & 0xFF)
         return kw + ks + vw + vs + inside_flag
 
-    PER_TOKEN = 2 * NW + NG  # fp16 path: values fetched per PV token (K scale words, V bytes, V scale words)
+    NVAL = NV if stage_v else NG  # fp16 path: V code values fetched per PV token (words or bytes)
+    PER_TOKEN = 2 * NW + NVAL  # fp16 path: values fetched per PV token (K scale words, V codes, V scale words)
 
     def fp16_slots(cur, i):
-        """The fp16 path's fetched values of the lane's PV token i: (K scale words, V bytes, V scale words)."""
+        """The fp16 path's fetched values of the lane's PV token i: (K scale words, V code bytes [q] or, staged,
+        the words of its D/32 V code bytes, V scale words)."""
         base = NG + PER_TOKEN * i
-        return cur[base : base + NW], cur[base + NW : base + NW + NG], cur[base + NW + NG : base + PER_TOKEN]
+        return cur[base : base + NW], cur[base + NW : base + NW + NVAL], cur[base + NW + NVAL : base + PER_TOKEN]
+
+    def stage_v_words(vlds, tok_vals, r, g):
+        """Staged V: the lane's V code byte j of its four tokens (one word, byte i = token i) goes to
+        the LDS word of the lane that decodes it (:func:`lay.v_stage_dword`), then the lane reads its NG
+        words (word q: byte 16q + r of tokens 0..3). One wave writes and reads its own region; LDS keeps
+        a wave's accesses in order, and the barrier keeps LLVM from moving the reads above the writes."""
+        for j in range_constexpr(D // 32):
+            pos = (D // 32) * r + j
+            word = fx.Int32(0)
+            for i in range_constexpr(MFMA_K):
+                word = word | (((tok_vals[i][1][j // 4] >> (8 * (j % 4))) & 0xFF) << (8 * i))
+            fx.generic_store(_lds_ptr(vlds, 4 * lay.v_stage_dword(D, g, pos % 16, pos // 16), fx.Int32, 4), word)
+        gpu.barrier()
+        staged = []
+        for k in range_constexpr(NG // 4):
+            v = fx.generic_load(_lds_ptr(vlds, 4 * lay.v_stage_dword(D, g, r, 4 * k), fx.Int32, 16),
+                                dtype=fx.Int32, count=4)
+            staged += [fx.Int32(v[e]) for e in range(4)]
+        return staged
 
     @flyc.kernel(name=name, known_block_size=(WAVE * W, 1, 1))
     def decode_kernel(
@@ -400,6 +428,7 @@ def build_decode(cfg: DecodeConfig, arch: str, *, name: str, query_dtype: str = 
         stride_cb: fx.Int32, stride_ct: fx.Int32, stride_ch: fx.Int32, stride_btb: fx.Int32,
     ):
         slot_bytes = SLOT_BYTES  # (referenced here so the AST rewriter keeps it in the closure)
+        stage_bytes = STAGE_BYTES
         tid = fx.Int32(gpu.thread_id("x"))
         lane = tid % WAVE
         wave = tid // WAVE
@@ -482,6 +511,8 @@ def build_decode(cfg: DecodeConfig, arch: str, *, name: str, query_dtype: str = 
         # pipelined: step s computes the tile fetched by step s - 1 while its own loads (tile s + 1,
         # with the entry step s - 1 loaded, and the entry of tile s + 2) are in flight.
         n_iter = (t_end - t_begin + (W - 1)) // W
+        vlds = (_lds_base(fx.SharedAllocator().allocate(W * stage_bytes, 16)) + wave * stage_bytes
+                if stage_v else None)
         first_w = t_begin + wave
         first = _select(first_w < t_end, first_w, t_begin)
         fetch_args = (seq_len, bt_ptr, bt_row, cache_ptr, kv_base, stride_cb, stride_ct, r, g, num_blocks)
@@ -532,6 +563,7 @@ def build_decode(cfg: DecodeConfig, arch: str, *, name: str, query_dtype: str = 
                             T.vec(4, T.f32), [a_op, q_mx[c][term][0], acc, 4, 0, 0, sbyte, 0, q_mx[c][term][1]]))
             else:  # per scale group q: two f16 MFMAs over its 32 d, then times each row's K scale
                 tok_vals = [fp16_slots(cur, i) for i in range(MFMA_K)]
+                staged = stage_v_words(vlds, tok_vals, r, g) if stage_v else None
                 for q in range_constexpr(NG):
                     a_ops = _f16_operands(cur[q])
                     part = _mfma_f16(a_ops[0], q16[q // 4][q % 4][0], zero4)
@@ -579,8 +611,11 @@ def build_decode(cfg: DecodeConfig, arch: str, *, name: str, query_dtype: str = 
                 # ---- 4. PV (fp16): MFMA 2q + h, A = V^T rows d = 32q + 2m + h (nibble h of byte 16q + m),
                 # B = P^T times V's group-q scale (fp16, at most 2**15); a masked token's V scale is 0.0
                 for q in range_constexpr(NG):
-                    vb = [tok_vals[i][1][q] for i in range(MFMA_K)]
-                    word = vb[0] | (vb[1] << 8) | (vb[2] << 16) | (vb[3] << 24)  # byte i = token i
+                    if const_expr(stage_v):
+                        word = staged[q]
+                    else:
+                        vb = [tok_vals[i][1][q] for i in range(MFMA_K)]
+                        word = vb[0] | (vb[1] << 8) | (vb[2] << 16) | (vb[3] << 24)  # byte i = token i
                     pv = [fx.Float32(p[t]) * fx.Float32(svs[q][k]) for k, t in enumerate(lay.PV_TOKENS)]
                     pq = _pk_rtz(pv)
                     for h, a_op in enumerate(_f16_operands(word)):
