@@ -231,6 +231,16 @@ def _raw_abs(v):
     return fx.math.absf(fx.Float32(v))
 
 
+def _merge_factors(m, m2):
+    """Two online-softmax states' common maximum ``m_new`` and rescale factors ``2**(m - m_new)``,
+    ``2**(m2 - m_new)`` (also as 4-float vectors); both maxima -inf gives factors 0, not NaN."""
+    m_new = arith.maxnumf(m, m2)
+    m_use = _select(m_new == F32_NEG_INF, fx.Float32(0.0), m_new)
+    a1, a2 = exp2(m - m_use), exp2(m2 - m_use)
+    return (m_new, a1, a2, fx.Vector.from_elements([a1] * MFMA_K, dtype=fx.Float32),
+            fx.Vector.from_elements([a2] * MFMA_K, dtype=fx.Float32))
+
+
 def _mfma(a, b, c):
     return fx.Vector(rocdl.mfma_f32_16x16x16bf16_1k(T.vec(4, T.f32), [a, b, c, 0, 0, 0]))
 
@@ -307,11 +317,7 @@ def build_decode(cfg: DecodeConfig, arch: str, *, name: str, query_dtype: str = 
     plan = lay.fp8_block_plan(qmap) if mx else None
 
     def merge(acc, m, l_, acc2, m2, l2):
-        m_new = arith.maxnumf(m, m2)
-        m_use = _select(m_new == F32_NEG_INF, fx.Float32(0.0), m_new)
-        a1, a2 = exp2(m - m_use), exp2(m2 - m_use)
-        a1v = fx.Vector.from_elements([a1] * MFMA_K, dtype=fx.Float32)
-        a2v = fx.Vector.from_elements([a2] * MFMA_K, dtype=fx.Float32)
+        m_new, a1, a2, a1v, a2v = _merge_factors(m, m2)
         return [acc[k] * a1v + acc2[k] * a2v for k in range(len(acc))], m_new, l_ * a1 + l2 * a2
 
     SLOT_BYTES = ROWS * D * 4 + 2 * ROWS * 4  # one wave's (acc, m, l) in LDS
@@ -684,12 +690,8 @@ def build_decode(cfg: DecodeConfig, arch: str, *, name: str, query_dtype: str = 
                 m2 = fx.Float32(fx.generic_load(_lds_ptr(lds, ROWS * D * 4 + r * 4, fx.Float32, 4), dtype=fx.Float32))
                 l2 = fx.Float32(fx.generic_load(_lds_ptr(lds, ROWS * D * 4 + (ROWS + r) * 4, fx.Float32, 4),
                                                 dtype=fx.Float32))
-                # the same arithmetic as merge(), 4 floats at a time (keeps the register peak low)
-                m_new = arith.maxnumf(m_fin, m2)
-                m_use = _select(m_new == F32_NEG_INF, fx.Float32(0.0), m_new)
-                a1, a2 = exp2(m_fin - m_use), exp2(m2 - m_use)
-                a1v = fx.Vector.from_elements([a1] * MFMA_K, dtype=fx.Float32)
-                a2v = fx.Vector.from_elements([a2] * MFMA_K, dtype=fx.Float32)
+                # merge()'s arithmetic, 4 floats at a time (keeps the register peak low)
+                m_new, a1, a2, a1v, a2v = _merge_factors(m_fin, m2)
                 for k in range_constexpr(QUARTER // 4):
                     ld = fx.Vector(fx.generic_load(_lds_ptr(lds, srow + 4 * mine_d[k], fx.Float32, 16),
                                                    dtype=fx.Float32, count=4))
