@@ -324,6 +324,9 @@ def build_decode(cfg: DecodeConfig, arch: str, *, name: str, query_dtype: str = 
     stage_v = not mx and D in lay.V_STAGE_HEAD_SIZES  # fp16 path: V code bytes through LDS
     NV = D // 128  # staged V: 32-bit words of the D/32 V code bytes a lane loads per token
     STAGE_BYTES = lay.v_stage_bytes(D)
+    # one LDS allocation per kernel (FlyDSL's rule): the staged V regions of the W waves during the
+    # loop, then the fold's slot (a barrier separates the two uses)
+    LDS_BYTES = max(SLOT_BYTES if W > 1 else 0, W * STAGE_BYTES if stage_v else 0)
     # pipelined loop: also carry the entry of the tile after next (below D=512: at 512 its register
     # makes the mx loop spill)
     ahead = pipelined and D < 512
@@ -433,8 +436,8 @@ def build_decode(cfg: DecodeConfig, arch: str, *, name: str, query_dtype: str = 
         stride_qb: fx.Int32, stride_qh: fx.Int32, stride_ob: fx.Int32, stride_oh: fx.Int32,
         stride_cb: fx.Int32, stride_ct: fx.Int32, stride_ch: fx.Int32, stride_btb: fx.Int32,
     ):
-        slot_bytes = SLOT_BYTES  # (referenced here so the AST rewriter keeps it in the closure)
-        stage_bytes = STAGE_BYTES
+        stage_bytes = STAGE_BYTES  # (referenced here so the AST rewriter keeps it in the closure)
+        lds = _lds_base(fx.SharedAllocator().allocate(LDS_BYTES, 16)) if LDS_BYTES else None
         tid = fx.Int32(gpu.thread_id("x"))
         lane = tid % WAVE
         wave = tid // WAVE
@@ -517,8 +520,7 @@ def build_decode(cfg: DecodeConfig, arch: str, *, name: str, query_dtype: str = 
         # pipelined: step s computes the tile fetched by step s - 1 while its own loads (tile s + 1,
         # with the entry step s - 1 loaded, and the entry of tile s + 2) are in flight.
         n_iter = (t_end - t_begin + (W - 1)) // W
-        vlds = (_lds_base(fx.SharedAllocator().allocate(W * stage_bytes, 16)) + wave * stage_bytes
-                if stage_v else None)
+        vlds = lds + wave * stage_bytes if stage_v else None
         first_w = t_begin + wave
         first = _select(first_w < t_end, first_w, t_begin)
         fetch_args = (seq_len, bt_ptr, bt_row, cache_ptr, kv_base, stride_cb, stride_ct, r, g, num_blocks)
@@ -675,7 +677,8 @@ def build_decode(cfg: DecodeConfig, arch: str, *, name: str, query_dtype: str = 
         if const_expr(W > 1):
             # fold waves W-1 .. 1 into wave 0 through one LDS slot (every wave merges; only wave 0's
             # result is used); a barrier before each read and before the slot is reused
-            lds = _lds_base(fx.SharedAllocator().allocate(slot_bytes, 16))
+            if const_expr(stage_v):
+                gpu.barrier()  # every wave's last staged-V read is done before the slot is written
             srow = r * D * 4
             # only wave 0's state changes (select), so a wave's state is still its own when it publishes
             is0 = wave == 0
