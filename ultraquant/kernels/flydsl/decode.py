@@ -18,7 +18,9 @@ at once (padded to the 16 columns of the MFMA), 16 tokens per step. The fp16 pat
    reference point also bounds P x V scale (<= 2**15).
 4. PV: P is already in the B layout; times each token's V scale of the group, rounded to fp16 toward
    zero; lane (r, g) decodes the group's V byte ``16q + r`` of its 4 tokens (one code word) into the
-   A operands of MFMAs 2q and 2q + 1 (rows d = 32q + 2m + h).
+   A operands of MFMAs 2q and 2q + 1 (rows d = 32q + 2m + h). At D=512 (``layout.V_STAGE_HEAD_SIZES``)
+   those words come through LDS: each lane loads its tokens' 16 contiguous V bytes and stores them as
+   words to the lanes that decode them (64 single-byte loads per tile would not fit in registers).
 5. Epilogue: normalized partial O (float32) and its LSE (natural log) per (request, head, split).
 
 The gfx950 mx path takes QK through the scaled FP4 x FP8 MFMA (two FP8 query terms) and V through
