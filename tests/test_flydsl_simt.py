@@ -195,6 +195,22 @@ def test_self_test_problem_passes_the_fp16_kernel_and_fails_a_wrong_group_scale(
     assert not verdicts["neighbour"][0], verdicts
 
 
+def test_self_test_problem_passes_the_d512_kernel_with_staged_v():
+    """The runtime self-test's decode problem (K/V groups 2**-12..2**12, outliers, a zero group, -0)
+    through the D=512 fp16 kernel as built (V bytes staged through LDS, pipelined, one wave)."""
+    from ultraquant.codegen.flydsl.compiler import compile_decode
+    from ultraquant.kernels.families import decode_flydsl as fam
+    from ultraquant.kernels.families import decode_splitkv as splitkv_family
+    from ultraquant.runtime import problems
+
+    cfg = {"head_size": 512, "gqa": 4, "block_size": 16}
+    spec = splitkv_family.decode_splitkv_spec(**cfg, query_dtype="bf16")
+    ir = simt.lowered_ir(lambda: compile_decode("gfx942", "k", cfg, need_linker=False, waves=1, pipelined=True))
+    blob = _InterpretedBlob(simt.Kernel(ir, lanes=64), fam.flydsl_key(spec, fam.KERNEL), fam.KERNEL)
+    ok, why = problems.decode_problem(blob, spec, "cpu")
+    assert ok, why
+
+
 @pytest.mark.parametrize("sel, folded", [(0x060C040C, 0x22004400), (0x06040200, 0x22446688),
                                          (0x0D0C0701, 0xFF001177)])
 def test_the_interpreters_v_perm_b32_is_llvms(sel, folded):
