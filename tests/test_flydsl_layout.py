@@ -54,6 +54,32 @@ def test_fp16_qk_pairs_each_k_code_with_its_query_element(d):
 
 
 @pytest.mark.parametrize("d", [128, 256, 512])
+def test_staged_v_words_are_the_bytes_v_byte_offset_names(d):
+    """Staged V: the byte lane row r loads as byte j of its D/32 (v_code_offset) lands in the LDS word
+    that lane row m reads for group q exactly when it is byte v_byte_offset(d, q, m); every word of the
+    region is written once per token byte, reads are 16-byte aligned runs inside one wave's region."""
+    v_codes = d // 2 + d // 32
+    ng = d // 32
+    written = {}
+    for g in range(4):
+        for r in range(16):
+            for j in range(d // 32):
+                byte = lay.v_code_offset(d, r) + j
+                pos = (d // 32) * r + j
+                w = lay.v_stage_dword(d, g, pos % 16, pos // 16)
+                assert w not in written
+                written[w] = (g, byte)
+    assert max(written) * 4 + 4 <= lay.v_stage_bytes(d)
+    for g in range(4):
+        for m in range(16):
+            start = lay.v_stage_dword(d, g, m, 0)
+            assert (4 * start) % 16 == 0
+            for q in range(ng):
+                assert written[start + q] == (g, lay.v_byte_offset(d, q, m))
+    assert all(b >= v_codes for _, b in written.values())
+
+
+@pytest.mark.parametrize("d", [128, 256, 512])
 def test_fp16_pv_rows_lie_in_one_scale_group(d):
     """fp16 path: the 16 rows of PV MFMA 2q + h are d = 32q + 2m + h (one V scale group, so the scale
     folds into P), row m reads nibble h of V byte 16q + m, and a lane row's outputs cover the head once."""

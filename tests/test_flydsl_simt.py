@@ -54,6 +54,22 @@ def test_gfx942_kernel_runs_like_the_reference(pipelined):
     _check(got, expect, emu)
 
 
+@pytest.mark.parametrize("pipelined", [True, False])
+def test_gfx942_d512_staged_v_runs_like_the_reference(pipelined):
+    """D=512 takes V's code bytes through LDS (``layout.V_STAGE_HEAD_SIZES``): one wave per workgroup,
+    as built; a request of length 0, two splits, block-table entries past each sequence poisoned."""
+    d, g, hk, bs, lens, splits = 512, 4, 1, 16, [40, 0, 70], 2
+    assert d in lay.V_STAGE_HEAD_SIZES
+    q, cache, bt, seq = _cache(d, g, hk, bs, lens, seed=3)
+    bt[0, 3:] = -1
+    bt[1, :] = 2**30
+    got = simt.run_decode({"head_size": d, "gqa": g, "block_size": bs}, "gfx942", q, cache, bt, seq,
+                          d**-0.5, num_splits=splits, waves=1, pipelined=pipelined)
+    expect = ref.decode_attention(q.float(), cache, bt, seq, d**-0.5)
+    emu = lay.emulate_decode(lay.DecodeConfig(d, g, bs), q, cache, bt, seq, d**-0.5, num_splits=splits, waves=1)
+    _check(got, expect, emu)
+
+
 def test_gfx942_features_head_major_cache_any_workgroup_order():
     """Sinks + window + soft cap, a permuted (head-major) cache view, workgroups in random order (the
     last-arriving split merges), one kernel run with one split (direct write) and one with four."""
@@ -177,6 +193,22 @@ def test_self_test_problem_passes_the_fp16_kernel_and_fails_a_wrong_group_scale(
     print(verdicts)
     assert verdicts["right"][0], verdicts
     assert not verdicts["neighbour"][0], verdicts
+
+
+def test_self_test_problem_passes_the_d512_kernel_with_staged_v():
+    """The runtime self-test's decode problem (K/V groups 2**-12..2**12, outliers, a zero group, -0)
+    through the D=512 fp16 kernel as built (V bytes staged through LDS, pipelined, one wave)."""
+    from ultraquant.codegen.flydsl.compiler import compile_decode
+    from ultraquant.kernels.families import decode_flydsl as fam
+    from ultraquant.kernels.families import decode_splitkv as splitkv_family
+    from ultraquant.runtime import problems
+
+    cfg = {"head_size": 512, "gqa": 4, "block_size": 16}
+    spec = splitkv_family.decode_splitkv_spec(**cfg, query_dtype="bf16")
+    ir = simt.lowered_ir(lambda: compile_decode("gfx942", "k", cfg, need_linker=False, waves=1, pipelined=True))
+    blob = _InterpretedBlob(simt.Kernel(ir, lanes=64), fam.flydsl_key(spec, fam.KERNEL), fam.KERNEL)
+    ok, why = problems.decode_problem(blob, spec, "cpu")
+    assert ok, why
 
 
 @pytest.mark.parametrize("sel, folded", [(0x060C040C, 0x22004400), (0x06040200, 0x22446688),

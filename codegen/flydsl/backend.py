@@ -39,9 +39,11 @@ def pipelined_for(head_size: int, mx: bool) -> bool:
     """Whether the blob is built with the software-pipelined loop (the next tile's loads and the entry
     of the tile after it issued before this tile's math): where the ISA cost model says it pays
     (docs/flydsl.md, issue 26): the mx kernel at D=128 (gfx950: 6.62 vs 5.80 TB/s at 1 us, same 114
-    VGPRs) and D=512 (7 round trips per tile otherwise). Not at mx D=256 (4.16 vs 5.36) nor on the
-    fp16 path (gfx942 D=128: 2.77 vs 3.66 at 4 waves: LLVM still waits on the carried loads)."""
-    return mx and head_size in (128, 512)
+    VGPRs) and D=512 (7 round trips per tile otherwise); the fp16 kernel at D=512, whose V bytes go
+    through LDS (gfx942: 4.22 vs 3.15 unpipelined, one wave per SIMD either way). Not at mx D=256
+    (4.16 vs 5.36) nor on the fp16 path below D=512 (gfx942 D=128: 2.77 vs 3.66 at 4 waves: LLVM
+    still waits on the carried loads)."""
+    return head_size == 512 or (mx and head_size == 128)
 
 
 def _dtype(ty: str) -> str:

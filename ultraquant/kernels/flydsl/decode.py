@@ -18,7 +18,9 @@ at once (padded to the 16 columns of the MFMA), 16 tokens per step. The fp16 pat
    reference point also bounds P x V scale (<= 2**15).
 4. PV: P is already in the B layout; times each token's V scale of the group, rounded to fp16 toward
    zero; lane (r, g) decodes the group's V byte ``16q + r`` of its 4 tokens (one code word) into the
-   A operands of MFMAs 2q and 2q + 1 (rows d = 32q + 2m + h).
+   A operands of MFMAs 2q and 2q + 1 (rows d = 32q + 2m + h). At D=512 (``layout.V_STAGE_HEAD_SIZES``)
+   those words come through LDS: each lane loads its tokens' 16 contiguous V bytes and stores them as
+   words to the lanes that decode them (64 single-byte loads per tile would not fit in registers).
 5. Epilogue: normalized partial O (float32) and its LSE (natural log) per (request, head, split).
 
 The gfx950 mx path takes QK through the scaled FP4 x FP8 MFMA (two FP8 query terms) and V through
@@ -231,6 +233,16 @@ def _raw_abs(v):
     return fx.math.absf(fx.Float32(v))
 
 
+def _merge_factors(m, m2):
+    """Two online-softmax states' common maximum ``m_new`` and rescale factors ``2**(m - m_new)``,
+    ``2**(m2 - m_new)`` (also as 4-float vectors); both maxima -inf gives factors 0, not NaN."""
+    m_new = arith.maxnumf(m, m2)
+    m_use = _select(m_new == F32_NEG_INF, fx.Float32(0.0), m_new)
+    a1, a2 = exp2(m - m_use), exp2(m2 - m_use)
+    return (m_new, a1, a2, fx.Vector.from_elements([a1] * MFMA_K, dtype=fx.Float32),
+            fx.Vector.from_elements([a2] * MFMA_K, dtype=fx.Float32))
+
+
 def _mfma(a, b, c):
     return fx.Vector(rocdl.mfma_f32_16x16x16bf16_1k(T.vec(4, T.f32), [a, b, c, 0, 0, 0]))
 
@@ -307,14 +319,16 @@ def build_decode(cfg: DecodeConfig, arch: str, *, name: str, query_dtype: str = 
     plan = lay.fp8_block_plan(qmap) if mx else None
 
     def merge(acc, m, l_, acc2, m2, l2):
-        m_new = arith.maxnumf(m, m2)
-        m_use = _select(m_new == F32_NEG_INF, fx.Float32(0.0), m_new)
-        a1, a2 = exp2(m - m_use), exp2(m2 - m_use)
-        a1v = fx.Vector.from_elements([a1] * MFMA_K, dtype=fx.Float32)
-        a2v = fx.Vector.from_elements([a2] * MFMA_K, dtype=fx.Float32)
+        m_new, a1, a2, a1v, a2v = _merge_factors(m, m2)
         return [acc[k] * a1v + acc2[k] * a2v for k in range(len(acc))], m_new, l_ * a1 + l2 * a2
 
     SLOT_BYTES = ROWS * D * 4 + 2 * ROWS * 4  # one wave's (acc, m, l) in LDS
+    stage_v = not mx and D in lay.V_STAGE_HEAD_SIZES  # fp16 path: V code bytes through LDS
+    NV = D // 128  # staged V: 32-bit words of the D/32 V code bytes a lane loads per token
+    STAGE_BYTES = lay.v_stage_bytes(D)
+    # one LDS allocation per kernel (FlyDSL's rule): the staged V regions of the W waves during the
+    # loop, then the fold's slot (a barrier separates the two uses)
+    LDS_BYTES = max(SLOT_BYTES if W > 1 else 0, W * STAGE_BYTES if stage_v else 0)
     # pipelined loop: also carry the entry of the tile after next (below D=512: at 512 its register
     # makes the mx loop spill)
     ahead = pipelined and D < 512
@@ -364,8 +378,12 @@ def build_decode(cfg: DecodeConfig, arch: str, *, name: str, query_dtype: str = 
                 v_base = row_base(within + 4 * g + i)
                 out += [fx.Int32(w) for w in _load(cache_ptr, v_base + fx.Int64(lay.k_scales_offset(D)), fx.Int32,
                                                    NW, 4)]
-                out += [fx.Int32(_load(cache_ptr, v_base + fx.Int64(lay.v_byte_offset(D, q, r)), fx.Uint8, 1, 1)[0])
-                        & 0xFF for q in range(NG)]
+                if stage_v:
+                    out += [fx.Int32(w) for w in _load(cache_ptr, v_base + fx.Int64(lay.v_code_offset(D, r)),
+                                                       fx.Int32, NV, 4)]
+                else:
+                    out += [fx.Int32(_load(cache_ptr, v_base + fx.Int64(lay.v_byte_offset(D, q, r)), fx.Uint8, 1,
+                                           1)[0]) & 0xFF for q in range(NG)]
                 out += [fx.Int32(w) for w in _load(cache_ptr, v_base + fx.Int64(lay.v_scales_offset(D)), fx.Int32,
                                                    NW, 4)]
             return out + inside_flag
@@ -382,12 +400,33 @@ def build_decode(cfg: DecodeConfig, arch: str, *, name: str, query_dtype: str = 
                       & 0xFF)
         return kw + ks + vw + vs + inside_flag
 
-    PER_TOKEN = 2 * NW + NG  # fp16 path: values fetched per PV token (K scale words, V bytes, V scale words)
+    NVAL = NV if stage_v else NG  # fp16 path: V code values fetched per PV token (words or bytes)
+    PER_TOKEN = 2 * NW + NVAL  # fp16 path: values fetched per PV token (K scale words, V codes, V scale words)
 
     def fp16_slots(cur, i):
-        """The fp16 path's fetched values of the lane's PV token i: (K scale words, V bytes, V scale words)."""
+        """The fp16 path's fetched values of the lane's PV token i: (K scale words, V code bytes [q] or, staged,
+        the words of its D/32 V code bytes, V scale words)."""
         base = NG + PER_TOKEN * i
-        return cur[base : base + NW], cur[base + NW : base + NW + NG], cur[base + NW + NG : base + PER_TOKEN]
+        return cur[base : base + NW], cur[base + NW : base + NW + NVAL], cur[base + NW + NVAL : base + PER_TOKEN]
+
+    def stage_v_words(vlds, tok_vals, r, g):
+        """Staged V: the lane's V code byte j of its four tokens (one word, byte i = token i) goes to
+        the LDS word of the lane that decodes it (:func:`lay.v_stage_dword`), then the lane reads its NG
+        words (word q: byte 16q + r of tokens 0..3). One wave writes and reads its own region; LDS keeps
+        a wave's accesses in order, and the barrier keeps LLVM from moving the reads above the writes."""
+        for j in range_constexpr(D // 32):
+            pos = (D // 32) * r + j
+            word = fx.Int32(0)
+            for i in range_constexpr(MFMA_K):
+                word = word | (((tok_vals[i][1][j // 4] >> (8 * (j % 4))) & 0xFF) << (8 * i))
+            fx.generic_store(_lds_ptr(vlds, 4 * lay.v_stage_dword(D, g, pos % 16, pos // 16), fx.Int32, 4), word)
+        gpu.barrier()
+        staged = []
+        for k in range_constexpr(NG // 4):
+            v = fx.generic_load(_lds_ptr(vlds, 4 * lay.v_stage_dword(D, g, r, 4 * k), fx.Int32, 16),
+                                dtype=fx.Int32, count=4)
+            staged += [fx.Int32(v[e]) for e in range(4)]
+        return staged
 
     @flyc.kernel(name=name, known_block_size=(WAVE * W, 1, 1))
     def decode_kernel(
@@ -399,7 +438,8 @@ def build_decode(cfg: DecodeConfig, arch: str, *, name: str, query_dtype: str = 
         stride_qb: fx.Int32, stride_qh: fx.Int32, stride_ob: fx.Int32, stride_oh: fx.Int32,
         stride_cb: fx.Int32, stride_ct: fx.Int32, stride_ch: fx.Int32, stride_btb: fx.Int32,
     ):
-        slot_bytes = SLOT_BYTES  # (referenced here so the AST rewriter keeps it in the closure)
+        stage_bytes = STAGE_BYTES  # (referenced here so the AST rewriter keeps it in the closure)
+        lds = _lds_base(fx.SharedAllocator().allocate(LDS_BYTES, 16)) if LDS_BYTES else None
         tid = fx.Int32(gpu.thread_id("x"))
         lane = tid % WAVE
         wave = tid // WAVE
@@ -482,6 +522,7 @@ def build_decode(cfg: DecodeConfig, arch: str, *, name: str, query_dtype: str = 
         # pipelined: step s computes the tile fetched by step s - 1 while its own loads (tile s + 1,
         # with the entry step s - 1 loaded, and the entry of tile s + 2) are in flight.
         n_iter = (t_end - t_begin + (W - 1)) // W
+        vlds = lds + wave * stage_bytes if stage_v else None
         first_w = t_begin + wave
         first = _select(first_w < t_end, first_w, t_begin)
         fetch_args = (seq_len, bt_ptr, bt_row, cache_ptr, kv_base, stride_cb, stride_ct, r, g, num_blocks)
@@ -532,6 +573,7 @@ def build_decode(cfg: DecodeConfig, arch: str, *, name: str, query_dtype: str = 
                             T.vec(4, T.f32), [a_op, q_mx[c][term][0], acc, 4, 0, 0, sbyte, 0, q_mx[c][term][1]]))
             else:  # per scale group q: two f16 MFMAs over its 32 d, then times each row's K scale
                 tok_vals = [fp16_slots(cur, i) for i in range(MFMA_K)]
+                staged = stage_v_words(vlds, tok_vals, r, g) if stage_v else None
                 for q in range_constexpr(NG):
                     a_ops = _f16_operands(cur[q])
                     part = _mfma_f16(a_ops[0], q16[q // 4][q % 4][0], zero4)
@@ -579,8 +621,11 @@ def build_decode(cfg: DecodeConfig, arch: str, *, name: str, query_dtype: str = 
                 # ---- 4. PV (fp16): MFMA 2q + h, A = V^T rows d = 32q + 2m + h (nibble h of byte 16q + m),
                 # B = P^T times V's group-q scale (fp16, at most 2**15); a masked token's V scale is 0.0
                 for q in range_constexpr(NG):
-                    vb = [tok_vals[i][1][q] for i in range(MFMA_K)]
-                    word = vb[0] | (vb[1] << 8) | (vb[2] << 16) | (vb[3] << 24)  # byte i = token i
+                    if const_expr(stage_v):
+                        word = staged[q]
+                    else:
+                        vb = [tok_vals[i][1][q] for i in range(MFMA_K)]
+                        word = vb[0] | (vb[1] << 8) | (vb[2] << 16) | (vb[3] << 24)  # byte i = token i
                     pv = [fx.Float32(p[t]) * fx.Float32(svs[q][k]) for k, t in enumerate(lay.PV_TOKENS)]
                     pq = _pk_rtz(pv)
                     for h, a_op in enumerate(_f16_operands(word)):
@@ -634,7 +679,8 @@ def build_decode(cfg: DecodeConfig, arch: str, *, name: str, query_dtype: str = 
         if const_expr(W > 1):
             # fold waves W-1 .. 1 into wave 0 through one LDS slot (every wave merges; only wave 0's
             # result is used); a barrier before each read and before the slot is reused
-            lds = _lds_base(fx.SharedAllocator().allocate(slot_bytes, 16))
+            if const_expr(stage_v):
+                gpu.barrier()  # every wave's last staged-V read is done before the slot is written
             srow = r * D * 4
             # only wave 0's state changes (select), so a wave's state is still its own when it publishes
             is0 = wave == 0
@@ -649,12 +695,8 @@ def build_decode(cfg: DecodeConfig, arch: str, *, name: str, query_dtype: str = 
                 m2 = fx.Float32(fx.generic_load(_lds_ptr(lds, ROWS * D * 4 + r * 4, fx.Float32, 4), dtype=fx.Float32))
                 l2 = fx.Float32(fx.generic_load(_lds_ptr(lds, ROWS * D * 4 + (ROWS + r) * 4, fx.Float32, 4),
                                                 dtype=fx.Float32))
-                # the same arithmetic as merge(), 4 floats at a time (keeps the register peak low)
-                m_new = arith.maxnumf(m_fin, m2)
-                m_use = _select(m_new == F32_NEG_INF, fx.Float32(0.0), m_new)
-                a1, a2 = exp2(m_fin - m_use), exp2(m2 - m_use)
-                a1v = fx.Vector.from_elements([a1] * MFMA_K, dtype=fx.Float32)
-                a2v = fx.Vector.from_elements([a2] * MFMA_K, dtype=fx.Float32)
+                # merge()'s arithmetic, 4 floats at a time (keeps the register peak low)
+                m_new, a1, a2, a1v, a2v = _merge_factors(m_fin, m2)
                 for k in range_constexpr(QUARTER // 4):
                     ld = fx.Vector(fx.generic_load(_lds_ptr(lds, srow + 4 * mine_d[k], fx.Float32, 16),
                                                    dtype=fx.Float32, count=4))

@@ -161,6 +161,29 @@ def v_byte_offset(head_size: int, q, r):
     return SlotLayout(head_size).v_codes + 16 * q + r
 
 
+V_STAGE_HEAD_SIZES = (512,)
+"""fp16 path: head sizes whose V code bytes go through LDS (:func:`v_stage_dword`) instead of one
+single-byte load per (token, scale group): at D=512 the 64 byte loads per tile and lane do not fit in
+registers next to the 128-float accumulator, so LLVM serializes them (docs/flydsl.md, issue 26)."""
+
+V_STAGE_PAD = 4
+"""Dwords after each LDS row of :func:`v_stage_dword` (keeps rows 16-byte aligned, shifts banks)."""
+
+
+def v_stage_dword(head_size: int, g, m, q):
+    """fp16 path, staged V: LDS dword (per wave) holding V code byte ``16q + m`` of lane group ``g``'s
+    four tokens (byte i = token 4g + i): the word lane (m, g) decodes for scale group q. Lane (r, g)
+    loads its tokens' D/32 bytes at :func:`v_code_offset` (byte j = ``(D/32) r + j``) and writes
+    each to its word here; lane (m, g) then reads its D/32 words as one contiguous run."""
+    row = head_size // 32 + V_STAGE_PAD
+    return g * (16 * row + 16) + m * row + q
+
+
+def v_stage_bytes(head_size: int) -> int:
+    """LDS bytes of one wave's staged V (:func:`v_stage_dword` of the four lane groups)."""
+    return 4 * 4 * (16 * (head_size // 32 + V_STAGE_PAD) + 16)
+
+
 def v_scales_offset(head_size: int):
     """fp16 path: byte offset of a token's D/32 V scale bytes (folded into P, one group per PV MFMA pair)."""
     return SlotLayout(head_size).v_scales
