@@ -513,7 +513,10 @@ def build_decode(cfg: DecodeConfig, arch: str, *, name: str, query_dtype: str = 
             qk_scale = unscale * (scale if has_softcap else scale * LOG2E)
 
         # ---- main loop over this split's 16-token tiles
-        cap2 = (2.0 * LOG2E) * rcp(softcap) if has_softcap else None
+        if const_expr(has_softcap):
+            # c tanh(s / c) = c (1 - 2 / (2^(2 log2(e) s / c) + 1)): the scores' scale folded into the
+            # exponent's (one multiply per score); v_rcp_f32, 1 ulp
+            cap_in = (scale if mx else qk_scale) * ((2.0 * LOG2E) * rcp(softcap))
         kv_base = fx.Int64(kvh) * fx.Int64(stride_ch)
         bt_row = fx.Int64(b) * fx.Int64(stride_btb)
         zero4 = fx.Vector.filled(MFMA_K, 0.0, fx.Float32)
@@ -585,10 +588,7 @@ def build_decode(cfg: DecodeConfig, arch: str, *, name: str, query_dtype: str = 
             for i in range_constexpr(MFMA_K):
                 si = fx.Float32(acc[i])
                 if const_expr(has_softcap):
-                    si = si * (qk_scale if not mx else scale)
-                    # c * tanh(s / c) = c * (1 - 2 / (2^(2 log2(e) s / c) + 1)); v_rcp_f32, 1 ulp
-                    si = softcap * (1.0 - 2.0 * rcp(exp2(si * cap2) + 1.0))
-                    si = si * LOG2E
+                    si = softcap * (1.0 - 2.0 * rcp(exp2(si * cap_in) + 1.0)) * LOG2E
                 else:
                     si = si * qk_scale
                 tok = t0 + 4 * g + i

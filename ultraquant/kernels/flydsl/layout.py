@@ -600,9 +600,8 @@ def emulate_split(cfg: DecodeConfig, query: torch.Tensor, kv_cache: torch.Tensor
                     acc = (part.double() * scale_value(ksb[:, :, q]).double() + acc.double()).float()  # fma
             # --- 3. scores S^T[token 4g+i][head r] (log2 units), mask, online softmax
             if softcap is not None:  # c * tanh(s / c) through exp2 and a reciprocal, as the kernel
-                s = acc * score_scale
                 cap2 = torch.tensor(2.0 * LOG2E) * (1.0 / torch.tensor(softcap, dtype=torch.float32))
-                s = softcap * (1.0 - 2.0 * (1.0 / (torch.exp2(s * cap2) + 1.0))) * LOG2E
+                s = softcap * (1.0 - 2.0 * (1.0 / (torch.exp2(acc * (score_scale * cap2)) + 1.0))) * LOG2E
             else:
                 s = acc * score_scale
             s = torch.where(visible, s, torch.full_like(s, float("-inf")))
