@@ -5,9 +5,9 @@ piece's fixed cost as the intercept), A at block 16 against block 64, and the ra
 
     PYTHONPATH=<tree> python3 benchmarks/lab/wholepage_costs.py NAME warm|time|ncu OUT.json SHAPES [k=v ...]
 
-``SHAPES``: comma-separated keys of :data:`SHAPES`; ``k=v``: :class:`WholePageTuning` fields. ``warm``
-compiles each shape's kernel on a small batch; ``ncu`` runs each shape's longest length twice (profile the
-second launch). Results: benchmarks/NOTES.md, "Serving decode", session 3.
+``SHAPES``: comma-separated keys of :data:`SHAPES` (``key@L``: that length only); ``k=v``:
+:class:`WholePageTuning` fields. ``warm`` compiles each shape's kernel on a small batch; ``ncu`` runs each
+shape's longest length twice (profile the second launch). Results: benchmarks/NOTES.md, "Serving decode", session 3.
 """
 
 from __future__ import annotations
@@ -81,13 +81,15 @@ def main(name: str, mode: str, out: str, keys: list[str], tuning: WholePageTunin
                     call(p)
             torch.cuda.synchronize()
             continue
+        key, _, only = key.partition("@")
         B, hq, hk, block, lengths = SHAPES[key]
+        lengths = (int(only),) if only else lengths
         L = max(lengths) if mode != "warm" else 1024
         p = make_decode_problem(B if mode != "warm" else 2, L, hq, hk, D, block)
         if mode == "warm":
             call(p)
         elif mode == "ncu":
-            p.seq_lens.fill_(32768 if 32768 in lengths else L)
+            p.seq_lens.fill_(L)
             call(p)
             call(p)
         else:
