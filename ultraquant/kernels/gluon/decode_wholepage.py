@@ -216,6 +216,19 @@ def _merge_step(per_thread, hk):
     return max(1, min(8, (64 if hk >= 8 else 32) // max(1, per_thread)))
 
 
+@gluon.constexpr_function
+def _merge_layout(hk, rows, d, nw):
+    """The last program's layout of ``[HK, rows, D]`` partials: warps over the kv heads, then the rows, then
+    the dims; lanes and up to 4 consecutive dims per thread (16-byte loads) along the dims, so no two threads
+    load the same element while the tensor has >= 32 * NW of them (warps only over heads and dims loaded
+    each element NW / HK times at Hk < NW: 8x at one kv head, through L2, ~20 us at GQA 16 Hk 2)."""
+    wh = min(hk, nw)
+    wr = min(rows, nw // wh)
+    wd = nw // (wh * wr)
+    vec = max(1, min(4, d // (32 * wd)))
+    return gl.BlockedLayout([1, 1, vec], [1, 1, 32], [wh, wr, wd], [2, 1, 0])
+
+
 @gluon.jit
 def _fold_partials(acc, m_a, l_a, accs, ms, ls, MERGE: gl.constexpr):
     """Fold ``MERGE`` loaded partials (``accs`` [HK, rows, D], row maxima ``ms`` and sums ``ls`` in base 2)
@@ -834,7 +847,8 @@ def _serve_piece(q_ptr, cache_ptr, bt_ptr, seqlen_ptr, sinks_ptr, out_ptr, part_
     G: gl.constexpr = D // 32
     TT: gl.constexpr = NSUB * WT * TW
     PAIR: gl.constexpr = NSUB  # runs per online-softmax update: the whole stage
-    MERGE: gl.constexpr = _merge_step(HK * GQA_PAD * D // (32 * NW), HK)  # partials per merge step
+    # partials per merge step: _merge_layout holds distinct elements, so the 64-value budget holds at any Hk
+    MERGE: gl.constexpr = _merge_step(HK * GQA_PAD * D // (32 * NW), 8)
     RG: gl.constexpr = ROWS // 8 if ROWS_IN_N else 1  # row groups: 8 query rows each in N (GQA 9..16: 2)
     RR: gl.constexpr = ROWS // RG                     # rows of a group
 
@@ -850,9 +864,9 @@ def _serve_piece(q_ptr, cache_ptr, bt_ptr, seqlen_ptr, sinks_ptr, out_ptr, part_
     TOK: gl.constexpr = gl.SliceLayout(1, MMA)          # [NW, TW] score columns
     VL: gl.constexpr = _v_layout(NW, TW)
     VLW: gl.constexpr = _v_layout(NW, TW, True)
-    # the query: whole rows per thread at D=128; at D=256 rows in 4 lane chunks (256 floats per thread spill)
-    QL: gl.constexpr = _pick(D == 128, gl.BlockedLayout([1, 1, D], [1, 32, 1], [NW, 1, 1], [2, 1, 0]),
-                             gl.BlockedLayout([1, 1, D // 4], [1, 8, 4], [NW, 1, 1], [2, 1, 0]))
+    # the query: rows in 4 lane chunks of D / 4 (whole rows per thread repeated each row on 4 lanes and cost
+    # 7 x 128 adds per row group in straight-line code, which runs cold once per piece: benchmarks/NOTES.md)
+    QL: gl.constexpr = gl.BlockedLayout([1, 1, D // 4], [1, 8, 4], [NW, 1, 1], [2, 1, 0])
     QL2: gl.constexpr = gl.BlockedLayout([1, 1, D // 16, 4], [1, 8, 4, 1], [NW, 1, 1, 1], [3, 2, 1, 0])
     # ---- the ring: STAGES x NR runs of 16 whole slots (16 x 136 B), run q at 2176*q bytes. Entries are
     # the leading dimension (the layouts describe one entry; padding counts over the whole buffer).
@@ -954,13 +968,9 @@ def _serve_piece(q_ptr, cache_ptr, bt_ptr, seqlen_ptr, sinks_ptr, out_ptr, part_
     rowfacs = ()
     rowbiases = ()
     for g in gl.static_range(RG):
-        if g > 0:  # the next group's rows, loaded after the previous group's fragments (whole rows per thread)
+        if g > 0:  # the next group's rows, loaded after the previous group's fragments
             q_in = gl.load(q_row + g * RR * stride_qh, mask=(qr3 + g * RR < GQA) & (qc3 < D), other=0.0)
-        q = q_in.to(gl.float32)
-        if D == 128:
-            q = _fwht_rows(q, NW, RR, D, LOG2D)
-        else:
-            q = _fwht_split(q, NW, RR, D, LOG2D, QL2)
+        q = _fwht_split(q_in.to(gl.float32), NW, RR, D, LOG2D, QL2)
         if HAS_SOFTCAP:
             q = q * scale
         else:
@@ -1205,7 +1215,7 @@ def _serve_piece(q_ptr, cache_ptr, bt_ptr, seqlen_ptr, sinks_ptr, out_ptr, part_
     ticket = gl.atomic_add(counter_ptr + pair0, 1)
     if ticket == nparts - 1:
         # ---- last program of this request: merge every head's nparts partials (slots first + b ..)
-        ML: gl.constexpr = gl.BlockedLayout([1, 1, 4], [1, 1, 32], [HK, 1, NW // HK], [2, 1, 0])
+        ML: gl.constexpr = _merge_layout(HK, GQA_PAD, D, NW)
         mh = gl.expand_dims(gl.expand_dims(gl.arange(0, HK, gl.SliceLayout(1, gl.SliceLayout(2, ML))), 1), 2)
         mr = gl.expand_dims(gl.expand_dims(gl.arange(0, GQA_PAD, gl.SliceLayout(0, gl.SliceLayout(2, ML))), 0), 2)
         mc = gl.expand_dims(gl.expand_dims(gl.arange(0, D, gl.SliceLayout(0, gl.SliceLayout(1, ML))), 0), 1)
