@@ -28,6 +28,7 @@ from triton.experimental.gluon.language.nvidia.ampere import async_copy, mma_v2
 from .decode_wholepage import (
     ERR_SEQ_LEN,
     LOG2E,
+    _advance_ring,
     _blocks_inside,
     _floor_log2,
     _fold_partials,
@@ -38,6 +39,7 @@ from .decode_wholepage import (
     _issue_stage,
     _merge_step,
     _normalized,
+    _online_update,
     _partial_rows,
     _physical_token,
     _piece,
@@ -321,12 +323,8 @@ def uq_decode_multiquery(q_ptr, cache_ptr, bt_ptr, seqlen_ptr, qsl_ptr, sinks_pt
         l_is = l_is + (gl.zeros([NW, ROWS], gl.float32, QR),)
     run = gl.full([NW], -254, gl.int32, QW)
     for it in range(n_it):
-        async_copy.wait_group(STAGES - 2)
-        gl.thread_barrier()
-        nxt = (it + STAGES - 1) % STAGES
-        _issue_stage(ring, nxt, cache_ptr, bt_row, t_lo + (it + STAGES - 1) * TT, t_hi, stride_cb, stride_ch,
-                     inside, num_blocks, NSUB, NW, WT, SLOT, BLOCK_SIZE)
-        async_copy.commit_group()
+        _advance_ring(ring, it, cache_ptr, bt_row, t_lo, t_hi, stride_cb, stride_ch, inside, num_blocks, STAGES,
+                      TT, NSUB, NW, WT, SLOT, BLOCK_SIZE)
         cur = (it % STAGES) * NSUB
         t0 = t_lo + it * TT
         qz = (t0 < 0).to(gl.int32)  # 0, but not provably: the query fragments are loaded here, not hoisted
@@ -357,20 +355,11 @@ def uq_decode_multiquery(q_ptr, cache_ptr, bt_ptr, seqlen_ptr, qsl_ptr, sinks_pt
         m_next = ()
         l_next = ()
         for t in gl.static_range(TILES):
-            smax = ss[t]
-            for i in gl.static_range(1, NSUB):
-                smax = gl.maximum(smax, ss[i * TILES + t])
-            m_new = gl.maximum(m_is[t], gl.max(smax, axis=2))
-            m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)
-            alpha = gl.exp2(m_is[t] - m_safe)
-            psum = gl.zeros([NW, ROWS], gl.float32, QR)
-            for i in gl.static_range(NSUB):
-                p = gl.exp2(ss[i * TILES + t] - gl.expand_dims(m_safe, 2))
-                ps = ps + (p,)
-                psum = psum + gl.sum(p, axis=2)
+            ps_t, alpha, m_new, l_new = _online_update(ss, t, TILES, NSUB, m_is[t], l_is[t], 2)
+            ps = ps + ps_t
             alphas = alphas + (alpha,)
             m_next = m_next + (m_new,)
-            l_next = l_next + (l_is[t] * alpha + psum,)
+            l_next = l_next + (l_new,)
         m_is = m_next
         l_is = l_next
 

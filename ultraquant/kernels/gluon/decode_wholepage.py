@@ -556,6 +556,41 @@ def _issue_stage(ring, stage, cache_ptr, bt_row, t0, t_hi, stride_cb, stride_ch,
     async_copy.async_copy_global_to_shared(rows.slice(NR * RB, NR * RS), p2 + w2, mask=ok2 & (w2 >= 0))
 
 
+@gluon.jit
+def _advance_ring(ring, it, cache_ptr, bt_row, t_lo, t_hi, stride_cb, stride_ch, inside, num_blocks,
+                  STAGES: gl.constexpr, TT: gl.constexpr, NSUB: gl.constexpr, NW: gl.constexpr,
+                  WT: gl.constexpr, SLOT: gl.constexpr, BLOCK_SIZE: gl.constexpr):
+    """Top of stage loop iteration ``it``: wait until stage ``it`` landed (at most ``STAGES - 2`` younger
+    copy groups pending; the barrier also retires every warp's reads of the buffer about to be
+    overwritten), then issue the stage ``STAGES - 1`` ahead as one commit group."""
+    async_copy.wait_group(STAGES - 2)
+    gl.thread_barrier()
+    _issue_stage(ring, (it + STAGES - 1) % STAGES, cache_ptr, bt_row, t_lo + (it + STAGES - 1) * TT, t_hi,
+                 stride_cb, stride_ch, inside, num_blocks, NSUB, NW, WT, SLOT, BLOCK_SIZE)
+    async_copy.commit_group()
+
+
+@gluon.jit
+def _online_update(ss, g: gl.constexpr, G: gl.constexpr, N: gl.constexpr, m_prev, l_prev, TAX: gl.constexpr):
+    """One online-softmax step of row group ``g`` over its ``N`` score tiles ``ss[i * G + g]`` (log2
+    units, masked scores -inf): one max and one sum over the token axis ``TAX`` for all ``N`` tiles.
+    Returns the probabilities (a tuple of ``N``), the accumulator's rescale factor, the new running
+    max and the new running sum; a row with no live score yet keeps max -inf and gets p = 0."""
+    smax = ss[g]
+    for i in gl.static_range(1, N):
+        smax = gl.maximum(smax, ss[i * G + g])
+    m_new = gl.maximum(m_prev, gl.max(smax, axis=TAX))
+    m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)
+    alpha = gl.exp2(m_prev - m_safe)
+    psum = gl.exp2(ss[g] - gl.expand_dims(m_safe, TAX))
+    ps = (psum,)
+    for i in gl.static_range(1, N):
+        p_i = gl.exp2(ss[i * G + g] - gl.expand_dims(m_safe, TAX))
+        ps = ps + (p_i,)
+        psum = psum + p_i
+    return ps, alpha, m_new, l_prev * alpha + gl.sum(psum, axis=TAX)
+
+
 @gluon.constexpr_function
 def _stage_blocks(tt, block_size):
     """How many block ids a ``tt``-token stage loads up front: 1 when a block holds whole stages, 2 when
@@ -1040,14 +1075,8 @@ def _serve_piece(q_ptr, cache_ptr, bt_ptr, seqlen_ptr, sinks_ptr, out_ptr, part_
         l_i = l_i + (gl.zeros([NW, RR], gl.float32, QR),)
     run = gl.full([NW], -254, gl.int32, QW)
     for it in range(n_it):
-        # stage `it` landed (at most STAGES - 2 younger groups pending); the barrier also retires
-        # every warp's reads of the buffer the next issue overwrites
-        async_copy.wait_group(STAGES - 2)
-        gl.thread_barrier()
-        nxt = (it + STAGES - 1) % STAGES
-        _issue_stage(ring, nxt, cache_ptr, bt_row, t_lo + (it + STAGES - 1) * TT, t_hi, stride_cb, stride_ch,
-                     inside, num_blocks, NSUB, NW, WT, SLOT, BLOCK_SIZE)
-        async_copy.commit_group()
+        _advance_ring(ring, it, cache_ptr, bt_row, t_lo, t_hi, stride_cb, stride_ch, inside, num_blocks, STAGES,
+                      TT, NSUB, NW, WT, SLOT, BLOCK_SIZE)
         cur = (it % STAGES) * NSUB
         t0 = t_lo + it * TT
         for jp in gl.static_range(NSUB // PAIR):
@@ -1081,19 +1110,9 @@ def _serve_piece(q_ptr, cache_ptr, bt_ptr, seqlen_ptr, sinks_ptr, out_ptr, part_
             m_new_g = ()
             l_new_g = ()
             for g in gl.static_range(RG):
-                smax = ss[g]
-                for i in gl.static_range(1, PAIR):
-                    smax = gl.maximum(smax, ss[i * RG + g])
-                m_new = gl.maximum(m_i[g], gl.max(smax, axis=TAX))
-                m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)
-                alpha = gl.exp2(m_i[g] - m_safe)
-                psum = gl.exp2(ss[g] - gl.expand_dims(m_safe, TAX))
-                ps = ps + (psum,)
-                for i in gl.static_range(1, PAIR):
-                    p_i = gl.exp2(ss[i * RG + g] - gl.expand_dims(m_safe, TAX))
-                    ps = ps + (p_i,)
-                    psum = psum + p_i
-                l_new_g = l_new_g + (l_i[g] * alpha + gl.sum(psum, axis=TAX),)
+                ps_g, alpha, m_new, l_new = _online_update(ss, g, RG, PAIR, m_i[g], l_i[g], TAX)
+                ps = ps + ps_g
+                l_new_g = l_new_g + (l_new,)
                 m_new_g = m_new_g + (m_new,)
                 alphas = alphas + (alpha,)
             l_i = l_new_g
