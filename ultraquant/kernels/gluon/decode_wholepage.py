@@ -982,13 +982,13 @@ def _serve_piece(q_ptr, cache_ptr, bt_ptr, seqlen_ptr, sinks_ptr, out_ptr, part_
     qh3 = gl.expand_dims(gl.expand_dims(qw // WT, 1), 2)
     q_row = q_ptr + b.to(gl.int64) * stride_qb + (qh3 * GQA + qr3) * stride_qh + qc3
     q_in = gl.load(q_row, mask=(qr3 < GQA) & (qc3 < D), other=0.0)
-    inside = _blocks_inside(bt_row, t_lo, t_hi, num_blocks, err_ptr, BLOCK_SIZE, NW)
-
-    # ---- prologue: STAGES - 1 stages in flight
+    # ---- prologue: STAGES - 1 stages in flight, each row checking its own block id (the range's check below
+    # waits for its block-table loads; the copies do not)
     for i in gl.static_range(STAGES - 1):
-        _issue_stage(ring, i, cache_ptr, bt_row, t_lo + i * TT, t_hi, stride_cb, stride_ch, inside, num_blocks,
+        _issue_stage(ring, i, cache_ptr, bt_row, t_lo + i * TT, t_hi, stride_cb, stride_ch, False, num_blocks,
                      NSUB, NW, WT, SLOT, BLOCK_SIZE)
         async_copy.commit_group()
+    inside = _blocks_inside(bt_row, t_lo, t_hi, num_blocks, err_ptr, BLOCK_SIZE, NW)
 
     # score axes: rows (query rows) and tokens; QR/QW/TK: per-row, per-warp, per-token state layouts
     RAX: gl.constexpr = _pick(ROWS_IN_N, 2, 1)
