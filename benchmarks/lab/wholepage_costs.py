@@ -27,15 +27,21 @@ from ultraquant.kernels.families.decode_wholepage import (
     wholepage_schedule,
 )
 
-SHAPES: dict[str, tuple[int, int, int, int, tuple[int, ...]]] = {
-    # key: (B, Hq, Hk, block, lengths)
-    "one": (16, 8, 1, 16, (4096, 8192, 16384, 32768, 65536)),
-    "one64": (16, 8, 1, 64, (32768,)),
-    "one256": (16, 8, 1, 256, (32768,)),
-    "gqa16": (8, 32, 2, 16, (4096, 8192, 16384, 32768, 65536)),
-    "gqa16h1": (16, 16, 1, 16, (8192, 16384, 32768)),
-    "A": (8, 32, 8, 16, (8192, 16384, 32768, 65536)),
-    "A64": (8, 32, 8, 64, (32768,)),
+SHAPES: dict[str, tuple[int, int, int, int, int, tuple[int, ...]]] = {
+    # key: (B, Hq, Hk, D, block, lengths); A-D as the shapes at block 16 and (suffix 64) block 64
+    "one": (16, 8, 1, 128, 16, (4096, 8192, 16384, 32768, 65536)),
+    "one64": (16, 8, 1, 128, 64, (32768,)),
+    "one256": (16, 8, 1, 128, 256, (32768,)),
+    "gqa16": (8, 32, 2, 128, 16, (4096, 8192, 16384, 32768, 65536)),
+    "gqa16h1": (16, 16, 1, 128, 16, (8192, 16384, 32768)),
+    "A": (8, 32, 8, 128, 16, (8192, 16384, 32768, 65536)),
+    "A64": (8, 32, 8, 128, 64, (32768,)),
+    "B": (32, 32, 8, 128, 16, (8192,)),
+    "B64": (32, 32, 8, 128, 64, (8192,)),
+    "C": (8, 16, 2, 256, 16, (32768,)),
+    "C64": (8, 16, 2, 256, 64, (32768,)),
+    "D": (64, 32, 8, 128, 16, (2048,)),
+    "D64": (64, 32, 8, 128, 64, (2048,)),
 }
 
 
@@ -45,19 +51,18 @@ def _value(v: str) -> object:
 
 def main(name: str, mode: str, out: str, keys: list[str], tuning: WholePageTuning) -> None:
     rows: list[dict] = []
-    D = 128
 
-    def call(p) -> None:
+    def call(p, D: int = 128) -> None:
         decode_wholepage(p.query, p.kv_cache, p.block_table, p.seq_lens, D ** -0.5, out=p.out, tuning=tuning)
 
-    def record(key: str, p, lens: list[int], hk: int) -> None:
+    def record(key: str, p, lens: list[int], hk: int, D: int = 128) -> None:
         programs = wholepage_programs(torch.device("cuda"), tuning.programs)
         tt = stage_tokens(D, hk, tuning)
         pieces = wholepage_schedule(lens, programs, tt, cap=p.block_table.shape[1] * p.kv_cache.shape[1])
         per_prog: dict[int, list[int]] = {}
         for pc in pieces:
             per_prog.setdefault(pc.program, []).append(-(-(pc.t_hi - pc.t_lo) // tt))
-        us = time_graph(lambda: call(p))
+        us = time_graph(lambda: call(p, D))
         nbytes = sum(lens) * hk * slot_size(D)
         row = dict(variant=name, shape=key, L=max(lens), us=us, bytes=nbytes, tbps=nbytes / us / 1e6,
                    active=len(per_prog), max_stages=max(sum(v) for v in per_prog.values()),
@@ -82,20 +87,20 @@ def main(name: str, mode: str, out: str, keys: list[str], tuning: WholePageTunin
             torch.cuda.synchronize()
             continue
         key, _, only = key.partition("@")
-        B, hq, hk, block, lengths = SHAPES[key]
+        B, hq, hk, D, block, lengths = SHAPES[key]
         lengths = (int(only),) if only else lengths
         L = max(lengths) if mode != "warm" else 1024
         p = make_decode_problem(B if mode != "warm" else 2, L, hq, hk, D, block)
         if mode == "warm":
-            call(p)
+            call(p, D)
         elif mode == "ncu":
             p.seq_lens.fill_(L)
-            call(p)
-            call(p)
+            call(p, D)
+            call(p, D)
         else:
             for n in lengths:
                 p.seq_lens.fill_(n)
-                record(key, p, [n] * B, hk)
+                record(key, p, [n] * B, hk, D)
         torch.cuda.synchronize()
         print(f"{name} {key} {mode} done", flush=True)
         del p
