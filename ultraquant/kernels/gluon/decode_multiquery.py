@@ -153,32 +153,40 @@ def _group_scores(kc8, kw, qs, qz, TILES: gl.constexpr, NW: gl.constexpr, TW: gl
 
 @gluon.jit
 def _stage_scores(kc8, ks, q_smem, cur, t0, t_hi, ws, ns, inside, bt_row, num_blocks, rfs, lims, firsts, softcap,
-                  TILES: gl.constexpr, NSUB: gl.constexpr, NW: gl.constexpr, WT: gl.constexpr, TW: gl.constexpr,
-                  ROWS: gl.constexpr, H: gl.constexpr, BLOCK_SIZE: gl.constexpr, HAS_SOFTCAP: gl.constexpr,
-                  HAS_WINDOW: gl.constexpr, MMA: gl.constexpr, KB: gl.constexpr, QA: gl.constexpr, TK: gl.constexpr):
+                  whole, TILES: gl.constexpr, NSUB: gl.constexpr, NW: gl.constexpr, WT: gl.constexpr,
+                  TW: gl.constexpr, ROWS: gl.constexpr, H: gl.constexpr, BLOCK_SIZE: gl.constexpr,
+                  HAS_SOFTCAP: gl.constexpr, HAS_WINDOW: gl.constexpr, MMA: gl.constexpr, KB: gl.constexpr,
+                  QA: gl.constexpr, TK: gl.constexpr):
     """Scores (log2 units) of the ``NSUB`` runs of the stage at ring entry ``cur`` (tokens from ``t0``), for each
-    tile (``ss[i TILES + t]``): each row under its own causal limit (0 for rows past the request's tokens) and
-    window start; tokens past the range's end ``t_hi``, or of a bad block id (bounds), are empty (-inf)."""
+    tile (``ss[i TILES + t]``). Unless the stage is ``whole`` (every token visible to every row: the loop's
+    interior), each row under its own causal limit (0 for rows past the request's tokens) and window start;
+    tokens past the range's end ``t_hi``, or of a bad block id (bounds), are empty (-inf)."""
     qz = (t0 < 0).to(gl.int32)  # 0, but not provably: the query fragments are loaded here, not hoisted
     ss = ()
     for i in gl.static_range(NSUB):
         kw = _piece(ks.index(cur + i), [NW, TW], TK, TK)
-        ts = t0 + i * (WT * TW) + ws + ns
-        live = ts < t_hi
-        if not inside:
-            tb = gl.load(bt_row + ts // BLOCK_SIZE, mask=live, other=0)
-            live = live & (tb >= 0) & (tb < num_blocks)
-        ts3 = gl.expand_dims(ts, 1)
-        live3 = gl.expand_dims(live, 1)
         st = _group_scores(kc8.index(cur + i), kw, q_smem, qz, TILES, NW, TW, ROWS, H, MMA, KB, QA)
         for t in gl.static_range(TILES):
             s = st[t] * rfs[t]
             if HAS_SOFTCAP:
                 s = softcap * (1.0 - 2.0 / (gl.exp2(s / softcap * (2.0 * LOG2E)) + 1.0)) * LOG2E
-            seen = (ts3 < lims[t]) & live3
-            if HAS_WINDOW:
-                seen = seen & (ts3 >= firsts[t])
-            ss = ss + (gl.where(seen, s, float("-inf")),)
+            ss = ss + (s,)
+    if not whole:
+        masked = ()
+        for i in gl.static_range(NSUB):
+            ts = t0 + i * (WT * TW) + ws + ns
+            live = ts < t_hi
+            if not inside:
+                tb = gl.load(bt_row + ts // BLOCK_SIZE, mask=live, other=0)
+                live = live & (tb >= 0) & (tb < num_blocks)
+            ts3 = gl.expand_dims(ts, 1)
+            live3 = gl.expand_dims(live, 1)
+            for t in gl.static_range(TILES):
+                seen = (ts3 < lims[t]) & live3
+                if HAS_WINDOW:
+                    seen = seen & (ts3 >= firsts[t])
+                masked = masked + (gl.where(seen, ss[i * TILES + t], float("-inf")),)
+        ss = masked
     return ss
 
 
@@ -332,6 +340,8 @@ def _serve_piece(q_ptr, cache_ptr, bt_ptr, seqlen_ptr, qsl_ptr, sinks_ptr, out_p
     rfs = ()
     lims = ()
     firsts = ()
+    lim_lo = length  # the smallest row limit and the largest window start of the tiles: a stage inside both
+    first_hi = length * 0  # (and the range, and every block id good) needs no mask
     for t in gl.static_range(TILES):
         q = _fwht_rows(q_ins[t].to(gl.float32), NW, ROWS, D, LOG2D)
         if HAS_SOFTCAP:
@@ -345,6 +355,8 @@ def _serve_piece(q_ptr, cache_ptr, bt_ptr, seqlen_ptr, qsl_ptr, sinks_ptr, out_p
                                  gl.SliceLayout(0, QR))
         lims = lims + (gl.expand_dims(gl.expand_dims(lim, 0), 2),)
         firsts = firsts + (gl.expand_dims(gl.expand_dims(first, 0), 2),)
+        lim_lo = gl.minimum(lim_lo, gl.min(lim, axis=0))
+        first_hi = gl.maximum(first_hi, gl.max(first, axis=0))
     # the query fragments live in shared memory (loaded per MMA): their registers go to the accumulators
     q_smem = gl.allocate_shared_memory(gl.float16, [8 * TILES, NW, ROWS, 16], QS)
     for j in gl.static_range(8 * TILES):
@@ -371,8 +383,9 @@ def _serve_piece(q_ptr, cache_ptr, bt_ptr, seqlen_ptr, qsl_ptr, sinks_ptr, out_p
         t0 = t_lo + it * TT
         _advance_ring(ring, it, cache_ptr, bt_row, t_lo, t_hi, stride_cb, stride_ch, inside, num_blocks, STAGES,
                       TT, NSUB, NW, WT, SLOT, BLOCK_SIZE)
+        whole = inside & (t0 >= first_hi) & (t0 + TT <= gl.minimum(lim_lo, t_hi))
         ss = _stage_scores(kc8, ks, q_smem, cur, t0, t_hi, ws, ns, inside, bt_row, num_blocks, rfs, lims,
-                           firsts, softcap, TILES, NSUB, NW, WT, TW, ROWS, H, BLOCK_SIZE, HAS_SOFTCAP,
+                           firsts, softcap, whole, TILES, NSUB, NW, WT, TW, ROWS, H, BLOCK_SIZE, HAS_SOFTCAP,
                            HAS_WINDOW, MMA, KB, QA, TK)
         ps = ()  # ps[t NSUB + i]
         alphas = ()
