@@ -1,12 +1,12 @@
-"""Time the whole-page decode against the read ceiling, bf16 SDPA and v7
+"""Time the whole-page decode against the read ceiling, bf16 SDPA and the split-KV decode
 in one run, timed like ``ultraquant bench`` (CUDA-graph replay, no flush, head-major caches).
 
     python benchmarks/lab/wholepage_bench.py --json out.json [--shapes A,B,C,D] [--rings 8:2x4,8:2x4:m16,16:1x4]
 
 ``--rings`` lists ``warps:NSUBxSTAGES[:m16][:r128]`` variants (NSUB 0: the default for the head
 size; ``m16``: query rows as 16 MMA M rows instead of 8 N rows; 16 warps, and ``r128``, run under a
-128-register cap: two 8-warp programs per SM when the ring fits twice; v8 covers D=128, and D=256 with
-GQA <= 8); the no-math stream of a variant (gate 1) is timed for the first variant only unless
+128-register cap: two 8-warp programs per SM when the ring fits twice). Shapes the whole-page decode
+does not cover get only the SDPA and split-KV rows.
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ from ultraquant.kernels.families.decode_wholepage import (  # noqa: E402
 )
 
 
-def time_v8(p, scale: float, tuning: WholePageTuning) -> float:
+def time_wholepage(p, scale: float, tuning: WholePageTuning) -> float:
     """Graph-replay microseconds of one whole-page launch."""
     return time_graph(lambda: decode_wholepage(p.query, p.kv_cache, p.block_table, p.seq_lens, scale, out=p.out,
                                         tuning=tuning))
@@ -64,7 +64,7 @@ def main() -> None:
     ap.add_argument("--shapes", default="A,B,C,D")
     ap.add_argument("--rings", default="8:2x4,8:2x4:m16", help="warps:NSUBxSTAGES[:m16] variants")
     ap.add_argument("--splits-scale", default="1", help="scales of the persistent grid (programs per SM)")
-    ap.add_argument("--no-v7", action="store_true")
+    ap.add_argument("--no-splitkv", action="store_true", help="skip the split-KV decode rows")
     a = ap.parse_args()
     rows: list[dict] = []
     ceiling = measure_ceiling()
@@ -91,10 +91,10 @@ def main() -> None:
         p = make_decode_problem(s["B"], s["L"], s["Hq"], s["Hk"], s["D"], s["block"], head_major=True)
         sdpa = bench_sdpa(s["B"], s["L"], s["Hq"], s["Hk"], s["D"])
         add(shape, "sdpa-bf16", sdpa, 2 * s["B"] * s["L"] * s["Hk"] * s["D"] * 2, None)
-        if not a.no_v7:  # v7 through the plan with v8 switched off (the routed decode is the v8 rows')
+        if not a.no_splitkv:  # split-KV through the plan with the whole-page decode switched off
             os.environ["ULTRAQUANT_DECODE_WHOLEPAGE"] = "0"
             config.reload()
-            add(shape, "v7 (JIT)", bench_decode(p, s["D"]), p.stored_bytes, sdpa)
+            add(shape, "split-KV decode (JIT)", bench_decode(p, s["D"]), p.stored_bytes, sdpa)
             del os.environ["ULTRAQUANT_DECODE_WHOLEPAGE"]
             config.reload()
         scale = s["D"] ** -0.5
@@ -107,7 +107,7 @@ def main() -> None:
                 tag = (f"w{t.warps} ring {t.nsub}x{t.stages}{'' if t.rows_in_n else ' m16'}"
                        f"{' r128' if t.maxnreg else ''} programs {t.programs}")
                 attempt(shape, f"whole-page decode {tag}",
-                        partial(time_v8, p, scale, t), p.stored_bytes, sdpa, **t.__dict__)
+                        partial(time_wholepage, p, scale, t), p.stored_bytes, sdpa, **t.__dict__)
         p = None
         torch.cuda.empty_cache()
     print("\nshape name us %ceiling vs-sdpa")

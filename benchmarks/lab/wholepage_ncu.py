@@ -1,5 +1,5 @@
-"""Shape A (or another bench shape) through decode v8 and its no-math stream, twice each: the
-workload for ``ncu -k regex:uq_`` (issue 14: occupancy, DRAM %, stall reasons)."""
+"""Shape A (or another bench shape) through the whole-page decode, twice: the workload for
+``ncu -k regex:uq_`` (occupancy, DRAM %, stall reasons)."""
 
 from __future__ import annotations
 
@@ -15,8 +15,7 @@ from ultraquant.kernels.families.decode_wholepage import decode_wholepage  # noq
 
 s = SHAPES[sys.argv[1] if len(sys.argv) > 1 else "A"]
 p = make_decode_problem(s["B"], s["L"], s["Hq"], s["Hk"], s["D"], s["block"], head_major=True)
-for _ in range(1):
-    for _ in range(2):
-        decode_wholepage(p.query, p.kv_cache, p.block_table, p.seq_lens, s["D"] ** -0.5, out=p.out)
+for _ in range(2):
+    decode_wholepage(p.query, p.kv_cache, p.block_table, p.seq_lens, s["D"] ** -0.5, out=p.out)
 torch.cuda.synchronize()
 print("done")

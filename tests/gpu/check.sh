@@ -73,7 +73,7 @@ if step startup; then
   last "$LOG/startup.log" 12
 fi
 if step wholepage-bench; then  # the whole-page decode (JIT) on A-D against the read ceiling and bf16 SDPA
-  timeout ${T_WPBENCH:-120} python3 benchmarks/lab/wholepage_bench.py --json "$LOG/wholepage_bench.json" --shapes A,B,C,D --no-v7 \
+  timeout ${T_WPBENCH:-120} python3 benchmarks/lab/wholepage_bench.py --json "$LOG/wholepage_bench.json" --shapes A,B,C,D --no-splitkv \
     --rings "${WP_RINGS:-8:0x2}" > "$LOG/wholepage_bench.log" 2>&1
   sed -n '/^shape name/,$p' "$LOG/wholepage_bench.log" | tee -a "$LOG/summary.txt"
 fi

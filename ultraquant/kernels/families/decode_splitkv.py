@@ -60,7 +60,7 @@ def decode_splitkv_spec(*, head_size: int, gqa: int, block_size: int, query_dtyp
     ``tile``/``warps``/``stages``/``maxnreg`` override the tuned defaults (sweeps only).
     """
     d = check_head_size(head_size)
-    # Defaults from the H200 sweeps (benchmarks/NOTES.md, "v7 (session 2)": the split-KV decode).
+    # Defaults from the H200 sweeps of the split-KV decode (benchmarks/NOTES.md, section "v7 (session 2)").
     tile = tile or (64 if d <= 256 else 32)
     warps = warps or (4 if d <= 128 else 8)
     stages = stages or 2

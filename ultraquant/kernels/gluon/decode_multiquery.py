@@ -34,6 +34,7 @@ from .decode_wholepage import (
     LOG2E,
     _advance_ring,
     _blocks_inside,
+    _combine_token_groups,
     _floor_log2,
     _fold_partials,
     _fold_sink,
@@ -43,6 +44,7 @@ from .decode_wholepage import (
     _issue_stage,
     _merge_step,
     _normalized,
+    _online_start,
     _online_update,
     _owner,
     _partial_rows,
@@ -371,34 +373,17 @@ def _serve_piece(q_ptr, cache_ptr, bt_ptr, seqlen_ptr, qsl_ptr, sinks_ptr, out_p
     vgroup = gl.expand_dims(gv // 2, 3) + rv * 0
 
     accs = ()
-    m_is = ()
-    l_is = ()
     for _t in gl.static_range(TILES):
         accs = accs + (gl.zeros([NW, ROWS, H], gl.float32, MMA), gl.zeros([NW, ROWS, H], gl.float32, MMA))
-        m_is = m_is + (gl.full([NW, ROWS], float("-inf"), gl.float32, QR),)
-        l_is = l_is + (gl.zeros([NW, ROWS], gl.float32, QR),)
-    run = gl.full([NW], -254, gl.int32, QW)
+    m_is, l_is, run = _online_start(TILES, [NW, ROWS], QR, QW)
     for it in range(n_it):
-        cur = (it % STAGES) * NSUB
-        t0 = t_lo + it * TT
-        _advance_ring(ring, it, cache_ptr, bt_row, t_lo, t_hi, stride_cb, stride_ch, inside, num_blocks, STAGES,
-                      TT, NSUB, NW, WT, SLOT, BLOCK_SIZE)
+        cur, t0 = _advance_ring(ring, it, cache_ptr, bt_row, t_lo, t_hi, stride_cb, stride_ch, inside, num_blocks,
+                                STAGES, TT, NSUB, NW, WT, SLOT, BLOCK_SIZE)
         whole = inside & (t0 >= first_hi) & (t0 + TT <= gl.minimum(lim_lo, t_hi))
         ss = _stage_scores(kc8, ks, q_smem, cur, t0, t_hi, ws, ns, inside, bt_row, num_blocks, rfs, lims,
                            firsts, softcap, whole, TILES, NSUB, NW, WT, TW, ROWS, H, BLOCK_SIZE, HAS_SOFTCAP,
                            HAS_WINDOW, MMA, KB, QA, TK)
-        ps = ()  # ps[t NSUB + i]
-        alphas = ()
-        m_next = ()
-        l_next = ()
-        for t in gl.static_range(TILES):
-            ps_t, alpha, m_new, l_new = _online_update(ss, t, TILES, NSUB, m_is[t], l_is[t], 2)
-            ps = ps + ps_t
-            alphas = alphas + (alpha,)
-            m_next = m_next + (m_new,)
-            l_next = l_next + (l_new,)
-        m_is = m_next
-        l_is = l_next
+        ps, alphas, m_is, l_is = _online_update(ss, m_is, l_is, TILES, NSUB, 2)  # ps[t NSUB + i]
 
         # V: scale word per token, one reference exponent per warp (all tiles) from the largest contribution
         vws = ()
@@ -450,15 +435,8 @@ def _serve_piece(q_ptr, cache_ptr, bt_ptr, seqlen_ptr, qsl_ptr, sinks_ptr, out_p
         pair0 = (b * gl.num_programs(0) * TILES + tile) * HK  # the (tile, request) ticket's kv heads
         slot0 = tile * (progs + num_requests) + pid + b  # this piece's partial slot of the tile
         # ---- the program's partial of each kv head (its WT token groups combined) to the workspace
-        x4 = gl.convert_layout(gl.reshape(_partial_rows((acc_e * f, acc_o * f), 2, NW, ROWS, D, False),
-                                          [HK, WT, ROWS, D]), EP)
-        m4 = gl.convert_layout(gl.reshape(m_i, [HK, WT, ROWS]), E3)
-        l4 = gl.convert_layout(gl.reshape(l_i, [HK, WT, ROWS]), E3)
-        m_c = gl.max(m4, axis=1)
-        m_z = gl.where(m_c == float("-inf"), 0.0, m_c)
-        sc = gl.exp2(m4 - gl.expand_dims(m_z, 1))
-        acc_c = gl.sum(x4 * gl.expand_dims(sc, 3), axis=1)
-        l_c = gl.sum(l4 * sc, axis=1)
+        acc_c, m_c, l_c = _combine_token_groups(_partial_rows((acc_e * f, acc_o * f), 2, NW, ROWS, D, False), m_i,
+                                                l_i, HK, WT, ROWS, D, EP)
         ph = _iota3(HK, 0, P3)
         pr = _iota3(ROWS, 1, P3)
         pc = _iota3(D, 2, P3)

@@ -549,33 +549,72 @@ def _advance_ring(ring, it, cache_ptr, bt_row, t_lo, t_hi, stride_cb, stride_ch,
                   WT: gl.constexpr, SLOT: gl.constexpr, BLOCK_SIZE: gl.constexpr):
     """Top of stage loop iteration ``it``: wait until stage ``it`` landed (at most ``STAGES - 2`` younger
     copy groups pending; the barrier also retires every warp's reads of the buffer about to be
-    overwritten), then issue the stage ``STAGES - 1`` ahead as one commit group."""
+    overwritten), then issue the stage ``STAGES - 1`` ahead as one commit group. Returns stage ``it``'s
+    first run in the ring and its first token."""
     async_copy.wait_group(STAGES - 2)
     gl.thread_barrier()
     _issue_stage(ring, (it + STAGES - 1) % STAGES, cache_ptr, bt_row, t_lo + (it + STAGES - 1) * TT, t_hi,
                  stride_cb, stride_ch, inside, num_blocks, NSUB, NW, WT, SLOT, BLOCK_SIZE)
     async_copy.commit_group()
+    return (it % STAGES) * NSUB, t_lo + it * TT
 
 
 @gluon.jit
-def _online_update(ss, g: gl.constexpr, G: gl.constexpr, N: gl.constexpr, m_prev, l_prev, TAX: gl.constexpr):
-    """One online-softmax step of row group ``g`` over its ``N`` score tiles ``ss[i * G + g]`` (log2
-    units, masked scores -inf): one max and one sum over the token axis ``TAX`` for all ``N`` tiles.
-    Returns the probabilities (a tuple of ``N``), the accumulator's rescale factor, the new running
-    max and the new running sum; a row with no live score yet keeps max -inf and gets p = 0."""
-    smax = ss[g]
-    for i in gl.static_range(1, N):
-        smax = gl.maximum(smax, ss[i * G + g])
-    m_new = gl.maximum(m_prev, gl.max(smax, axis=TAX))
-    m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)
-    alpha = gl.exp2(m_prev - m_safe)
-    psum = gl.exp2(ss[g] - gl.expand_dims(m_safe, TAX))
-    ps = (psum,)
-    for i in gl.static_range(1, N):
-        p_i = gl.exp2(ss[i * G + g] - gl.expand_dims(m_safe, TAX))
-        ps = ps + (p_i,)
-        psum = psum + p_i
-    return ps, alpha, m_new, l_prev * alpha + gl.sum(psum, axis=TAX)
+def _combine_token_groups(x_rows, m_rows, l_rows, HK: gl.constexpr, WT: gl.constexpr, ROWS: gl.constexpr,
+                          D: gl.constexpr, EP: gl.constexpr):
+    """A program's partial per kv head: the ``WT`` warps of a kv head (its token groups) hold partials
+    of disjoint tokens; fold them (in-thread in layout ``EP``) into one accumulator, max and sum per
+    row. Returns ``[HK, ROWS, D]`` and two ``[HK, ROWS]``."""
+    E3: gl.constexpr = gl.SliceLayout(3, EP)
+    x4 = gl.convert_layout(gl.reshape(x_rows, [HK, WT, ROWS, D]), EP)
+    m4 = gl.convert_layout(gl.reshape(m_rows, [HK, WT, ROWS]), E3)
+    l4 = gl.convert_layout(gl.reshape(l_rows, [HK, WT, ROWS]), E3)
+    m_c = gl.max(m4, axis=1)
+    m_z = gl.where(m_c == float("-inf"), 0.0, m_c)
+    sc = gl.exp2(m4 - gl.expand_dims(m_z, 1))
+    return gl.sum(x4 * gl.expand_dims(sc, 3), axis=1), m_c, gl.sum(l4 * sc, axis=1)
+
+
+@gluon.jit
+def _online_start(G: gl.constexpr, SHAPE: gl.constexpr, L: gl.constexpr, LW: gl.constexpr):
+    """The online softmax's starting state for ``G`` row groups: running maxima -inf, running sums 0,
+    and each warp's accumulator exponent (``run``, layout ``LW``) at its floor."""
+    m = ()
+    lsum = ()
+    for _g in gl.static_range(G):
+        m = m + (gl.full(SHAPE, float("-inf"), gl.float32, L),)
+        lsum = lsum + (gl.zeros(SHAPE, gl.float32, L),)
+    return m, lsum, gl.full([SHAPE[0]], -254, gl.int32, LW)
+
+
+@gluon.jit
+def _online_update(ss, m_prev, l_prev, G: gl.constexpr, N: gl.constexpr, TAX: gl.constexpr):
+    """One online-softmax step of ``G`` row groups, each over its ``N`` score tiles ``ss[i * G + g]``
+    (log2 units, masked scores -inf): per group one max and one sum over the token axis ``TAX`` for all
+    ``N`` tiles. Returns the probabilities (``ps[g * N + i]``), each group's accumulator rescale factor,
+    and the new running maxima and sums (tuples of ``G``); a row with no live score yet keeps max -inf
+    and gets p = 0."""
+    ps = ()
+    alphas = ()
+    m_new = ()
+    l_new = ()
+    for g in gl.static_range(G):
+        smax = ss[g]
+        for i in gl.static_range(1, N):
+            smax = gl.maximum(smax, ss[i * G + g])
+        m_g = gl.maximum(m_prev[g], gl.max(smax, axis=TAX))
+        m_safe = gl.where(m_g == float("-inf"), 0.0, m_g)
+        alpha = gl.exp2(m_prev[g] - m_safe)
+        psum = gl.exp2(ss[g] - gl.expand_dims(m_safe, TAX))
+        ps = ps + (psum,)
+        for i in gl.static_range(1, N):
+            p_i = gl.exp2(ss[i * G + g] - gl.expand_dims(m_safe, TAX))
+            ps = ps + (p_i,)
+            psum = psum + p_i
+        alphas = alphas + (alpha,)
+        m_new = m_new + (m_g,)
+        l_new = l_new + (l_prev[g] * alpha + gl.sum(psum, axis=TAX),)
+    return ps, alphas, m_new, l_new
 
 
 @gluon.constexpr_function
@@ -1058,17 +1097,10 @@ def _serve_piece(q_ptr, cache_ptr, bt_ptr, seqlen_ptr, sinks_ptr, out_ptr, part_
     accs = ()
     for _t in gl.static_range(RG * NT):
         accs = accs + (gl.zeros(ACC, gl.float32, MMA),)
-    m_i = ()
-    l_i = ()
-    for _g in gl.static_range(RG):
-        m_i = m_i + (gl.full([NW, RR], float("-inf"), gl.float32, QR),)
-        l_i = l_i + (gl.zeros([NW, RR], gl.float32, QR),)
-    run = gl.full([NW], -254, gl.int32, QW)
+    m_i, l_i, run = _online_start(RG, [NW, RR], QR, QW)
     for it in range(n_it):
-        _advance_ring(ring, it, cache_ptr, bt_row, t_lo, t_hi, stride_cb, stride_ch, inside, num_blocks, STAGES,
-                      TT, NSUB, NW, WT, SLOT, BLOCK_SIZE)
-        cur = (it % STAGES) * NSUB
-        t0 = t_lo + it * TT
+        cur, t0 = _advance_ring(ring, it, cache_ptr, bt_row, t_lo, t_hi, stride_cb, stride_ch, inside, num_blocks,
+                                STAGES, TT, NSUB, NW, WT, SLOT, BLOCK_SIZE)
         for jp in gl.static_range(NSUB // PAIR):
             j = jp * PAIR
             kw = _piece(ks.index(cur + j), [NW, TW], KWL, KWL)
@@ -1095,18 +1127,7 @@ def _serve_piece(q_ptr, cache_ptr, bt_ptr, seqlen_ptr, sinks_ptr, out_ptr, part_
                                            qf[11], qf[12], qf[13], rowfacs[0], rowfacs[1], rowbiases[0],
                                            rowbiases[1], ts, t_hi, lo, inside, bt_row, num_blocks, softcap, NW, TW,
                                            HAS_SOFTCAP, HAS_WINDOW, BLOCK_SIZE, MMA)
-            ps = ()  # ps[g * PAIR + i]
-            alphas = ()
-            m_new_g = ()
-            l_new_g = ()
-            for g in gl.static_range(RG):
-                ps_g, alpha, m_new, l_new = _online_update(ss, g, RG, PAIR, m_i[g], l_i[g], TAX)
-                ps = ps + ps_g
-                l_new_g = l_new_g + (l_new,)
-                m_new_g = m_new_g + (m_new,)
-                alphas = alphas + (alpha,)
-            l_i = l_new_g
-            m_i = m_new_g
+            ps, alphas, m_i, l_i = _online_update(ss, m_i, l_i, RG, PAIR, TAX)  # ps[g * PAIR + i]
 
             # V: scale word per token, reference exponent from the largest contribution of the runs
             vws = ()
@@ -1199,14 +1220,7 @@ def _serve_piece(q_ptr, cache_ptr, bt_ptr, seqlen_ptr, sinks_ptr, out_ptr, part_
         l_rows = gl.reshape(gl.permute(gl.join(l_i[0], l_i[1]), [0, 2, 1]), [NW, ROWS])
     EP: gl.constexpr = gl.BlockedLayout([1, WT, 1, 4], [1, 1, 1, 32], [HK, 1, WT, 1], [3, 1, 2, 0])  # WT in-thread
     E3: gl.constexpr = gl.SliceLayout(3, EP)
-    x4 = gl.convert_layout(gl.reshape(x_rows, [HK, WT, ROWS, D]), EP)
-    m4 = gl.convert_layout(gl.reshape(m_rows, [HK, WT, ROWS]), E3)
-    l4 = gl.convert_layout(gl.reshape(l_rows, [HK, WT, ROWS]), E3)
-    m_c = gl.max(m4, axis=1)
-    m_z = gl.where(m_c == float("-inf"), 0.0, m_c)
-    sc = gl.exp2(m4 - gl.expand_dims(m_z, 1))
-    acc_c = gl.sum(x4 * gl.expand_dims(sc, 3), axis=1)
-    l_c = gl.sum(l4 * sc, axis=1)
+    acc_c, m_c, l_c = _combine_token_groups(x_rows, m_rows, l_rows, HK, WT, ROWS, D, EP)
     P3: gl.constexpr = gl.SliceLayout(1, EP)
     P2: gl.constexpr = gl.SliceLayout(1, E3)
     ph = _iota3(HK, 0, P3)
