@@ -4,7 +4,7 @@ tests/gpu/test_spec_decode_gpu.py).
 A torch model of the kernel's integer work split (M tiles of 16 (token, head) rows, each row's causal
 limit and window start, the balanced schedule's pieces cut to the tiles' token range, the pieces' merge,
 rows past a request's count left empty) is checked against ``reference.spec_decode_attention``, so a wrong limit,
-tile range or split bound fails here; the plan's grid, workspace, specialization and the routing rule
+tile range or piece bound fails here; the plan's grid, workspace, specialization and the routing rule
 (``takes_multiquery``) are checked on shapes.
 """
 
