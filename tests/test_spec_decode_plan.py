@@ -2,9 +2,9 @@
 tests/gpu/test_spec_decode_gpu.py).
 
 A torch model of the kernel's integer work split (M tiles of 16 (token, head) rows, each row's causal
-limit and window start, the tile's token range cut into splits of whole stages, the split merge, rows past
-a request's count left empty) is checked against ``reference.spec_decode_attention``, so a wrong limit,
-tile range or split bound fails here; the plan's grid, workspace, specialization and the routing rule
+limit and window start, the balanced schedule's pieces cut to the tiles' token range, the pieces' merge,
+rows past a request's count left empty) is checked against ``reference.spec_decode_attention``, so a wrong limit,
+tile range or piece bound fails here; the plan's grid, workspace, specialization and the routing rule
 (``takes_multiquery``) are checked on shapes.
 """
 
@@ -21,21 +21,26 @@ from ultraquant import reference as R
 from ultraquant.errors import UltraQuantError
 from ultraquant.kernels import catalog, plans
 from ultraquant.kernels.families import decode_multiquery as mq
+from ultraquant.kernels.families.decode_wholepage import wholepage_schedule
 
 TT = 4 * 1 * 16  # tokens per stage at one tile per program (NSUB=4, 16-token runs) with WT=1 (8 kv heads); 16 at two
 
 
-def _model(query, kv_cache, block_table, seq_lens, qsl, scale, max_tokens, splits, window=None, tt=TT,
-           per_program=1):
-    """The kernel's work split in float64 torch: per (tile, request, split) the rows' online partials
-    over the split's tokens, merged like the last program does. Mirrors uq_decode_multiquery's integer
-    arithmetic (tok_first/tok_last/hi/lo/lo_run/per/t_lo/t_hi of a program's ``per_program`` tiles,
-    row limits)."""
+def _model(query, kv_cache, block_table, seq_lens, qsl, scale, max_tokens, programs, window=None, tt=TT,
+           per_program=1, min_tokens=TT):
+    """The kernel's work split in float64 torch: per tile group the whole-page decode's balanced schedule of
+    the batch (``wholepage_schedule``, the window reach ``window + max_tokens``), each piece cut to the
+    group's token range, the rows' online partials per piece merged like the last piece's program does.
+    Mirrors uq_decode_multiquery's integer arithmetic (tok_first/tok_last/hi/lo of a program's
+    ``per_program`` tiles, the piece bounds, row limits)."""
     n, hq, d = query.shape
     hk = kv_cache.shape[2]
     gqa = hq // hk
     rows = mq.MULTIQUERY_ROWS
     tiles = -(-mq.multiquery_tiles(gqa, max_tokens) // per_program) * per_program
+    cap = block_table.shape[1] * kv_cache.shape[1]
+    reach = None if window is None else min(window, cap) + max_tokens
+    pieces = wholepage_schedule(seq_lens.tolist(), programs, tt, cap, reach, min_tokens)
     out = torch.zeros(n, hq, d, dtype=torch.float64)
     keys, values = R.dequant_kv(kv_cache, block_table, seq_lens)
     for b in range(seq_lens.shape[0]):
@@ -43,6 +48,8 @@ def _model(query, kv_cache, block_table, seq_lens, qsl, scale, max_tokens, split
         q0 = int(qsl[b])
         n_new = min(max(int(qsl[b + 1]) - q0, 0), min(length, max_tokens))
         k_all, v_all = keys[b].double(), values[b].double()
+        mine = [pc for pc in pieces if pc.request == b]
+        assert [pc.program for pc in mine] == list(range(mine[0].first, mine[0].first + mine[0].parts))
         for tile in range(tiles):
             group = tile // per_program
             tok_first = group * per_program * rows // gqa
@@ -52,7 +59,6 @@ def _model(query, kv_cache, block_table, seq_lens, qsl, scale, max_tokens, split
             if window is not None:
                 lo = min(max(length - n_new + tok_first + 1 - window, 0), hi)
             lo_run = lo // tt * tt
-            per = math.ceil(math.ceil((hi - lo_run) / splits) / tt) * tt
             flat = tile * rows + torch.arange(rows)
             tok = flat // gqa
             valid = tok < n_new
@@ -64,9 +70,10 @@ def _model(query, kv_cache, block_table, seq_lens, qsl, scale, max_tokens, split
                 m_a = torch.full((rows,), -math.inf, dtype=torch.float64)
                 l_a = torch.zeros(rows, dtype=torch.float64)
                 acc = torch.zeros(rows, d, dtype=torch.float64)
-                for sp in range(splits):
-                    t_lo = lo_run + sp * per
-                    t_hi = min(t_lo + per, hi)
+                for pc in mine:
+                    t_lo = max(pc.t_lo, lo_run)
+                    t_hi = min(pc.t_hi, hi)
+                    assert t_lo % tt == 0  # stages start on whole runs
                     if t_hi <= t_lo:
                         continue
                     ts = torch.arange(t_lo, t_hi)
@@ -98,20 +105,21 @@ def _step(lens, news, hq, hk, bs, seed):
 
 
 @pytest.mark.parametrize("per_program", [1, 2])
-@pytest.mark.parametrize("lens,news,hq,hk,bs,window,splits", [
+@pytest.mark.parametrize("lens,news,hq,hk,bs,window,programs", [
     ([300, 17, 5, 64], [4, 1, 5, 16], 32, 8, 16, None, 3),        # GQA 4: 16 rows = 4 tokens per tile
     ([200, 40], [7, 16], 16, 2, 32, None, 2),                     # GQA 8: two tiles for 4+ tokens
     ([150, 33, 16], [3, 16, 16], 3, 1, 16, 20, 4),                # GQA 3: rows straddle tiles; window
     ([129, 70], [16, 2], 16, 1, 64, 7, 5),                        # GQA 16: one token per tile; tiny window
     ([90, 3], [0, 3], 4, 4, 16, None, 2),                         # an empty request
 ])
-def test_row_mapping_model_matches_reference(lens, news, hq, hk, bs, window, splits, per_program):
+def test_row_mapping_model_matches_reference(lens, news, hq, hk, bs, window, programs, per_program):
     prob, query, qsl = _step(lens, news, hq, hk, bs, seed=len(lens) + hq)
     scale = 0.125
     want = R.spec_decode_attention(query, prob.kv_cache, prob.block_table, prob.seq_lens, qsl, scale,
                                    max_query_len=16, sliding_window=window)
-    got = _model(query, prob.kv_cache, prob.block_table, prob.seq_lens, qsl, scale, 16, splits, window,
-                 tt=TT if per_program == 1 else 16, per_program=per_program)
+    tt = TT if per_program == 1 else 16
+    got = _model(query, prob.kv_cache, prob.block_table, prob.seq_lens, qsl, scale, 16, programs, window,
+                 tt=tt, per_program=per_program, min_tokens=tt)
     assert torch.allclose(got, want.double(), atol=1e-5, rtol=1e-4), (got - want).abs().max()
 
 
@@ -175,7 +183,7 @@ def test_tiles(gqa, tokens, tiles):
 
 
 def test_plan_shapes(monkeypatch):
-    """Grid (tiles, B, splits), one kernel per config whatever the count, the token bound an argument."""
+    """Grid (tile groups, programs), one kernel per config whatever the count, the token bound an argument."""
     import ultraquant.kernels.families.decode_multiquery as fam
     import ultraquant.kernels.families.decode_wholepage as wp
 
@@ -191,20 +199,20 @@ def test_plan_shapes(monkeypatch):
     p12 = fam.plan_decode_multiquery(query, prob.kv_cache, prob.block_table, prob.seq_lens, qsl, 12, 0.1, None,
                                      None, None, out)
     # programs of 2 M tiles (each run's codes decoded once for both) from 2 tiles on; 12 tokens: 3 tiles -> 2
-    assert p8.grid[:2] == (1, 4) and p4.grid[:2] == (1, 4) and p16.grid[:2] == (2, 4) and p12.grid[:2] == (2, 4)
+    assert p8.grid == (1, 132, 1) and p4.grid == (1, 132, 1) and p16.grid == (2, 132, 1) and p12.grid == (2, 132, 1)
     assert (p4.spec.constexprs["TILES"], p8.spec.constexprs["TILES"], p16.spec.constexprs["TILES"]) == (1, 2, 2)
     assert p8.spec.key() == p16.spec.key()  # the count bound is a run-time argument, not a constexpr
     assert p8.notes["tiles"] == 2 and p12.notes["tiles"] == 4
     names = list(p8.spec.signature)
     assert p8.args[names.index("max_tokens")] == 8 and p4.args[names.index("max_tokens")] == 4
-    assert p8.args[names.index("qsl_ptr")] is qsl
+    assert p8.args[names.index("qsl_ptr")] is qsl and p8.args[names.index("num_requests")] == 4
     c = p8.spec.constexprs
     assert (c["GQA"], c["HK"], c["WT"], c["D"], p8.spec.num_warps) == (4, 8, 1, 128, 8)
     assert p8.spec.kernel == "uq_decode_multiquery"
     assert catalog.BY_KERNEL["uq_decode_multiquery"].op == "spec_decode_attention"
     part, ml, counter = (p8.args[names.index(x)] for x in ("part_ptr", "ml_ptr", "counter_ptr"))
-    splits = p8.grid[2]
-    assert part.numel() >= 2 * 4 * 8 * splits * 16 * 128 and counter.numel() >= 2 * 4 * 8
+    assert part.numel() >= 2 * (132 + 4) * 8 * 16 * 128 and ml.numel() >= 2 * (132 + 4) * 8 * 2 * 16
+    assert counter.numel() >= 2 * 4 * 8
 
 
 def test_unsupported_words():

@@ -1,5 +1,5 @@
 """Small multi-query decode (speculative-decoding step) workload for compute-sanitizer (memcheck /
-racecheck): ragged counts 0..16 at block and split boundaries, Hk 1/2/8, window + soft cap + sinks,
+racecheck): ragged counts 0..16 at block and piece boundaries, Hk 1/2/8, window + soft cap + sinks,
 one and two M tiles per program, an empty request, head-major caches. Checks results against the reference
 (exit 1 on a mismatch)."""
 

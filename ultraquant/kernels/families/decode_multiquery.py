@@ -7,9 +7,10 @@ is ``prefill_attention`` with ``key``/``value`` = the cache's own (dequantized) 
 aligned runs, 1/2/4/8 kv heads, blocks of a multiple of 16) at D=128 and GQA 1-16 (the 16-M-row path);
 the rest, and any call with more than :data:`MULTIQUERY_MAX_TOKENS` new tokens per request, is the
 prefill kernel's. A program takes one or two M tiles (:func:`multiquery_program_tiles`; a blob each);
-otherwise the query-token bound is a run-time argument (``max_tokens``) that sets the grid's tiles, so a
-CUDA graph captured at the largest count replays any per-request counts up to it (read from
-``query_start_loc`` on the device).
+otherwise the query-token bound is a run-time argument (``max_tokens``) that sets the grid's tile groups,
+and the programs are the whole-page decode's persistent grid, balanced over the batch on the device, so a
+CUDA graph captured at the largest count replays any lengths and per-request counts up to it (read from
+``seq_lens`` and ``query_start_loc`` on the device).
 """
 
 from __future__ import annotations
@@ -22,10 +23,10 @@ from ...errors import UltraQuantError
 from ...format import check_head_size
 from ..catalog import alignable
 from ..flags import error_words
-from ..heuristics import cdiv, num_sms
+from ..heuristics import cdiv
 from ..specialization import LaunchPlan, Specialization, fit_divisible, signature_of, type_name
 from ..workspace import decode_workspace, dummy_f32
-from .decode_wholepage import WHOLEPAGE_MIN_SPLIT_TOKENS, WHOLEPAGE_PROGRAMS_PER_SM, wholepage_call
+from .decode_wholepage import WHOLEPAGE_MIN_SPLIT_TOKENS, wholepage_call, wholepage_programs
 from .decode_wholepage import unsupported as wholepage_unsupported
 
 MULTIQUERY_ROWS = 16
@@ -53,7 +54,7 @@ MULTIQUERY_PARAMS: tuple[tuple[str, str], ...] = (
     ("softcap", "fp32"),
     ("window", "i32"),
     ("max_tokens", "i32"),
-    ("num_splits", "i32"),
+    ("num_requests", "i32"),
     ("num_blocks", "i32"),
     ("bt_cols", "i32"),
     ("stride_qn", "i32"),
@@ -65,8 +66,9 @@ MULTIQUERY_PARAMS: tuple[tuple[str, str], ...] = (
     ("stride_ch", "i32"),
     ("stride_btb", "i32"),
 )
-"""Run-time arguments: the decode's (``DECODE_PARAMS``) plus ``qsl_ptr`` (query_start_loc) and the
-query-token bound ``max_tokens``; query/output strides are per token row (the prefill layout)."""
+"""Run-time arguments: the decode's (``DECODE_PARAMS``, the split count's slot holding the batch size, as the
+whole-page decode's) plus ``qsl_ptr`` (query_start_loc) and the query-token bound ``max_tokens``;
+query/output strides are per token row (the prefill layout)."""
 
 
 def multiquery_call(head_size: int, gqa: int, num_kv_heads: int, block_size: int, cache_strides: tuple[int, ...],
@@ -128,6 +130,7 @@ def decode_multiquery_spec(
             "HAS_WINDOW": bool(has_window),
             "HAS_SOFTCAP": bool(has_softcap),
             "TILES": int(tiles),
+            "MIN_TOKENS": WHOLEPAGE_MIN_SPLIT_TOKENS,
         },
         num_warps=hk * max(1, MULTIQUERY_WARPS // hk),
         num_stages=1,
@@ -150,15 +153,6 @@ def multiquery_program_tiles(gqa: int, max_tokens: int) -> int:
     return 2 if multiquery_tiles(gqa, max_tokens) >= 2 else 1
 
 
-def multiquery_splits(programs: int, max_tokens: int, device: torch.device, forced: int | None = None) -> int:
-    """Split count from static shapes: one wave of programs per SM over ``programs`` (requests x
-    query tiles), never splits shorter than the whole-page decode's minimum; ``forced`` overrides."""
-    if forced:
-        return forced
-    want = (num_sms(device) * WHOLEPAGE_PROGRAMS_PER_SM) // max(1, programs)
-    return max(1, min(want, cdiv(max_tokens, WHOLEPAGE_MIN_SPLIT_TOKENS)))
-
-
 def plan_decode_multiquery(
     query: torch.Tensor,
     kv_cache: torch.Tensor,
@@ -171,13 +165,14 @@ def plan_decode_multiquery(
     sliding_window: int | None,
     softcap: float | None,
     out: torch.Tensor,
-    forced_splits: int | None = None,
+    forced_programs: int | None = None,
     program_tiles: int | None = None,
 ) -> LaunchPlan:
     """Launch of the multi-query decode (callers check :func:`multiquery_call` first); grid
-    ``(tiles / TILES, B, splits)``, tiles from the host bound ``max_tokens`` (rounded up to whole programs
-    of :func:`multiquery_program_tiles`, or ``program_tiles``: the self-test of a given blob), splits from
-    static shapes."""
+    ``(tiles / TILES, programs)``: tiles from the host bound ``max_tokens`` (rounded up to whole programs of
+    :func:`multiquery_program_tiles`, or ``program_tiles``: the self-test of a given blob), the whole-page
+    decode's persistent programs per device (:func:`.decode_wholepage.wholepage_programs`; ``forced_programs``
+    overrides), each tile group balanced over them on the device from ``seq_lens``."""
     _, hq, d = query.shape
     hk, bs = kv_cache.shape[2], kv_cache.shape[1]
     gqa = hq // hk
@@ -189,8 +184,8 @@ def plan_decode_multiquery(
                                   tiles=per_program)
     groups = cdiv(multiquery_tiles(gqa, max_tokens), per_program)
     tiles = groups * per_program
-    splits = multiquery_splits(nreq * groups, block_table.shape[1] * bs, query.device, forced_splits)
-    parts = nreq * tiles * hk * splits * spec.constexprs["WT"]
+    programs = wholepage_programs(query.device, forced_programs)
+    parts = tiles * (programs + nreq) * hk * spec.constexprs["WT"]  # a slot per (tile, program + request, kv head)
     part, ml, counter = decode_workspace(query.device, parts * MULTIQUERY_ROWS * d, parts * 2 * MULTIQUERY_ROWS,
                                          nreq * tiles * hk)
     args = (
@@ -209,7 +204,7 @@ def plan_decode_multiquery(
         float(softcap or 0.0),
         int(sliding_window or 0),
         int(max_tokens),
-        splits,
+        nreq,
         kv_cache.shape[0],
         block_table.shape[1],
         query.stride(0),
@@ -221,8 +216,8 @@ def plan_decode_multiquery(
         kv_cache.stride(2),
         block_table.stride(0),
     )
-    return LaunchPlan(fit_divisible(spec, args, alignable(spec.kernel)), args, (groups, nreq, splits),
-                      notes={"num_splits": splits, "tiles": tiles})
+    return LaunchPlan(fit_divisible(spec, args, alignable(spec.kernel)), args, (groups, programs, 1),
+                      notes={"programs": programs, "tiles": tiles})
 
 
 __all__ = [

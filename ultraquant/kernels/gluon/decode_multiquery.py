@@ -1,22 +1,26 @@
 """The multi-query decode: a speculative-decoding step (2-16 new tokens per request) over the 4-bit cache,
 on the whole-page structure, for NVIDIA sm_90, in Gluon.
 
-A step verifies ``n`` drafted tokens per request: ``n`` query tokens at the end of the request's
-sequence, their own K/V already in the cache (stored by the step's store before attention, as vLLM
-does and as the decode does for its one token). The query rows of one kv head are the ``n x GQA``
-(token, head) pairs in token-major order (row ``r``: token ``r // GQA``, query head ``r % GQA`` of the
-kv head), 16 per M tile; a program serves ``TILES`` (1 or 2) M tiles for ALL kv heads of a token range
-of one request, grid ``(tiles / TILES, B, splits)``, and reads the pages exactly as the whole-page
-decode does: a ``cp.async`` ring of whole 16-token runs (:func:`~.decode_wholepage._issue_stage`).
-Each run's codes are decoded once for all the program's tiles: K by scale group (:func:`_group_scores`:
-the codes in the MMA's k order as fp16 ``fp4 * 2**-14`` by the decode's word PTX, the UE8M0 group
-scales on the partial scores), V as the whole-page decode's 16-M-row path (:func:`_pv_tiles`).
+A step verifies ``n`` drafted tokens per request: ``n`` query tokens at the end of the request's sequence,
+their own K/V already in the cache (stored by the step's store before attention, as vLLM does and as the
+decode does for its one token). The query rows of one kv head are the ``n x GQA`` (token, head) pairs in
+token-major order (row ``r``: token ``r // GQA``, query head ``r % GQA`` of the kv head), 16 per M tile; a
+program serves ``TILES`` (1 or 2) M tiles for ALL kv heads, grid ``(tiles / TILES, programs)``: each tile
+group is dealt over the persistent programs by the whole-page decode's balanced schedule of the batch's
+lengths (:func:`~.decode_wholepage._schedule`, computed on the device, so a CUDA graph replays any lengths and
+counts), a program serving its pieces of one request after another (one noinline :func:`_serve_piece` call
+each), and reads the pages exactly as the whole-page decode does: a ``cp.async`` ring of whole 16-token runs
+(:func:`~.decode_wholepage._issue_stage`). Each run's codes are decoded once for all the program's tiles: K by
+scale group (:func:`_group_scores`: the codes in the MMA's k order as fp16 ``fp4 * 2**-14`` by the decode's
+word PTX, the UE8M0 group scales on the partial scores), V as the whole-page decode's 16-M-row path
+(:func:`_pv_tiles`).
 
-What differs from the decode: each row's own causal limit (row ``r`` sees cached tokens
-``< seq_len - n + r // GQA + 1``; with a window, also ``>= limit - window``), each request's own
-count ``n = qsl[b + 1] - qsl[b]`` read on the device (ragged 0..``max_tokens``; rows past ``n`` are
-empty, a program past them reads nothing), queries and outputs addressed by token rows like the
-prefill kernel, and the partials / merge ticket per (tile, request).
+What differs from the decode: each row's own causal limit (row ``r`` sees cached tokens ``< seq_len - n + r //
+GQA + 1``; with a window, also ``>= limit - window``), each request's own count ``n = qsl[b + 1] - qsl[b]``
+read on the device (ragged 0..``max_tokens``; rows past ``n`` are empty, a piece past them reads nothing),
+queries and outputs addressed by token rows like the prefill kernel, the schedule's units reaching ``window +
+max_tokens`` below a request's length (every row's window), and a partial slot per (tile, program + request)
+and merge ticket per (tile, request).
 """
 
 from __future__ import annotations
@@ -42,13 +46,16 @@ from .decode_wholepage import (
     _normalized,
     _online_start,
     _online_update,
+    _owner,
     _partial_rows,
     _physical_token,
     _piece,
     _pow2,
     _rel_scale,
+    _schedule,
     _slot_layout,
     _token_top,
+    _units,
     _v_layout,
     _word_pairs,
 )
@@ -147,6 +154,45 @@ def _group_scores(kc8, kw, qs, qz, TILES: gl.constexpr, NW: gl.constexpr, TW: gl
 
 
 @gluon.jit
+def _stage_scores(kc8, ks, q_smem, cur, t0, t_hi, ws, ns, inside, bt_row, num_blocks, rfs, lims, firsts, softcap,
+                  whole, TILES: gl.constexpr, NSUB: gl.constexpr, NW: gl.constexpr, WT: gl.constexpr,
+                  TW: gl.constexpr, ROWS: gl.constexpr, H: gl.constexpr, BLOCK_SIZE: gl.constexpr,
+                  HAS_SOFTCAP: gl.constexpr, HAS_WINDOW: gl.constexpr, MMA: gl.constexpr, KB: gl.constexpr,
+                  QA: gl.constexpr, TK: gl.constexpr):
+    """Scores (log2 units) of the ``NSUB`` runs of the stage at ring entry ``cur`` (tokens from ``t0``), for each
+    tile (``ss[i TILES + t]``). Unless the stage is ``whole`` (every token visible to every row: the loop's
+    interior), each row under its own causal limit (0 for rows past the request's tokens) and window start;
+    tokens past the range's end ``t_hi``, or of a bad block id (bounds), are empty (-inf)."""
+    qz = (t0 < 0).to(gl.int32)  # 0, but not provably: the query fragments are loaded here, not hoisted
+    ss = ()
+    for i in gl.static_range(NSUB):
+        kw = _piece(ks.index(cur + i), [NW, TW], TK, TK)
+        st = _group_scores(kc8.index(cur + i), kw, q_smem, qz, TILES, NW, TW, ROWS, H, MMA, KB, QA)
+        for t in gl.static_range(TILES):
+            s = st[t] * rfs[t]
+            if HAS_SOFTCAP:
+                s = softcap * (1.0 - 2.0 / (gl.exp2(s / softcap * (2.0 * LOG2E)) + 1.0)) * LOG2E
+            ss = ss + (s,)
+    if not whole:
+        masked = ()
+        for i in gl.static_range(NSUB):
+            ts = t0 + i * (WT * TW) + ws + ns
+            live = ts < t_hi
+            if not inside:
+                tb = gl.load(bt_row + ts // BLOCK_SIZE, mask=live, other=0)
+                live = live & (tb >= 0) & (tb < num_blocks)
+            ts3 = gl.expand_dims(ts, 1)
+            live3 = gl.expand_dims(live, 1)
+            for t in gl.static_range(TILES):
+                seen = (ts3 < lims[t]) & live3
+                if HAS_WINDOW:
+                    seen = seen & (ts3 >= firsts[t])
+                masked = masked + (gl.where(seen, ss[i * TILES + t], float("-inf")),)
+        ss = masked
+    return ss
+
+
+@gluon.jit
 def _pv_tiles(accs, vc8, vw, vtop, vexp, ps, RUN: gl.constexpr, nr, vgroup, TILES: gl.constexpr,
               NSUB: gl.constexpr, NW: gl.constexpr, TW: gl.constexpr, H: gl.constexpr, VL: gl.constexpr,
               VLW: gl.constexpr, VB: gl.constexpr, PA: gl.constexpr):
@@ -180,17 +226,19 @@ def _row_limits(tile, length, n_new, window, GQA: gl.constexpr, ROWS: gl.constex
     return lim, first
 
 
-@gluon.jit
-def uq_decode_multiquery(q_ptr, cache_ptr, bt_ptr, seqlen_ptr, qsl_ptr, sinks_ptr, out_ptr, part_ptr, ml_ptr,
-                         counter_ptr, err_ptr, scale, softcap, window, max_tokens, num_splits, num_blocks, bt_cols,
-                         stride_qn, stride_qh, stride_on, stride_oh,
-                         stride_cb, stride_ct, stride_ch, stride_btb,
-                         D: gl.constexpr, LOG2D: gl.constexpr, GQA: gl.constexpr, HK: gl.constexpr,
-                         WT: gl.constexpr, NSUB: gl.constexpr, STAGES: gl.constexpr, TW: gl.constexpr,
-                         BLOCK_SIZE: gl.constexpr, HAS_SINKS: gl.constexpr, HAS_WINDOW: gl.constexpr,
-                         HAS_SOFTCAP: gl.constexpr, TILES: gl.constexpr):
-    """Multi-query whole-page decode, grid ``(tiles / TILES, B, num_splits)``: ``TILES`` M tiles per program
-    (each run's codes decoded once for all of them); see the module docstring."""
+@gluon.jit(noinline=True)
+def _serve_piece(q_ptr, cache_ptr, bt_ptr, seqlen_ptr, qsl_ptr, sinks_ptr, out_ptr, part_ptr, ml_ptr, counter_ptr,
+                 err_ptr, scale, softcap, window, reach, max_tokens, num_requests, num_blocks, cap,
+                 stride_qn, stride_qh, stride_on, stride_oh, stride_cb, stride_ch, stride_btb,
+                 b, cs, w0, w1, total, active, pid, progs, tg,
+                 D: gl.constexpr, LOG2D: gl.constexpr, GQA: gl.constexpr, HK: gl.constexpr,
+                 WT: gl.constexpr, NSUB: gl.constexpr, STAGES: gl.constexpr, TW: gl.constexpr,
+                 BLOCK_SIZE: gl.constexpr, HAS_SINKS: gl.constexpr, HAS_WINDOW: gl.constexpr,
+                 HAS_SOFTCAP: gl.constexpr, TILES: gl.constexpr):
+    """Serve request ``b``'s piece of this program's units ``[w0, w1)`` (the request's units start at ``cs``)
+    for the ``TILES`` M tiles of tile group ``tg``: stream it through the ring, leave one partial per tile and
+    kv head in slot ``pid + b`` and, for the request's last piece (atomic ticket per tile), merge its pieces
+    into ``out``. Returns the request's end unit."""
     gl.static_assert(D == 128, "the multi-query decode: D=128 (the 16-M-row path)")
     gl.static_assert(TW == 16, "the multi-query decode: 16-token runs per warp")
     NW: gl.constexpr = gl.num_warps()
@@ -220,9 +268,10 @@ def uq_decode_multiquery(q_ptr, cache_ptr, bt_ptr, seqlen_ptr, qsl_ptr, sinks_pt
     RINT: gl.constexpr = 8 * H
     RING: gl.constexpr = gl.PaddedSharedLayout.with_identity_for([[RINT, 4 * SLOT - RINT]], [NR, RINT], [1, 0])
     FLAT: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])
-    QS: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [2, 1, 0])
+    QS: gl.constexpr = gl.SwizzledSharedLayout(8, 4, 2, [2, 1, 0])  # ldmatrix of 32-byte rows: no conflicts
     ring = gl.allocate_shared_memory(gl.int32, [STAGES * NR * (SLOT * 4)], FLAT)._reinterpret(
         gl.int32, [STAGES, NR, RINT], RING)
+    gl.thread_barrier()  # every warp is past the previous piece's shared memory use
     # K code bytes in the MMA's k order (:data:`K_ORDER`): a thread's 4 k values of a k step are 4 adjacent bytes
     PB: gl.constexpr = _slot_layout(2 * H, SLOT - 2 * H, [NW, TW, 2, H], K_ORDER)
     PV: gl.constexpr = _slot_layout(2 * H, SLOT - 2 * H, [NW, TW, 2, H // 8, 8])
@@ -238,11 +287,7 @@ def uq_decode_multiquery(q_ptr, cache_ptr, bt_ptr, seqlen_ptr, qsl_ptr, sinks_pt
     vs = words.slice((SLOT - G) // 4, 1)._reinterpret(gl.int32, [E, NW, TW, 2, SW2 // 2], PWD)
     VW: gl.constexpr = gl.SliceLayout(2, gl.SliceLayout(3, VL))  # [NW, TW] V scale words
 
-    tg = gl.program_id(0)  # M tiles tg TILES .. tg TILES + TILES - 1
-    b = gl.program_id(1)
-    sp = gl.program_id(2)
     length = gl.load(seqlen_ptr + b)
-    cap = bt_cols * BLOCK_SIZE
     q_start = gl.load(qsl_ptr + b)
     n_new = gl.load(qsl_ptr + b + 1) - q_start
     # bounds: a length outside [0, capacity] or a count outside [0, min(length, max_tokens)] is clamped,
@@ -260,10 +305,17 @@ def uq_decode_multiquery(q_ptr, cache_ptr, bt_ptr, seqlen_ptr, qsl_ptr, sinks_pt
     if HAS_WINDOW:
         lo = gl.maximum(length - n_new + tok_first + 1 - window, 0)
         lo = gl.minimum(lo, hi)
-    lo_run = (lo // TT) * TT
-    per = gl.cdiv(gl.cdiv(hi - lo_run, num_splits), TT) * TT
-    t_lo = lo_run + sp * per
-    t_hi = gl.minimum(t_lo + per, hi)
+    # the piece: the request's units [cs, ce) are its TT-token stages from its scheduled first stage (the window
+    # reach covers every row's window), this program's share of them, cut to the tiles' range [lo, hi)
+    lo_s = 0
+    if HAS_WINDOW:
+        lo_s = gl.maximum(length - reach, 0)
+    lo_s = (lo_s // TT) * TT
+    ce = cs + _units(length, reach, cap, TT, HAS_WINDOW)
+    t_lo = gl.maximum(lo_s + (gl.maximum(cs, w0) - cs) * TT, (lo // TT) * TT)
+    t_hi = gl.minimum(lo_s + (gl.minimum(ce, w1) - cs) * TT, hi)
+    p_first = _owner(cs, active, total)  # the programs holding pieces of request b: p_first .. p_first + nparts - 1
+    nparts = _owner(ce - 1, active, total) - p_first + 1
     n_it = gl.cdiv(gl.maximum(t_hi - t_lo, 0), TT)
     bt_row = bt_ptr + b.to(gl.int64) * stride_btb
 
@@ -290,6 +342,8 @@ def uq_decode_multiquery(q_ptr, cache_ptr, bt_ptr, seqlen_ptr, qsl_ptr, sinks_pt
     rfs = ()
     lims = ()
     firsts = ()
+    lim_lo = length  # the smallest row limit and the largest window start of the tiles: a stage inside both
+    first_hi = length * 0  # (and the range, and every block id good) needs no mask
     for t in gl.static_range(TILES):
         q = _fwht_rows(q_ins[t].to(gl.float32), NW, ROWS, D, LOG2D)
         if HAS_SOFTCAP:
@@ -303,6 +357,8 @@ def uq_decode_multiquery(q_ptr, cache_ptr, bt_ptr, seqlen_ptr, qsl_ptr, sinks_pt
                                  gl.SliceLayout(0, QR))
         lims = lims + (gl.expand_dims(gl.expand_dims(lim, 0), 2),)
         firsts = firsts + (gl.expand_dims(gl.expand_dims(first, 0), 2),)
+        lim_lo = gl.minimum(lim_lo, gl.min(lim, axis=0))
+        first_hi = gl.maximum(first_hi, gl.max(first, axis=0))
     # the query fragments live in shared memory (loaded per MMA): their registers go to the accumulators
     q_smem = gl.allocate_shared_memory(gl.float16, [8 * TILES, NW, ROWS, 16], QS)
     for j in gl.static_range(8 * TILES):
@@ -323,29 +379,10 @@ def uq_decode_multiquery(q_ptr, cache_ptr, bt_ptr, seqlen_ptr, qsl_ptr, sinks_pt
     for it in range(n_it):
         cur, t0 = _advance_ring(ring, it, cache_ptr, bt_row, t_lo, t_hi, stride_cb, stride_ch, inside, num_blocks,
                                 STAGES, TT, NSUB, NW, WT, SLOT, BLOCK_SIZE)
-        qz = (t0 < 0).to(gl.int32)  # 0, but not provably: the query fragments are loaded here, not hoisted
-        # scores of the stage's NSUB runs (ss[i TILES + t]), each row under its own causal limit (0 for rows
-        # past the request's tokens) and window start; tokens past the split's range, or of a bad block id
-        # (bounds), are empty; then ONE online-softmax update per tile for all of them
-        ss = ()
-        for i in gl.static_range(NSUB):
-            kw = _piece(ks.index(cur + i), [NW, TW], TK, TK)
-            ts = t0 + i * (WT * TW) + ws + ns
-            live = ts < t_hi
-            if not inside:
-                tb = gl.load(bt_row + ts // BLOCK_SIZE, mask=live, other=0)
-                live = live & (tb >= 0) & (tb < num_blocks)
-            ts3 = gl.expand_dims(ts, 1)
-            live3 = gl.expand_dims(live, 1)
-            st = _group_scores(kc8.index(cur + i), kw, q_smem, qz, TILES, NW, TW, ROWS, H, MMA, KB, QA)
-            for t in gl.static_range(TILES):
-                s = st[t] * rfs[t]
-                if HAS_SOFTCAP:
-                    s = softcap * (1.0 - 2.0 / (gl.exp2(s / softcap * (2.0 * LOG2E)) + 1.0)) * LOG2E
-                seen = (ts3 < lims[t]) & live3
-                if HAS_WINDOW:
-                    seen = seen & (ts3 >= firsts[t])
-                ss = ss + (gl.where(seen, s, float("-inf")),)
+        whole = inside & (t0 >= first_hi) & (t0 + TT <= gl.minimum(lim_lo, t_hi))
+        ss = _stage_scores(kc8, ks, q_smem, cur, t0, t_hi, ws, ns, inside, bt_row, num_blocks, rfs, lims,
+                           firsts, softcap, whole, TILES, NSUB, NW, WT, TW, ROWS, H, BLOCK_SIZE, HAS_SOFTCAP,
+                           HAS_WINDOW, MMA, KB, QA, TK)
         ps, alphas, m_is, l_is = _online_update(ss, m_is, l_is, TILES, NSUB, 2)  # ps[t NSUB + i]
 
         # V: scale word per token, one reference exponent per warp (all tiles) from the largest contribution
@@ -395,25 +432,26 @@ def uq_decode_multiquery(q_ptr, cache_ptr, bt_ptr, seqlen_ptr, qsl_ptr, sinks_pt
         acc_o = accs[2 * t + 1]
         m_i = m_is[t]
         l_i = l_is[t]
-        pair0 = (b * gl.num_programs(0) * TILES + tile) * HK
+        pair0 = (b * gl.num_programs(0) * TILES + tile) * HK  # the (tile, request) ticket's kv heads
+        slot0 = tile * (progs + num_requests) + pid + b  # this piece's partial slot of the tile
         # ---- the program's partial of each kv head (its WT token groups combined) to the workspace
         acc_c, m_c, l_c = _combine_token_groups(_partial_rows((acc_e * f, acc_o * f), 2, NW, ROWS, D, False), m_i,
                                                 l_i, HK, WT, ROWS, D, EP)
         ph = _iota3(HK, 0, P3)
         pr = _iota3(ROWS, 1, P3)
         pc = _iota3(D, 2, P3)
-        pslot = (((pair0 + ph) * num_splits + sp) * WT).to(gl.int64)
+        pslot = ((slot0 * HK + ph) * WT).to(gl.int64)
         gl.store(part_ptr + pslot * (ROWS * D) + pr * D + pc, acc_c, mask=(pr >= 0) & (pc >= 0) & (ph >= 0))
         ph2 = gl.expand_dims(gl.arange(0, HK, gl.SliceLayout(1, P2)), 1)
         pr2 = gl.expand_dims(gl.arange(0, ROWS, gl.SliceLayout(0, P2)), 0)
-        mlp = ml_ptr + (((pair0 + ph2) * num_splits + sp) * WT).to(gl.int64) * (2 * ROWS) + pr2
+        mlp = ml_ptr + ((slot0 * HK + ph2) * WT).to(gl.int64) * (2 * ROWS) + pr2
         mlmask = (pr2 >= 0) & (ph2 >= 0)
         gl.store(mlp, m_c, mask=mlmask)
         gl.store(mlp + ROWS, l_c, mask=mlmask)
         gl.thread_barrier()
         ticket = gl.atomic_add(counter_ptr + pair0, 1)
-        if ticket == num_splits - 1:
-            # ---- last program of this (tile, request): merge every head's partials, fold the sinks
+        if ticket == nparts - 1:
+            # ---- last piece of this (tile, request): merge every head's partials, fold the sinks
             mh = _iota3(HK, 0, ML)
             mr = _iota3(ROWS, 1, ML)
             mc = _iota3(D, 2, ML)
@@ -422,16 +460,17 @@ def uq_decode_multiquery(q_ptr, cache_ptr, bt_ptr, seqlen_ptr, qsl_ptr, sinks_pt
             acc = gl.zeros([HK, ROWS, D], gl.float32, ML)
             m_a = gl.full([HK, ROWS], float("-inf"), gl.float32, M2)
             l_a = gl.zeros([HK, ROWS], gl.float32, M2)
-            for s0 in range(0, num_splits, MERGE):
+            for s0 in range(0, nparts, MERGE):
                 accs2 = ()
                 ms2 = ()
                 ls2 = ()
                 for k in gl.static_range(MERGE):
                     s = s0 + k
-                    src3 = (((pair0 + mh) * num_splits + s) * WT).to(gl.int64)
-                    src2 = (((pair0 + mh2) * num_splits + s) * WT).to(gl.int64)
-                    live3 = (s < num_splits) & (mr >= 0) & (mc >= 0) & (mh >= 0)
-                    live2 = (s < num_splits) & (mr2 >= 0) & (mh2 >= 0)
+                    src = tile * (progs + num_requests) + p_first + s + b
+                    src3 = ((src * HK + mh) * WT).to(gl.int64)
+                    src2 = ((src * HK + mh2) * WT).to(gl.int64)
+                    live3 = (s < nparts) & (mr >= 0) & (mc >= 0) & (mh >= 0)
+                    live2 = (s < nparts) & (mr2 >= 0) & (mh2 >= 0)
                     accs2 = accs2 + (gl.load(part_ptr + src3 * (ROWS * D) + mr * D + mc, mask=live3, other=0.0,
                                              cache_modifier=".cg"),)
                     ms2 = ms2 + (gl.load(ml_ptr + src2 * (2 * ROWS) + mr2, mask=live2, other=float("-inf"),
@@ -450,3 +489,37 @@ def uq_decode_multiquery(q_ptr, cache_ptr, bt_ptr, seqlen_ptr, qsl_ptr, sinks_pt
             optr = out_ptr + orow + (mh * GQA + flat3 % GQA) * stride_oh + mc
             gl.store(optr, o.to(out_ptr.dtype.element_ty), mask=(flat3 // GQA < n_new) & (mc >= 0) & (mh >= 0))
             gl.atomic_xchg(counter_ptr + pair0, 0)
+    return ce
+
+
+@gluon.jit
+def uq_decode_multiquery(q_ptr, cache_ptr, bt_ptr, seqlen_ptr, qsl_ptr, sinks_ptr, out_ptr, part_ptr, ml_ptr,
+                         counter_ptr, err_ptr, scale, softcap, window, max_tokens, num_requests, num_blocks, bt_cols,
+                         stride_qn, stride_qh, stride_on, stride_oh,
+                         stride_cb, stride_ct, stride_ch, stride_btb,
+                         D: gl.constexpr, LOG2D: gl.constexpr, GQA: gl.constexpr, HK: gl.constexpr,
+                         WT: gl.constexpr, NSUB: gl.constexpr, STAGES: gl.constexpr, TW: gl.constexpr,
+                         BLOCK_SIZE: gl.constexpr, HAS_SINKS: gl.constexpr, HAS_WINDOW: gl.constexpr,
+                         HAS_SOFTCAP: gl.constexpr, TILES: gl.constexpr, MIN_TOKENS: gl.constexpr):
+    """Multi-query whole-page decode, grid ``(tile groups, programs)``: ``TILES`` M tiles per program (each
+    run's codes decoded once for all of them) over the whole-page decode's balanced schedule of the batch
+    (:func:`~.decode_wholepage._schedule`, per tile group); see the module docstring."""
+    TT: gl.constexpr = NSUB * WT * TW
+    MIN_UNITS: gl.constexpr = max(1, MIN_TOKENS // TT)
+    tg = gl.program_id(0)  # M tiles tg TILES .. tg TILES + TILES - 1
+    pid = gl.program_id(1)
+    progs = gl.num_programs(1)
+    cap = bt_cols * BLOCK_SIZE
+    reach = 0  # how far below a request's length its rows' windows reach: every row's window start is inside
+    if HAS_WINDOW:
+        reach = gl.minimum(window, cap) + max_tokens
+    total, active, w0, w1, b_first, cs, b_last = _schedule(seqlen_ptr, num_requests, reach, cap, pid, progs, TT,
+                                                           HAS_WINDOW, MIN_UNITS, HK * WT)
+    # one noinline call per piece, as the whole-page decode (ptxas schedules the stage loop as in a one-piece kernel)
+    for b in range(b_first, b_last + 1):
+        cs = _serve_piece(q_ptr, cache_ptr, bt_ptr, seqlen_ptr, qsl_ptr, sinks_ptr, out_ptr, part_ptr, ml_ptr,
+                          counter_ptr, err_ptr, scale, softcap, window, reach, max_tokens, num_requests, num_blocks,
+                          cap, stride_qn, stride_qh, stride_on, stride_oh, stride_cb, stride_ch, stride_btb,
+                          b, cs, w0, w1, total, active, pid, progs, tg,
+                          D, LOG2D, GQA, HK, WT, NSUB, STAGES, TW, BLOCK_SIZE, HAS_SINKS, HAS_WINDOW, HAS_SOFTCAP,
+                          TILES)
