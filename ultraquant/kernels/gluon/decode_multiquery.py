@@ -160,9 +160,10 @@ def _stage_scores(kc8, ks, q_smem, cur, t0, t_hi, ws, ns, inside, bt_row, num_bl
                   HAS_SOFTCAP: gl.constexpr, HAS_WINDOW: gl.constexpr, MMA: gl.constexpr, KB: gl.constexpr,
                   QA: gl.constexpr, TK: gl.constexpr):
     """Scores (log2 units) of the ``NSUB`` runs of the stage at ring entry ``cur`` (tokens from ``t0``), for each
-    tile (``ss[i TILES + t]``). Unless the stage is ``whole`` (every token visible to every row: the loop's
-    interior), each row under its own causal limit (0 for rows past the request's tokens) and window start;
-    tokens past the range's end ``t_hi``, or of a bad block id (bounds), are empty (-inf)."""
+    tile (``ss[i TILES + t]``). Unless the stage is ``whole`` (every token visible to every real row: the loop's
+    interior; padding rows' outputs are never stored), each row under its own causal limit (0 for rows past
+    the request's tokens) and window start; tokens past the range's end ``t_hi``, or of a bad block id
+    (bounds), are empty (-inf)."""
     qz = (t0 < 0).to(gl.int32)  # 0, but not provably: the query fragments are loaded here, not hoisted
     ss = ()
     for i in gl.static_range(NSUB):
@@ -342,8 +343,11 @@ def _serve_piece(q_ptr, cache_ptr, bt_ptr, seqlen_ptr, qsl_ptr, sinks_ptr, out_p
     rfs = ()
     lims = ()
     firsts = ()
-    lim_lo = length  # the smallest row limit and the largest window start of the tiles: a stage inside both
-    first_hi = length * 0  # (and the range, and every block id good) needs no mask
+    # the smallest limit of the tiles' real rows (limit >= 1; padding rows have 0, their outputs are never
+    # stored, so they need no mask) and the largest window start: a stage inside both (and the range, with
+    # every block id good) needs no mask
+    lim_lo = length
+    first_hi = length * 0
     for t in gl.static_range(TILES):
         q = _fwht_rows(q_ins[t].to(gl.float32), NW, ROWS, D, LOG2D)
         if HAS_SOFTCAP:
@@ -357,7 +361,7 @@ def _serve_piece(q_ptr, cache_ptr, bt_ptr, seqlen_ptr, qsl_ptr, sinks_ptr, out_p
                                  gl.SliceLayout(0, QR))
         lims = lims + (gl.expand_dims(gl.expand_dims(lim, 0), 2),)
         firsts = firsts + (gl.expand_dims(gl.expand_dims(first, 0), 2),)
-        lim_lo = gl.minimum(lim_lo, gl.min(lim, axis=0))
+        lim_lo = gl.minimum(lim_lo, gl.min(gl.where(lim > 0, lim, length), axis=0))
         first_hi = gl.maximum(first_hi, gl.max(first, axis=0))
     # the query fragments live in shared memory (loaded per MMA): their registers go to the accumulators
     q_smem = gl.allocate_shared_memory(gl.float16, [8 * TILES, NW, ROWS, 16], QS)
