@@ -216,13 +216,11 @@ SPILLS_ALLOWED: tuple[SpillAllowance, ...] = (
                    "ptxas spills of prefill on sm_90 at 255 registers: 64-256 B per thread measured", 1024),
     SpillAllowance(("decode_attention_wholepage",),
                    lambda c, a: True,
-                   "the whole-page decode with 1-2 kv heads and GQA 5-16: 8-80 B measured, outside the hot loop but "
-                   "for a few loads (the last program's merge, whose layout replicates a partial at 1 kv head); the "
-                   "16-row (m16) path at GQA 9-16 with 4 kv heads: 32 B, 4-5 local loads in a 3333-instruction loop "
-                   "(tools/wholepage_sass.py); GQA 9-16 as two 8-row groups in N (the routed path since issue 24 "
-                   "session 2): 0-40 B at block 16; the balanced-schedule kernel (255 registers) also 8 B at 1 kv "
-                   "head GQA 4 and 48 B at 4 kv heads GQA 5 with sinks + window (found by MATRIX=cover 2026-12-02; "
-                   "register pressure is issue 24's open item)", 512),
+                   "the whole-page decode with 1-2 kv heads and GQA 5-16: 8-80 B measured, outside the hot loop; "
+                   "the 16-row (m16) path at GQA 9-16 with 4 kv heads: 32 B, 4-5 local loads in a 3333-instruction "
+                   "loop (tools/wholepage_sass.py); GQA 9-16 as two 8-row groups in N (the routed path): 0-40 B at "
+                   "block 16; at 255 registers also 8 B at 1 kv head GQA 4 and 48 B at 4 kv heads GQA 5 with "
+                   "sinks + window (MATRIX=cover, 2026-12-02)", 512),
     SpillAllowance(("spec_decode_attention",),
                    lambda c, a: True,
                    "the multi-query decode (16-row path at 255 registers), one M tile per program: 0-48 B measured "

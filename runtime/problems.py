@@ -267,7 +267,8 @@ def _decode_check(kernel: Kernel, spec: Specialization, dev: Device, lens: list[
 def decode_multiquery_problem(kernel: Kernel, spec: Specialization, dev: Device) -> tuple[bool, str]:
     """A speculative-decoding step over a head-major copy of a paged cache: 4 requests (1100, 5, 45, 30
     tokens) x the blob's kv heads with 8, 5, 1 and 0 new tokens (ragged; two M tiles at GQA >= 3), their
-    K/V in the cache; the longest takes several splits. Block-scaled query, weighted keys."""
+    K/V in the cache; the longest spans several pieces of the balanced schedule. Block-scaled query, weighted
+    keys."""
     from ultraquant.kernels.families.decode_multiquery import plan_decode_multiquery
 
     c, gen = spec.constexprs, _gen()
