@@ -243,6 +243,15 @@ def _merge_factors(m, m2):
             fx.Vector.from_elements([a2] * MFMA_K, dtype=fx.Float32))
 
 
+def _phase_fence():
+    """``s_sched_barrier 0`` (``llvm.amdgcn.sched.barrier``): LLVM's scheduler moves nothing across it.
+    The loop without software pipelining has one between the tile's loads and its QK and one between
+    QK and the softmax, so every load of a tile issues before the first wait on any of them (one
+    memory round trip per tile). Without them LLVM sank some V byte loads past the softmax in some
+    blobs and not in others (a second round trip; docs/flydsl.md)."""
+    rocdl.sched_barrier(0)
+
+
 def _mfma(a, b, c):
     return fx.Vector(rocdl.mfma_f32_16x16x16bf16_1k(T.vec(4, T.f32), [a, b, c, 0, 0, 0]))
 
@@ -556,6 +565,7 @@ def build_decode(cfg: DecodeConfig, arch: str, *, name: str, query_dtype: str = 
                     nxt = fetch(tile_next, True, *fetch_args)
             else:
                 cur, nxt = fetch(tile, True, *fetch_args), []
+                _phase_fence()
             t0 = tile * TILE
             # a block id outside the cache: an empty tile, counted (error word after the loop)
             page_ok = cur[-1] != 0
@@ -583,6 +593,8 @@ def build_decode(cfg: DecodeConfig, arch: str, *, name: str, query_dtype: str = 
                     part = _mfma_f16(a_ops[1], q16[q // 4][q % 4][1], part)
                     acc = fx.Vector(fx.math.fma(part, _scale_vec([tok_vals[i][0] for i in range(MFMA_K)], q), acc))
 
+            if const_expr(not pipelined):
+                _phase_fence()
             # ---- 3. scores S^T[4g+i][r], mask, online softmax (log2 units)
             sc = []
             for i in range_constexpr(MFMA_K):
