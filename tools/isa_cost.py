@@ -256,7 +256,7 @@ def blobs(generated: list[Path], out: Path) -> list[dict]:
                    "bound": {k: v["bound"] for k, v in est.items()},
                    "cycles_per_tile": {k: round(v["cycles_per_tile"], 1) for k, v in est.items()},
                    "issue_bound_cycles": e1["issue_bound_cycles_all_waves"],
-                   "loads_after_first_wait": loads_after_first_wait(ops),
+                   "loads_after_first_wait": None if e["isa"]["pipelined"] else loads_after_first_wait(ops),
                    "bytes_in_flight_per_cu": e1["bytes_in_flight_per_cu_max"]}
             if gate:
                 row["gate_tbs"] = gate
@@ -265,8 +265,9 @@ def blobs(generated: list[Path], out: Path) -> list[dict]:
             print(f"{arch} {e['kernel']} D={c['head_size']} GQA={c['gqa']} {feats}: {res['vgpr']} VGPR, "
                   f"{e1['waves_per_simd']} waves, loop VALU {e1['census']['classes'].get('valu')}, "
                   f"{row['estimate_tbs']['1000ns']:.2f} TB/s at 1 us ({e1['bound']}), "
-                  f"{row['estimate_tbs']['500ns']:.2f} at 0.5 us, {row['loads_after_first_wait']} loads after the "
-                  "first wait" + (f"; gate {gate}" if gate else ""), flush=True)
+                  f"{row['estimate_tbs']['500ns']:.2f} at 0.5 us"
+                  + ("" if e["isa"]["pipelined"] else f", {row['loads_after_first_wait']} loads after the first wait")
+                  + (f"; gate {gate}" if gate else ""), flush=True)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"model": "codegen/cost_model.py (flydsl_estimate)",
                                "blobs_from": [str(g) for g in generated],
