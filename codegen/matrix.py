@@ -178,9 +178,10 @@ SKIPS: tuple[Skip, ...] = (
          "block size must be a power of two (Triton tiles are powers of two)"),
     Skip(("decode_attention_wholepage",), lambda c, a: wholepage_family.unsupported(c),
          "outside the whole-page decode's rule (its family's unsupported() gives the exact reason)"),
-    Skip(("decode_attention_flydsl",), lambda c, a: a == "gfx950" and c.get("head_size") == 512,
-         "the gfx942-style FlyDSL decode on gfx950 at D=512 spills 2 VGPRs in some configs (GQA 1 window, "
-         "GQA 16; found by MATRIX=cover 2026-12-02); the gfx950 row decode_attention_flydsl_mx serves them first"),
+    Skip(("decode_attention_flydsl_mx",), lambda c, a: c.get("head_size") == 512,
+         "on gfx950 at D=512 the fp16 FlyDSL decode (decode_attention_flydsl, V through LDS) serves instead: ISA "
+         "cost model 3.88-3.95 TB/s (2.82-2.85 where its pipelined build spills and falls back) vs 1.82-3.45 for "
+         "the mx blob, fp16 >= mx in 32 of 36 GQA x feature configs (results/isa_cost_gfx950_d512_2026-12-03.json)"),
     Skip(("spec_decode_attention",), lambda c, a: multiquery_family.unsupported(c),
          "outside the multi-query decode's rule (its family's unsupported() gives the exact reason)"),
     Skip(("decode_attention_flydsl", "decode_attention_flydsl_mx"), lambda c, a: flydsl_family.unsupported(c),

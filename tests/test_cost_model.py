@@ -102,3 +102,36 @@ def test_calibration_record_is_consistent() -> None:
         within += abs(err) <= 0.25
     assert within == cal["within_gate"] and cal["gate_met"] == (within >= 6)
     assert len({tuple(r["lens"]) for r in measured["rows"] if len(set(r["lens"])) > 1}) >= 2  # ragged batches
+
+
+def _isa_cost_tool():
+    import importlib.util
+
+    path = Path(__file__).resolve().parents[1] / "tools" / "isa_cost.py"
+    spec = importlib.util.spec_from_file_location("isa_cost_tool", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _amd_loop(lines: list[str]) -> list[cm.Op]:
+    rows = ["0000000000001000 <k>:"]
+    for i, line in enumerate(lines):
+        rows.append(f"\t{line:58s}// {0x1000 + 4 * i:012X}: DEADBEEF")
+    rows.append(f"\ts_cbranch_scc1 65530{'':38s}// {0x1000 + 4 * len(lines):012X}: BF85FFFA <k+0x0>")
+    return cm.parse_amdgpu("\n".join(rows))
+
+
+def test_loads_after_first_wait_counts_a_second_round_trip() -> None:
+    """The tool's schedule check: the block-table entry (waited for with vmcnt(0) before any other
+    load) is not a tile load; a tile load issued after the first wait on the tile's loads is."""
+    tool = _isa_cost_tool()
+    head = ["global_load_dword v9, v8, s[2:3]", "s_waitcnt vmcnt(0)",
+            "global_load_dword v0, v[4:5], off", "global_load_ubyte v1, v[4:5], off offset:68"]
+    mfma = "v_mfma_f32_16x16x16_f16 v[0:3], v[0:1], v[2:3], 0"
+    one_trip = head + ["global_load_ubyte v2, v[6:7], off offset:68", "s_waitcnt vmcnt(1)", mfma,
+                       "s_waitcnt vmcnt(0)", "v_add_f32_e32 v1, v2, v3"]
+    two_trips = head + ["s_waitcnt vmcnt(1)", mfma, "global_load_ubyte v2, v[6:7], off offset:68",
+                        "s_waitcnt vmcnt(0)", "v_add_f32_e32 v1, v2, v3"]
+    assert tool.loads_after_first_wait(_amd_loop(one_trip)) == 0
+    assert tool.loads_after_first_wait(_amd_loop(two_trips)) == 1

@@ -205,6 +205,25 @@ def flydsl(out: Path, budgets: bool = False) -> list[dict]:
     return rows
 
 
+def loads_after_first_wait(ops: list[cm.Op]) -> int:
+    """Tile loads of the hot loop issued after the loop first waits for one (``s_waitcnt vmcnt``): 0 is
+    one memory round trip per tile, more is a second one the waves must hide. The loop's leading index
+    loads (the block-table entry: each waited for with ``vmcnt(0)`` before the next load) are not tile
+    loads. Meant for the loop without software pipelining (a pipelined loop's loads are the next tile's)."""
+    body = cm.hot_loop(ops)
+    loads = [i for i, o in enumerate(body) if o.sets == "vm" and o.opcode.startswith(("global_load", "buffer_load"))]
+    tile = list(loads)
+    while tile:
+        nxt = next((o for o in body[tile[0] + 1:] if o.sets == "vm" or "vm" in o.waitcnt), None)
+        if nxt is None or nxt.waitcnt.get("vm") != 0:
+            break
+        tile.pop(0)
+    if not tile:
+        return 0
+    first_wait = next((i for i in range(tile[0], len(body)) if "vm" in body[i].waitcnt), len(body))
+    return sum(i > first_wait for i in tile)
+
+
 def blobs(generated: list[Path], out: Path) -> list[dict]:
     """Estimate every FlyDSL decode blob of built arch folders (``make kernels`` / ``ultraquant build``
     output: ``<dir>/manifest.json``) on its GPU at 1 us and 0.5 us loaded latency, with the gate of
@@ -237,6 +256,7 @@ def blobs(generated: list[Path], out: Path) -> list[dict]:
                    "bound": {k: v["bound"] for k, v in est.items()},
                    "cycles_per_tile": {k: round(v["cycles_per_tile"], 1) for k, v in est.items()},
                    "issue_bound_cycles": e1["issue_bound_cycles_all_waves"],
+                   "loads_after_first_wait": None if e["isa"]["pipelined"] else loads_after_first_wait(ops),
                    "bytes_in_flight_per_cu": e1["bytes_in_flight_per_cu_max"]}
             if gate:
                 row["gate_tbs"] = gate
@@ -245,7 +265,9 @@ def blobs(generated: list[Path], out: Path) -> list[dict]:
             print(f"{arch} {e['kernel']} D={c['head_size']} GQA={c['gqa']} {feats}: {res['vgpr']} VGPR, "
                   f"{e1['waves_per_simd']} waves, loop VALU {e1['census']['classes'].get('valu')}, "
                   f"{row['estimate_tbs']['1000ns']:.2f} TB/s at 1 us ({e1['bound']}), "
-                  f"{row['estimate_tbs']['500ns']:.2f} at 0.5 us" + (f"; gate {gate}" if gate else ""), flush=True)
+                  f"{row['estimate_tbs']['500ns']:.2f} at 0.5 us"
+                  + ("" if e["isa"]["pipelined"] else f", {row['loads_after_first_wait']} loads after the first wait")
+                  + (f"; gate {gate}" if gate else ""), flush=True)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"model": "codegen/cost_model.py (flydsl_estimate)",
                                "blobs_from": [str(g) for g in generated],

@@ -415,6 +415,8 @@ class Wave:
             env[ins.outs[1]] = np.ones(self.n, dtype=np.int64)
         elif name == "gpu.barrier":
             pass  # the workgroup's lanes run in lockstep: every barrier is already satisfied
+        elif name == "rocdl.sched.barrier":
+            pass  # an instruction-scheduling fence: no effect on values
         elif name == "llvm.mlir.addressof":
             env[out] = np.full(self.n, self.shared[at["sym"]], dtype=np.int64)
         elif name == "rocdl.readfirstlane":

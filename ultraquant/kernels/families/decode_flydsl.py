@@ -30,8 +30,9 @@ WAVES_BY_HEAD_SIZE = {128: 4, 256: 4, 512: 1}
 """Preferred waves per workgroup: they share a split's tiles round robin and fold their states through
 LDS, so the split-KV plan's grid (programs of 4 warps) yields as many waves with either blob. D=512
 keeps one: its 128-float accumulator leaves no registers for the fold (and registers allow only one
-wave per SIMD anyway). A preferred count whose blob would spill falls back to one wave (measured:
-gfx950 at D=256 with GQA < 16); the manifest's ``launch`` threads record what was built."""
+wave per SIMD anyway). A preferred count whose blob would spill falls back to one wave (none of the
+D=128/256 blobs built since the loop's scheduling fences do; before them 5 of the 6 gfx950 D=128
+GQA-8 configs did); the manifest's ``launch`` threads record what was built."""
 
 
 def waves_for(head_size: int) -> int:

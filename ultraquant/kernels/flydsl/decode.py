@@ -243,6 +243,15 @@ def _merge_factors(m, m2):
             fx.Vector.from_elements([a2] * MFMA_K, dtype=fx.Float32))
 
 
+def _phase_fence():
+    """``s_sched_barrier 0`` (``llvm.amdgcn.sched.barrier``): LLVM's scheduler moves nothing across it.
+    The loop without software pipelining (below D=512) has one between the tile's loads and its QK
+    and one between QK and the softmax, so every load of a tile issues before the first wait on any
+    of them (one memory round trip per tile). Without them LLVM sank some V loads past the softmax
+    in some blobs and not in others (a second round trip; docs/flydsl.md)."""
+    rocdl.sched_barrier(0)
+
+
 def _mfma(a, b, c):
     return fx.Vector(rocdl.mfma_f32_16x16x16bf16_1k(T.vec(4, T.f32), [a, b, c, 0, 0, 0]))
 
@@ -332,6 +341,9 @@ def build_decode(cfg: DecodeConfig, arch: str, *, name: str, query_dtype: str = 
     # pipelined loop: also carry the entry of the tile after next (below D=512: at 512 its register
     # makes the mx loop spill)
     ahead = pipelined and D < 512
+    # the loop without software pipelining keeps its tile's loads, QK and softmax + PV apart
+    # (_phase_fence); at D=512 that loop is only the spill fallback, and fenced it spilled (mx, GQA 16 + sinks)
+    fenced = not pipelined and D < 512
 
     def page_entry(tile, bt_ptr, bt_row, lane_zero=None):
         """The block-table entry of a tile (one load; the software-pipelined loop issues it a tile early).
@@ -556,6 +568,8 @@ def build_decode(cfg: DecodeConfig, arch: str, *, name: str, query_dtype: str = 
                     nxt = fetch(tile_next, True, *fetch_args)
             else:
                 cur, nxt = fetch(tile, True, *fetch_args), []
+                if const_expr(fenced):
+                    _phase_fence()
             t0 = tile * TILE
             # a block id outside the cache: an empty tile, counted (error word after the loop)
             page_ok = cur[-1] != 0
@@ -583,6 +597,8 @@ def build_decode(cfg: DecodeConfig, arch: str, *, name: str, query_dtype: str = 
                     part = _mfma_f16(a_ops[1], q16[q // 4][q % 4][1], part)
                     acc = fx.Vector(fx.math.fma(part, _scale_vec([tok_vals[i][0] for i in range(MFMA_K)], q), acc))
 
+            if const_expr(fenced):
+                _phase_fence()
             # ---- 3. scores S^T[4g+i][r], mask, online softmax (log2 units)
             sc = []
             for i in range_constexpr(MFMA_K):
