@@ -25,6 +25,8 @@ fp16 path (``uq_decode_flydsl``, both arches):
   ``16q + r`` of each of its tokens 4g+i, the four bytes make one code word, nibble h feeds MFMA
   2q + h; V's group scale is folded into P (fp16, :data:`PV_TOKENS` order). Lane (r, g) ends up with
   ``O[r][out_dim(q, h, g, i)]``: runs of 8 d at 32q + 8g.
+- D=64: the same with two scale groups; a lane holds half a query chunk
+  (:attr:`DecodeConfig.chunk_elems`) and a token's scale bytes are half words (:func:`scale_words`).
 gfx950 mx path (``uq_decode_flydsl_mx``): K as the scaled MFMA's FP4 operand (lane g's contiguous
 32-run of chunk c, :func:`k_code_offset`), the query in the FP8 map; PV rows ``d = (D/16) m + nb``
 (:func:`v_dim`), V through the hardware FP4 -> bf16 conversion, bf16 P.
