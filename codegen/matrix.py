@@ -182,6 +182,9 @@ SKIPS: tuple[Skip, ...] = (
          "on gfx950 at D=512 the fp16 FlyDSL decode (decode_attention_flydsl, V through LDS) serves instead: ISA "
          "cost model 3.88-3.95 TB/s (2.82-2.85 where its pipelined build spills and falls back) vs 1.82-3.45 for "
          "the mx blob, fp16 >= mx in 32 of 36 GQA x feature configs (results/isa_cost_gfx950_d512_2026-12-03.json)"),
+    Skip(("decode_attention_flydsl_mx",), lambda c, a: c.get("head_size", 128) < flydsl_family.MX_MIN_HEAD_SIZE,
+         "the scaled MFMA of the mx FlyDSL decode contracts 128 head-dim elements per instruction; below 128 "
+         "the fp16 FlyDSL decode (decode_attention_flydsl) serves"),
     Skip(("spec_decode_attention",), lambda c, a: multiquery_family.unsupported(c),
          "outside the multi-query decode's rule (its family's unsupported() gives the exact reason)"),
     Skip(("decode_attention_flydsl", "decode_attention_flydsl_mx"), lambda c, a: flydsl_family.unsupported(c),

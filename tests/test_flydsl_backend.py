@@ -30,7 +30,7 @@ def test_spec_is_the_triton_decode_renamed():
 
 
 @pytest.mark.parametrize("bad, why", [
-    ({"head_size": 64}, "head sizes"), ({"head_size": 1024}, "head sizes"), ({"gqa": 17}, "query heads"),
+    ({"head_size": 32}, "head sizes"), ({"head_size": 1024}, "head sizes"), ({"gqa": 17}, "query heads"),
     ({"block_size": 8}, "multiple of 16"), ({"block_size": 24}, "multiple of 16"),
     ({"query_dtype": "fp32"}, "bf16/fp16"),
 ])
@@ -40,6 +40,24 @@ def test_unsupported_configs_say_why(bad, why):
     with pytest.raises(UltraQuantError, match="config"):
         fam.decode_flydsl_spec(**cfg)
     assert fam.unsupported({**CONFIG, "block_size": 48, "gqa": 6}) == ""
+
+
+def test_head_size_64_is_built_on_the_fp16_path_only():
+    """D=64 (gpt-oss, SmolLM2): the fp16 decode serves it (D/8 MFMAs per tile, 4 waves); the mx
+    decode's scaled MFMA contracts 128 K, so its row skips D=64 with that reason."""
+    from ultraquant.codegen import matrix
+
+    cfg = {**CONFIG, "head_size": 64}
+    assert fam.unsupported(cfg) == "" and fam.decode_flydsl_spec(**cfg).num_warps == 4
+    with pytest.raises(UltraQuantError, match="head_size >= 128"):
+        fam.decode_flydsl_mx_spec(**cfg)
+    assert isa.expected_mfma("gfx942", 64) == {isa.F16_MFMA: 8}
+    assert isa.expected_mfma("gfx942", 128) == {isa.F16_MFMA: 16}
+    sel = matrix.Selection(head_sizes=(64,), gqa=(8,), block_sizes=(16,))
+    rows = [r for r in matrix.OPS if r.op in (fb.OP, fb.OP_MX)]
+    built, skipped = matrix.expand(rows, sel, "gfx950", ["flydsl"])
+    assert {p.row.op for p in built} == {fb.OP} and len(built) == 6
+    assert {s["op"] for s in skipped} == {fb.OP_MX} and all("128 head-dim elements" in s["reason"] for s in skipped)
 
 
 def test_mx_variant_is_its_own_key_with_the_same_launch():
@@ -118,6 +136,7 @@ def _toolchain_or_skip(arch: str) -> None:
     ("gfx950", {"head_size": 256, "gqa": 16, "block_size": 64, "has_sinks": True, "has_window": True,
                 "has_softcap": True}, False),
     ("gfx950", {"head_size": 128, "gqa": 4, "block_size": 32, "has_window": True}, True),
+    ("gfx942", {"head_size": 64, "gqa": 8, "block_size": 16, "has_sinks": True, "has_window": True}, False),
 ])
 def test_offline_compile_in_a_subprocess(arch, cfg, mx, tmp_path: Path):
     _toolchain_or_skip(arch)

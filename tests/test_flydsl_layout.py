@@ -34,7 +34,7 @@ def test_mfma_emulation_is_a_matmul(fmt):
     torch.testing.assert_close(d, expect[td[..., 0], td[..., 1]], rtol=1e-6, atol=1e-6)
 
 
-@pytest.mark.parametrize("d", [128, 256, 512])
+@pytest.mark.parametrize("d", [64, 128, 256, 512])
 def test_fp16_qk_pairs_each_k_code_with_its_query_element(d):
     """fp16 path: lane group g's code word of scale group q covers d = 32q + 8g + e (code e is nibble
     e % 2 of byte e // 2, docs/format.md), and the query element the kernel pairs with code e in MFMA
@@ -79,7 +79,7 @@ def test_staged_v_words_are_the_bytes_v_byte_offset_names(d):
     assert all(b >= v_codes for _, b in written.values())
 
 
-@pytest.mark.parametrize("d", [128, 256, 512])
+@pytest.mark.parametrize("d", [64, 128, 256, 512])
 def test_fp16_pv_rows_lie_in_one_scale_group(d):
     """fp16 path: the 16 rows of PV MFMA 2q + h are d = 32q + 2m + h (one V scale group, so the scale
     folds into P), row m reads nibble h of V byte 16q + m, and a lane row's outputs cover the head once."""
@@ -96,6 +96,22 @@ def test_fp16_pv_rows_lie_in_one_scale_group(d):
     outs = sorted(lay.out_dim(q, h, g, i) for q in range(d // 32) for h in range(2) for g in range(4)
                   for i in range(4))
     assert outs == list(range(d))
+
+
+@pytest.mark.parametrize("d", [64, 128, 256, 512])
+def test_scale_words_are_aligned_inside_the_slot_and_hold_the_scale_bytes(d):
+    """fp16 path: a token's K and V scale bytes are loaded as aligned 32-bit words that stay inside
+    its slot (at D=64 the 2 bytes are half a word, the V scales the slot's last half word), and byte
+    ``first + q`` of those words is the field's byte q."""
+    size = slot_size(d)
+    assert size % 4 == 0
+    for field in (lay.k_scales_offset(d), lay.v_scales_offset(d)):
+        start, words, first = lay.scale_words(d, field)
+        assert start % 4 == 0 and start + 4 * words <= size and start + first == field
+        assert first + d // 32 <= 4 * words
+        slot = torch.randint(0, 256, (size,), dtype=torch.int64, generator=torch.Generator().manual_seed(d))
+        w = [int(sum(int(slot[start + 4 * k + j]) << (8 * j) for j in range(4))) for k in range(words)]
+        assert [lay.scale_byte(w, first + q) for q in range(d // 32)] == slot[field : field + d // 32].tolist()
 
 
 @pytest.mark.parametrize("d", [128, 256, 512])
@@ -131,14 +147,18 @@ def test_fp4_bf16_bits_match_the_reference_decoder():
     assert torch.equal(one.double()[keep], exact[keep]) and torch.all(one[~keep] == 0)
 
 
-@pytest.mark.parametrize("qmap", [lay.QUERY_MAP, om.FP8], ids=["fp16", "fp8"])
-@pytest.mark.parametrize("d", [128, 256, 512])
-def test_query_rotation_in_lane_layout_is_hadamard(d, qmap):
+@pytest.mark.parametrize("qmap, d", [(qmap, d) for qmap in (lay.QUERY_MAP, om.FP8) for d in (128, 256, 512)]
+                         + [(lay.QUERY_MAP, 64)], ids=lambda x: x if isinstance(x, int) else x.fmt)
+def test_query_rotation_in_lane_layout_is_hadamard(qmap, d):
+    """Also D=64 (fp16 path): one half chunk, 16 elements per lane, six butterflies."""
     g = torch.Generator().manual_seed(d)
     q = torch.randn(16, d, generator=g)
     r = LANES % 16
-    dims = lay.query_dim(qmap, torch.arange(d // 128)[None, :, None], LANES[:, None, None],
-                         torch.arange(32)[None, None, :])
+    cfg = lay.DecodeConfig(d)
+    dims = lay.query_dim(qmap, torch.arange(cfg.chunks)[None, :, None], LANES[:, None, None],
+                         torch.arange(cfg.chunk_elems)[None, None, :])
+    assert sorted(dims[0].flatten().tolist() + dims[16].flatten().tolist() + dims[32].flatten().tolist()
+                  + dims[48].flatten().tolist()) == list(range(d))  # a lane row's four lanes hold its head once
     lanes = q[r][torch.arange(lay.WAVE)[:, None, None], dims]
     rotated = lay.rotate_query_lanes(lanes, d, qmap)
     expect = (q.double() @ hadamard(d, dtype=torch.float64)).float()
@@ -192,6 +212,15 @@ CASES = [
     (512, 4, 1, 32, [40], 2, {"sinks": True}),
 ]
 
+D64_CASES = [
+    # head size 64 (gpt-oss: 64 query / 8 kv heads, sinks, a 128-token window; SmolLM2: 9 / 3)
+    (64, 8, 2, 16, [300, 0, 45], 4, {"sinks": True, "window": 128}),
+    (64, 8, 1, 16, [37, 1], 3, {}),
+    (64, 4, 2, 16, [100, 17], 2, {"softcap": 8.0}),
+    (64, 1, 3, 16, [49, 130], 5, {"window": 33, "softcap": 10.0}),
+    (64, 3, 3, 32, [70], 2, {"sinks": True}),
+]
+
 
 def _run(case, exact, head_major=False):
     d, gqa, hk, bs, lens, splits, feats = case
@@ -208,14 +237,18 @@ def _run(case, exact, head_major=False):
     return got, expect
 
 
-@pytest.mark.parametrize("case", CASES, ids=[f"d{c[0]}-g{c[1]}-bs{c[3]}-{'+'.join(c[6]) or 'plain'}" for c in CASES])
+def _ids(cases):
+    return [f"d{c[0]}-g{c[1]}-bs{c[3]}-{'+'.join(c[6]) or 'plain'}" for c in cases]
+
+
+@pytest.mark.parametrize("case", CASES + D64_CASES, ids=_ids(CASES + D64_CASES))
 def test_emulated_layout_is_exact_with_float32_operands(case):
     """With the MFMA operands kept in float32, only the layout is left to be wrong: errors ~1e-6."""
     got, expect = _run(case, exact=True)
     torch.testing.assert_close(got, expect, rtol=2e-5, atol=2e-5)
 
 
-@pytest.mark.parametrize("case", CASES[:4], ids=[f"d{c[0]}-g{c[1]}" for c in CASES[:4]])
+@pytest.mark.parametrize("case", CASES[:4] + D64_CASES, ids=_ids(CASES[:4] + D64_CASES))
 def test_emulated_kernel_with_fp16_operands_is_close(case):
     """What the hardware computes (fp16 query and P operands): within the Triton decode's bar, and
     better than the bf16 operands of the previous kernel (relative error ~2e-4 vs ~1.7e-3)."""
@@ -257,9 +290,10 @@ def test_emulation_reads_a_head_major_cache_view():
     torch.testing.assert_close(got, expect, rtol=2e-5, atol=2e-5)
 
 
-def test_a_layout_slip_is_caught():
+@pytest.mark.parametrize("case", [CASES[0], D64_CASES[1]], ids=["d128", "d64"])
+def test_a_layout_slip_is_caught(case):
     """The exact-operand comparison can fail: swap two PV output columns and it must."""
-    d, gqa, hk, bs, lens, splits, feats = CASES[0]
+    d, gqa, hk, bs, lens, splits, feats = case
     q, cache, bt, seq = _cache(d, gqa, hk, bs, lens)
     cfg = lay.DecodeConfig(d, gqa, bs)
     orig = lay.out_dim
@@ -278,7 +312,10 @@ def test_config_rejects_what_the_kernel_cannot_do():
     with pytest.raises(UltraQuantError, match="block_size"):
         lay.DecodeConfig(128, 8, 8)
     with pytest.raises(UltraQuantError, match="head_size"):
-        lay.DecodeConfig(64, 8, 16)
+        lay.DecodeConfig(32, 8, 16)
+    q, cache, bt, seq = _cache(64, 8, 1, 16, [20])
+    with pytest.raises(UltraQuantError, match="mx path"):  # 128 K per scaled MFMA
+        lay.emulate_decode(lay.DecodeConfig(64, 8, 16), q, cache, bt, seq, 0.1, mx=True)
 
 
 # ---------------------------------------------------------------- gfx950 mx path

@@ -70,12 +70,32 @@ def test_gfx942_d512_staged_v_runs_like_the_reference(pipelined):
     _check(got, expect, emu)
 
 
-def test_gfx942_features_head_major_cache_any_workgroup_order():
+@pytest.mark.parametrize("arch, pipelined", [("gfx942", False), ("gfx942", True), ("gfx950", False)])
+def test_d64_kernel_runs_like_the_reference(arch, pipelined):
+    """Head size 64 (half a 128-element query chunk per lane, six butterflies, half-word scale loads):
+    a request of length 0, three splits, block-table entries past each sequence poisoned; as built (4
+    waves, unpipelined) on both arches, and the pipelined loop."""
+    d, g, hk, bs, lens, splits = 64, 8, 2, 16, [37, 0, 100], 3
+    q, cache, bt, seq = _cache(d, g, hk, bs, lens, seed=1)
+    bt[0, 3:] = -1
+    bt[1, :] = 2**30
+    got = simt.run_decode({"head_size": d, "gqa": g, "block_size": bs}, arch, q, cache, bt, seq,
+                          d**-0.5, num_splits=splits, waves=W, pipelined=pipelined)
+    expect = ref.decode_attention(q.float(), cache, bt, seq, d**-0.5)
+    emu = lay.emulate_decode(lay.DecodeConfig(d, g, bs), q, cache, bt, seq, d**-0.5, num_splits=splits, waves=W)
+    _check(got, expect, emu)
+
+
+@pytest.mark.parametrize("d, g, bs, lens, window", [(64, 8, 16, [300, 5, 140], 128), (128, 6, 32, [90, 5], 40),
+                                                    (64, 1, 16, [90, 33], 40), (64, 4, 32, [90, 5], 40)],
+                         ids=["d64-gptoss", "d128", "d64-g1", "d64-g4"])
+def test_gfx942_features_head_major_cache_any_workgroup_order(d, g, bs, lens, window):
     """Sinks + window + soft cap, a permuted (head-major) cache view, workgroups in random order (the
-    last-arriving split merges), one kernel run with one split (direct write) and one with four."""
-    d, g, hk, bs, lens = 128, 6, 1, 32, [90, 5]
+    last-arriving split merges), one kernel run with one split (direct write) and one with four; at
+    D=64 also gpt-oss' shape (GQA 8, sinks, a 128-token window) with ragged lengths."""
+    hk = 1
     q, cache, bt, seq = _cache(d, g, hk, bs, lens, head_major=True, seed=7)
-    sinks, window, softcap = torch.randn(hk * g), 40, 7.0
+    sinks, softcap = torch.randn(hk * g), 7.0
     cfg = {"head_size": d, "gqa": g, "block_size": bs, "has_sinks": True, "has_window": True,
            "has_softcap": True}
     from ultraquant.codegen.flydsl.compiler import compile_decode
@@ -170,16 +190,18 @@ def test_self_test_problem_fails_the_old_mx_kernel_and_passes_the_fixed_one():
     assert not verdicts["old"][0], verdicts
 
 
-def test_self_test_problem_passes_the_fp16_kernel_and_fails_a_wrong_group_scale(monkeypatch):
+@pytest.mark.parametrize("d", [128, 64])
+def test_self_test_problem_passes_the_fp16_kernel_and_fails_a_wrong_group_scale(monkeypatch, d):
     """Issue 26: the decode problem's K and V groups span 2**-12..2**12 per token (outliers, a zero
     group, -0 codes). The fp16 kernel (K scale after each group's MFMAs, V's folded into P) passes it
-    in the interpreter; the same kernel built to take each scale from the neighbouring group fails."""
+    in the interpreter; the same kernel built to take each scale from the neighbouring group fails
+    (at D=64 the scale bytes are half words: the V scales the high half of the slot's last word)."""
     from ultraquant.codegen.flydsl.compiler import compile_decode
     from ultraquant.kernels.families import decode_flydsl as fam
     from ultraquant.kernels.families import decode_splitkv as splitkv_family
     from ultraquant.runtime import problems
 
-    cfg = {"head_size": 128, "gqa": 4, "block_size": 16}
+    cfg = {"head_size": d, "gqa": 4, "block_size": 16}
     spec = splitkv_family.decode_splitkv_spec(**cfg, query_dtype="bf16")
     key = fam.flydsl_key(spec, fam.KERNEL)
     verdicts = {}

@@ -2,7 +2,7 @@
 
 Per blob: the MFMA instructions the kernel is designed around are in the disassembly (Debian's
 ``llvm-objdump-19``/``-22 --mcpu=<arch>``), with exactly the counts the manifest records (one tile
-of the main loop: 8 per 128 head-dim elements for QK, D/16 for PV); no scratch; the VGPR/AGPR count
+of the main loop: D/16 for QK, D/16 for PV on the fp16 path); no scratch; the VGPR/AGPR count
 leaves at least the occupancy the design assumes (recorded in the manifest as
 ``isa.min_waves_per_simd``); LDS within the arch's limit.
 """
@@ -31,7 +31,7 @@ SCALED_MFMA = "v_mfma_scale_f32_16x16x128_f8f6f4"
 FP4_CVT = "v_cvt_scalef32_pk_bf16_fp4"
 """gfx950 V decode of the mx path: two FP4 codes times an f32 scale to two bf16."""
 
-DESIGN_WAVES = {128: 4, 256: 2, 512: 1}
+DESIGN_WAVES = {64: 4, 128: 4, 256: 2, 512: 1}
 """Waves per SIMD the decode design assumes, by head size (enough to overlap the KV stream)."""
 
 UNIFIED_REGS = 512
@@ -67,13 +67,13 @@ def mfma_counts(text: str) -> dict[str, int]:
 def expected_mfma(arch: str, head_size: int, mx: bool = False) -> dict[str, int]:
     """Counted instructions of one tile of the decode loop (the loop itself is not unrolled).
 
-    fp16 path: 8 QK MFMAs per 128 head-dim elements (two per scale group) + D/16 PV MFMAs. mx path (gfx950): two scaled
+    fp16 path: D/16 QK MFMAs (two per 32-element scale group) + D/16 PV MFMAs. mx path (gfx950): two scaled
     QK MFMAs per 128 elements (query hi and lo terms), D/16 PV MFMAs, and D/8 FP4 conversions
     (4 tokens x D/32 bytes).
     """
     if mx:  # two scaled MFMAs (query hi and lo FP8 terms) per 128 head-dim elements
         return {FP4_CVT: head_size // 8, BF16_MFMA: head_size // 16, SCALED_MFMA: 2 * (head_size // 128)}
-    return {F16_MFMA: 8 * (head_size // 128) + head_size // 16}
+    return {F16_MFMA: head_size // 8}
 
 
 def waves_per_simd(vgpr: int, agpr: int = 0) -> int:

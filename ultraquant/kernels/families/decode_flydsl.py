@@ -20,13 +20,15 @@ from .decode_splitkv import decode_splitkv_spec
 
 KERNEL = "uq_decode_flydsl"
 KERNEL_MX = "uq_decode_flydsl_mx"
-HEAD_SIZES = (128, 256, 512)
-"""Below 128 a lane group would hold no whole scale group of the QK layout."""
+HEAD_SIZES = (64, 128, 256, 512)
+"""Head sizes of the fp16 path (the mx path needs >= 128: :data:`MX_MIN_HEAD_SIZE`)."""
+MX_MIN_HEAD_SIZE = 128
+"""The scaled MFMA of :data:`KERNEL_MX` contracts 128 head-dim elements per instruction."""
 MAX_GQA = 16
 """Query heads per kv head: one 16-column MFMA tile."""
 DTYPES = ("bf16", "fp16")
 
-WAVES_BY_HEAD_SIZE = {128: 4, 256: 4, 512: 1}
+WAVES_BY_HEAD_SIZE = {64: 4, 128: 4, 256: 4, 512: 1}
 """Preferred waves per workgroup: they share a split's tiles round robin and fold their states through
 LDS, so the split-KV plan's grid (programs of 4 warps) yields as many waves with either blob. D=512
 keeps one: its 128-float accumulator leaves no registers for the fold (and registers allow only one
@@ -45,10 +47,7 @@ def unsupported(config: dict[str, Any]) -> str:
     d, g, bs = config.get("head_size"), config.get("gqa", 1), config.get("block_size", 16)
     dtype = config.get("query_dtype", config.get("dtype", "bf16"))
     if d not in HEAD_SIZES:
-        return (
-            f"FlyDSL decode is built for head sizes {HEAD_SIZES} (below 128 a lane group would "
-            "hold no whole scale group of the QK layout)"
-        )
+        return f"FlyDSL decode is built for head sizes {HEAD_SIZES}"
     if not 1 <= g <= MAX_GQA:
         return f"FlyDSL decode serves 1..{MAX_GQA} query heads per kv head (one 16-column MFMA tile)"
     if bs < 16 or bs % 16:
@@ -69,6 +68,9 @@ def decode_flydsl_spec(*, kernel: str = KERNEL, **config: Any) -> Specialization
 
 def decode_flydsl_mx_spec(**config: Any) -> Specialization:
     """The gfx950 scaled-MFMA variant (:data:`KERNEL_MX`) of :func:`decode_flydsl_spec`."""
+    if config.get("head_size", MX_MIN_HEAD_SIZE) < MX_MIN_HEAD_SIZE:
+        raise UltraQuantError(f"config {config}: the mx FlyDSL decode needs head_size >= {MX_MIN_HEAD_SIZE} "
+                              "(128 K per scaled MFMA)")
     return decode_flydsl_spec(kernel=KERNEL_MX, **config)
 
 

@@ -156,7 +156,7 @@ def _f32_from_bits(bits):
 
 
 def _scale_vec(words4, q):
-    """vector<4xf32> of ``2**(b - 127)`` (byte 0: 0.0) for scale group q of the lane's four tokens."""
+    """vector<4xf32> of ``2**(b - 127)`` (byte 0: 0.0) for scale byte q of the lane's four tokens' words."""
     return fx.Vector.from_elements([_f32_from_bits(lay.scale_byte(w, q) << 23) for w in words4],
                                    dtype=fx.Float32)
 
@@ -308,20 +308,25 @@ def build_decode(cfg: DecodeConfig, arch: str, *, name: str, query_dtype: str = 
     """
     if mx and arch != "gfx950":
         raise ValueError("the mx decode path needs gfx950 (scaled FP4 MFMA, FP4 conversions)")
+    if mx and cfg.head_size < 128:
+        raise ValueError("the mx decode path needs head_size >= 128 (128 K per scaled MFMA)")
     W = int(waves)
     if W < 1:
         raise ValueError(f"waves must be >= 1, got {waves}")
     D, G, BS = cfg.head_size, cfg.gqa, cfg.block_size
     CH, NB = cfg.chunks, cfg.pv_mfmas
     NG = D // 32  # scale groups of a head (mx path: also the V code bytes per lane per token)
-    NW = NG // 4  # 32-bit words of a token's scale bytes
+    EQ = cfg.chunk_elems  # query elements per lane and chunk (16 at D=64)
+    # fp16 path: a token's K and V scale bytes as aligned words (offset, words, first byte: lay.scale_words)
+    KS_OFF, NW, KS_FIRST = lay.scale_words(D, lay.k_scales_offset(D))
+    VS_OFF, NWV, VS_FIRST = lay.scale_words(D, lay.v_scales_offset(D))
     QT, q_bytes = _DTYPES[query_dtype]
     OT, o_bytes = _DTYPES[out_dtype]
     has_sinks, has_window, has_softcap = cfg.has_sinks, cfg.has_window, cfg.has_softcap
     inv_sqrt_d = 1.0 / math.sqrt(D)
     QUARTER = D // 4  # output elements per lane: O[r][QUARTER * g : QUARTER * (g + 1)]
     qmap = mx_query_map if mx else lay.QUERY_MAP
-    for part in range(0, 32, 16 // _DTYPES[query_dtype][1]):  # each vector load reads contiguous d
+    for part in range(0, EQ, 16 // _DTYPES[query_dtype][1]):  # each vector load reads contiguous d
         run = [qmap.coord(0, part + e, 1) for e in range(16 // _DTYPES[query_dtype][1])]
         if run != list(range(run[0], run[0] + len(run))):
             raise ValueError(f"query map {qmap.fmt}: elements {part}.. are not contiguous in d")
@@ -364,7 +369,7 @@ def build_decode(cfg: DecodeConfig, arch: str, *, name: str, query_dtype: str = 
         Returns the values flat (Int32), the page-inside flag (1/0) last. mx path: K words [c][4], K
         scales [c], V words [i][NG/4], V scales [i]. fp16 path (:func:`fp16_slots`): K words [q]
         (``lay.k_word_offset``), then per token i: its K scale words [NW], V bytes [q]
-        (``lay.v_byte_offset``), V scale words [NW]."""
+        (``lay.v_byte_offset``), V scale words [NWV] (lay.scale_words)."""
         t0 = tile * TILE
         page = page_entry(tile, bt_ptr, bt_row) if entry is None else fx.Int32(entry)
         inside = (page >= 0) & (page < num_blocks)
@@ -388,16 +393,14 @@ def build_decode(cfg: DecodeConfig, arch: str, *, name: str, query_dtype: str = 
                    for q in range(NG)]
             for i in range(MFMA_K):
                 v_base = row_base(within + 4 * g + i)
-                out += [fx.Int32(w) for w in _load(cache_ptr, v_base + fx.Int64(lay.k_scales_offset(D)), fx.Int32,
-                                                   NW, 4)]
+                out += [fx.Int32(w) for w in _load(cache_ptr, v_base + fx.Int64(KS_OFF), fx.Int32, NW, 4)]
                 if stage_v:
                     out += [fx.Int32(w) for w in _load(cache_ptr, v_base + fx.Int64(lay.v_code_offset(D, r)),
                                                        fx.Int32, NV, 4)]
                 else:
                     out += [fx.Int32(_load(cache_ptr, v_base + fx.Int64(lay.v_byte_offset(D, q, r)), fx.Uint8, 1,
                                            1)[0]) & 0xFF for q in range(NG)]
-                out += [fx.Int32(w) for w in _load(cache_ptr, v_base + fx.Int64(lay.v_scales_offset(D)), fx.Int32,
-                                                   NW, 4)]
+                out += [fx.Int32(w) for w in _load(cache_ptr, v_base + fx.Int64(VS_OFF), fx.Int32, NWV, 4)]
             return out + inside_flag
         kw, ks, vw, vs = [], [], [], []
         for c in range_constexpr(CH):
@@ -413,7 +416,7 @@ def build_decode(cfg: DecodeConfig, arch: str, *, name: str, query_dtype: str = 
         return kw + ks + vw + vs + inside_flag
 
     NVAL = NV if stage_v else NG  # fp16 path: V code values fetched per PV token (words or bytes)
-    PER_TOKEN = 2 * NW + NVAL  # fp16 path: values fetched per PV token (K scale words, V codes, V scale words)
+    PER_TOKEN = NW + NVAL + NWV  # fp16 path: values fetched per PV token (K scale words, V codes, V scale words)
 
     def fp16_slots(cur, i):
         """The fp16 path's fetched values of the lane's PV token i: (K scale words, V code bytes [q] or, staged,
@@ -481,45 +484,45 @@ def build_decode(cfg: DecodeConfig, arch: str, *, name: str, query_dtype: str = 
         x = []  # x[c][e]: lane holds q[r][lay.query_dim(qmap, c, lane, e)]
         for c in range_constexpr(CH):
             run = []
-            for part in range_constexpr(32 // per_load):
+            for part in range_constexpr(EQ // per_load):
                 v = _load(q_ptr, (q_row + lay.query_dim(qmap, c, lane, part * per_load)) * q_bytes, QT, per_load, 16)
                 for e in range_constexpr(per_load):
                     run.append(_select(head_ok, fx.Float32(v[e].to(fx.Float32)), fx.Float32(0.0)))
             x.append(run)
-        for kind, s in lay.fwht_stages(qmap):  # bits 0..6 of d, in order: in the lane or across lanes
+        for kind, s in lay.fwht_stages(qmap, D):  # bits 0..6 of d, in order: in the lane or across lanes
             if const_expr(kind == "elem"):
                 for c in range_constexpr(CH):
-                    for e in range_constexpr(32):
+                    for e in range_constexpr(EQ):
                         if const_expr(e & s == 0):
                             a0, b0 = x[c][e], x[c][e + s]
                             x[c][e], x[c][e + s] = a0 + b0, a0 - b0
             else:
                 upper = (lane & s) != 0
                 for c in range_constexpr(CH):
-                    for e in range_constexpr(32):
+                    for e in range_constexpr(EQ):
                         o = _xor(x[c][e], s)
                         x[c][e] = _select(upper, o - x[c][e], x[c][e] + o)
         for s in [1 << k for k in range(CH.bit_length() - 1)]:  # bits 7+: across the lane's chunks
             for c in range_constexpr(CH):
                 if const_expr(c & s == 0):
-                    for e in range_constexpr(32):
+                    for e in range_constexpr(EQ):
                         a0, b0 = x[c][e], x[c + s][e]
                         x[c][e], x[c + s][e] = a0 + b0, a0 - b0
         if const_expr(mx):
             q_mx = [_fp8_query([x[c][e] * inv_sqrt_d for e in range(32)], g, plan) for c in range(CH)]
             qk_scale = scale * LOG2E
         else:  # fp16: the head times 2**(ef - 127) so its absmax lands in [2**14, 2**15) (no fp16 overflow)
-            vals = [[x[c][e] * inv_sqrt_d for e in range(32)] for c in range(CH)]
+            vals = [[x[c][e] * inv_sqrt_d for e in range(EQ)] for c in range(CH)]
             amax = fx.Float32(0.0)
             for c in range_constexpr(CH):
-                for e in range_constexpr(32):
+                for e in range_constexpr(EQ):
                     amax = arith.maxnumf(amax, fx.Float32(_raw_abs(vals[c][e])))
             ef = lay.query_range_exponent(_f32_bits(_xor_max(amax, [16, 32])), _select)
             pre = _f32_from_bits(ef << 23)
             # operand of step p of group q: the query elements the decoded K word holds (code order)
             q16 = [[[fx.Vector.from_elements([vals[c][8 * qq + e] * pre for e in lay.F16_STEP_CODES[step]],
                                              dtype=fx.Float32).to(fx.Float16) for step in range(2)]
-                    for qq in range(4)] for c in range(CH)]
+                    for qq in range(EQ // 8)] for c in range(CH)]
             # 2**(127 - ef) undoes the prescale, 2**14 the K decode's code x 2**-14
             unscale = _f32_from_bits((254 - ef) << 23) * float(2.0 ** -fp4_bits.FP16_OFFSET_LOG2)
             qk_scale = unscale * (scale if has_softcap else scale * LOG2E)
@@ -595,7 +598,8 @@ def build_decode(cfg: DecodeConfig, arch: str, *, name: str, query_dtype: str = 
                     a_ops = _f16_operands(cur[q])
                     part = _mfma_f16(a_ops[0], q16[q // 4][q % 4][0], zero4)
                     part = _mfma_f16(a_ops[1], q16[q // 4][q % 4][1], part)
-                    acc = fx.Vector(fx.math.fma(part, _scale_vec([tok_vals[i][0] for i in range(MFMA_K)], q), acc))
+                    acc = fx.Vector(fx.math.fma(part, _scale_vec([tok_vals[i][0] for i in range(MFMA_K)], KS_FIRST + q),
+                                                acc))
 
             if const_expr(fenced):
                 _phase_fence()
@@ -615,7 +619,7 @@ def build_decode(cfg: DecodeConfig, arch: str, *, name: str, query_dtype: str = 
                 # covers score + log2(largest V scale of the lane's tokens) - 15 (lay.v_scale_headroom)
                 vis_v = [(t0 + 4 * g + i >= lo) & (t0 + 4 * g + i < hi) & tile_ok for i in range(MFMA_K)]
                 vsw = [[_select(vis_v[i], w, fx.Int32(0)) for w in tok_vals[i][2]] for i in range(MFMA_K)]
-                svs = [_scale_vec([vsw[t] for t in lay.PV_TOKENS], q) for q in range(NG)]
+                svs = [_scale_vec([vsw[t] for t in lay.PV_TOKENS], VS_FIRST + q) for q in range(NG)]
                 smax = fx.Float32(svs[0][0])
                 for q in range_constexpr(NG):
                     for i in range_constexpr(MFMA_K):

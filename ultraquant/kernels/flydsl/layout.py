@@ -25,6 +25,8 @@ fp16 path (``uq_decode_flydsl``, both arches):
   ``16q + r`` of each of its tokens 4g+i, the four bytes make one code word, nibble h feeds MFMA
   2q + h; V's group scale is folded into P (fp16, :data:`PV_TOKENS` order). Lane (r, g) ends up with
   ``O[r][out_dim(q, h, g, i)]``: runs of 8 d at 32q + 8g.
+- D=64: the same with two scale groups; a lane holds half a query chunk
+  (:attr:`DecodeConfig.chunk_elems`) and a token's scale bytes are half words (:func:`scale_words`).
 gfx950 mx path (``uq_decode_flydsl_mx``): K as the scaled MFMA's FP4 operand (lane g's contiguous
 32-run of chunk c, :func:`k_code_offset`), the query in the FP8 map; PV rows ``d = (D/16) m + nb``
 (:func:`v_dim`), V through the hardware FP4 -> bf16 conversion, bf16 P.
@@ -87,11 +89,12 @@ def query_dim(qmap: om.OperandMap, c, lane, e):
     return 128 * c + qmap.coord(lane, e, 1)
 
 
-def fwht_stages(qmap: om.OperandMap) -> list[tuple[str, int]]:
-    """The FWHT butterflies over bits 0..6 of d in bit order, in the lane layout of ``qmap``:
-    ``("elem", s)`` pairs elements e and e + s of a lane, ``("lane", m)`` pairs lanes l and l ^ m."""
+def fwht_stages(qmap: om.OperandMap, head_size: int) -> list[tuple[str, int]]:
+    """The FWHT butterflies over bits 0..6 of d (0..log2(D)-1 below D=128) in bit order, in the lane
+    layout of ``qmap``: ``("elem", s)`` pairs elements e and e + s of a lane, ``("lane", m)`` pairs
+    lanes l and l ^ m."""
     stages = []
-    for bit in range(7):
+    for bit in range(min(7, head_size.bit_length() - 1)):
         lane = [1 << b for b, basis in enumerate(qmap.lane_bases) if basis[1] == 1 << bit]
         elem = [1 << b for b, basis in enumerate(qmap.elem_bases) if basis[1] == 1 << bit]
         stages.append(("lane", lane[0]) if lane else ("elem", elem[0]))
@@ -221,8 +224,20 @@ def v_scale_headroom(max_byte, maximum):
 
 
 def scale_byte(words, q):
-    """UE8M0 byte of scale group ``q`` from a token's scale bytes loaded as 32-bit words (a list)."""
+    """UE8M0 byte ``q`` of a token's scale bytes loaded as 32-bit words (a list): scale group
+    ``q - first`` for words loaded by :func:`scale_words` (``first`` its third value)."""
     return (words[q // 4] >> (8 * (q % 4))) & 0xFF
+
+
+def scale_words(head_size: int, field: int) -> tuple[int, int, int]:
+    """fp16 path: how a lane loads a token's D/32 scale bytes at slot offset ``field`` as aligned
+    32-bit words: (byte offset of the first word, number of words, index of the field's first byte in
+    them). At D >= 128 the field is word aligned and whole words (D/128). At D=64 its 2 bytes are half
+    a word: the K scales (offset 32) are the low half of the word at 32 (the first two V code bytes
+    above them), the V scales (offset 66, the slot's last bytes) the high half of the word at 64, so
+    the load stays aligned and inside the slot (68 bytes, a multiple of 4)."""
+    first = field % 4
+    return field - first, (first + head_size // GROUP + 3) // 4, first
 
 
 def query_range_exponent(amax_bits, where):
@@ -359,8 +374,8 @@ class DecodeConfig:
 
     def __post_init__(self) -> None:
         check_head_size(self.head_size)
-        if self.head_size < 128:
-            raise UltraQuantError(f"head_size: the FlyDSL decode needs >= 128, got {self.head_size}")
+        if self.head_size < 64:
+            raise UltraQuantError(f"head_size: the FlyDSL decode needs >= 64, got {self.head_size}")
         if not 1 <= self.gqa <= 16:
             raise UltraQuantError(f"gqa: the FlyDSL decode serves 1..16 query heads per kv head, got {self.gqa}")
         if self.block_size % TILE:
@@ -368,8 +383,15 @@ class DecodeConfig:
 
     @property
     def chunks(self) -> int:
-        """128-element chunks of the head dim (QK steps come in groups of 8 per chunk)."""
-        return self.head_size // 128
+        """128-element chunks of the head dim (QK steps come in groups of 8 per chunk); one (half
+        filled) at D=64."""
+        return max(1, self.head_size // 128)
+
+    @property
+    def chunk_elems(self) -> int:
+        """Query elements a lane holds per chunk: 32 (four scale groups of 8) from D=128, 16 at D=64
+        (elements 8q + e of groups q = 0, 1: :data:`QUERY_MAP`'s element bit 4 is d bit 6)."""
+        return min(32, self.head_size // 4)
 
     @property
     def pv_mfmas(self) -> int:
@@ -456,26 +478,27 @@ def _xor_shuffle(x: torch.Tensor, mask: int) -> torch.Tensor:
 def rotate_query_lanes(q_lanes: torch.Tensor, head_size: int, qmap: om.OperandMap = QUERY_MAP) -> torch.Tensor:
     """Fast Walsh-Hadamard transform of the query in its lane layout.
 
-    ``q_lanes`` (64, chunks, 32) float32: lane l holds ``q[l % 16][query_dim(qmap, c, l, e)]``. Bits 0-6
-    of d are butterflies inside a lane or across lanes (:func:`fwht_stages`), in bit order; bits 7+
-    pair the lane's chunks. Returns the rotated values (times 1/sqrt(D)) in the same layout.
+    ``q_lanes`` (64, chunks, E) float32 (E = 32, or 16 at D=64): lane l holds
+    ``q[l % 16][query_dim(qmap, c, l, e)]``. Bits 0-6 of d are butterflies inside a lane or across
+    lanes (:func:`fwht_stages`), in bit order; bits 7+ pair the lane's chunks. Returns the rotated
+    values (times 1/sqrt(D)) in the same layout.
     """
     x = q_lanes.clone()
-    chunks = x.shape[1]
-    for kind, s in fwht_stages(qmap):
+    chunks, elems = x.shape[1], x.shape[2]
+    for kind, s in fwht_stages(qmap, head_size):
         if kind == "elem":
-            y = x.reshape(WAVE, chunks, 32 // (2 * s), 2, s)
+            y = x.reshape(WAVE, chunks, elems // (2 * s), 2, s)
             a, b = y[:, :, :, 0], y[:, :, :, 1]
-            x = torch.stack([a + b, a - b], dim=3).reshape(WAVE, chunks, 32)
+            x = torch.stack([a + b, a - b], dim=3).reshape(WAVE, chunks, elems)
         else:
             other = _xor_shuffle(x, s)
             upper = ((_LANES & s) != 0)[:, None, None]
             x = torch.where(upper, other - x, x + other)
     s = 1
     while s < chunks:  # bits 7+: across chunks inside a lane
-        y = x.reshape(WAVE, chunks // (2 * s), 2, s, 32)
+        y = x.reshape(WAVE, chunks // (2 * s), 2, s, elems)
         a, b = y[:, :, 0], y[:, :, 1]
-        x = torch.stack([a + b, a - b], dim=2).reshape(WAVE, chunks, 32)
+        x = torch.stack([a + b, a - b], dim=2).reshape(WAVE, chunks, elems)
         s *= 2
     return x * (1.0 / math.sqrt(head_size))
 
@@ -536,6 +559,8 @@ def emulate_split(cfg: DecodeConfig, query: torch.Tensor, kv_cache: torch.Tensor
     emulated with the layouts of :mod:`operand_maps` (a wrong belief shows as a wrong result).
     """
     d, g_heads = cfg.head_size, cfg.gqa
+    if mx and d < 128:
+        raise UltraQuantError(f"head_size: the mx path contracts 128 K per scaled MFMA, got {d}")
     groups = d // GROUP
     rnd = (lambda x: x) if exact_operands else (to_bf16 if mx else to_fp16)
     # --- 1. query: load (B layout, rows >= G zero), rotate, round to the operand type
@@ -543,7 +568,7 @@ def emulate_split(cfg: DecodeConfig, query: torch.Tensor, kv_cache: torch.Tensor
     valid_q = _R < g_heads
     qmap = mx_query_map if mx else QUERY_MAP
     dims = query_dim(qmap, torch.arange(cfg.chunks)[None, :, None], _LANES[:, None, None],
-                     torch.arange(32)[None, None, :])  # (64, chunks, 32)
+                     torch.arange(cfg.chunk_elems)[None, None, :])  # (64, chunks, elems)
     q_rows = query[b].float()[qh]  # (64, D)
     q_lanes = torch.gather(q_rows[:, None, :].expand(WAVE, cfg.chunks, d), 2, dims)
     q_lanes = torch.where(valid_q[:, None, None], q_lanes, torch.zeros_like(q_lanes))
@@ -553,7 +578,7 @@ def emulate_split(cfg: DecodeConfig, query: torch.Tensor, kv_cache: torch.Tensor
         score_scale = torch.full((WAVE, 1), scale if softcap is not None else scale * LOG2E)
     else:  # fp16: the head times 2**(ef - 127) (range), then 2**(127 - ef) and 2**14 in the scores
         ef = _query_prescale(q_rot)
-        q_ops = rnd(q_rot * scale_value(ef)[:, None, None])  # (64, chunks, 32): element 8q + e
+        q_ops = rnd(q_rot * scale_value(ef)[:, None, None])  # (64, chunks, elems): element 8q + e
         unscale = scale_value(254 - ef) * 2.0 ** -fp4_bits.FP16_OFFSET_LOG2
         score_scale = (unscale * (scale if softcap is not None else scale * LOG2E))[:, None]
 
