@@ -79,7 +79,7 @@ def test_clean_venv_without_toolchains(wheel, tmp_path):
     assert "(distribution 0.1.0+gfx942.custom" in info
     # what a wheel user without build tools can reach: errors that say what to do, no traceback
     dry = _run([cli, "build", "--arch", "gfx942", "--dry-run"], cwd=tmp_path)  # reads the selection only
-    assert "gfx942: 98 blobs" in dry.stdout + dry.stderr
+    assert "gfx942: 102 blobs" in dry.stdout + dry.stderr
     for args, says in ((["build", "--arch", "gfx942", "--out", str(tmp_path / "blobs")], "needs Triton 3.6.0"),
                        (["accuracy"], "pip install 'ultraquant[accuracy]'")):
         res = subprocess.run([cli, *args], cwd=tmp_path, capture_output=True, text=True)
