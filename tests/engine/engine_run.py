@@ -28,6 +28,8 @@ PROMPTS = [
     "Water boils at a temperature of",
 ]
 CHAT = [{"role": "user", "content": "What is the capital of France?"}]
+CHAT_MAX_TOKENS = 16
+"""Greedy tokens of the chat answer, offline and from the server (the server test compares their prefixes)."""
 MAX_MODEL_LEN = 512
 
 
@@ -121,7 +123,7 @@ def main() -> None:
     greedy = SamplingParams(temperature=0.0, max_tokens=args.max_tokens, logprobs=2)
     outs = llm.generate(PROMPTS, greedy)
     generate = time.perf_counter() - t1
-    chat = llm.chat(CHAT, SamplingParams(temperature=0.0, max_tokens=16, logprobs=2))[0]
+    chat = llm.chat(CHAT, SamplingParams(temperature=0.0, max_tokens=CHAT_MAX_TOKENS, logprobs=2))[0]
     tokenizer = llm.get_tokenizer()
     cache = llm.llm_engine.vllm_config.cache_config
     doc: dict[str, Any] = {

@@ -33,7 +33,7 @@ from typing import Any
 
 import pytest
 import torch
-from engine_run import CHAT
+from engine_run import CHAT, CHAT_MAX_TOKENS
 
 from ultraquant import reference
 from ultraquant.format import SERVING_ENCODER, slot_size
@@ -270,13 +270,13 @@ def test_openai_server(model_dir: str, runs: dict, tmp_path: Path) -> None:
         check_completion(prompts[0], one.choices[0])
         assert "Paris" in one.choices[0].text
 
-        chat = client.chat.completions.create(model="smollm2", messages=CHAT, max_tokens=16, temperature=0.0,
-                                              logprobs=True)
+        chat = client.chat.completions.create(model="smollm2", messages=CHAT, max_tokens=CHAT_MAX_TOKENS,
+                                              temperature=0.0, logprobs=True)
         answer = chat.choices[0].message.content
         print(f"server chat -> {answer!r}")
         check_text(answer, [t.logprob for t in chat.choices[0].logprobs.content], runs["ref"]["chat"])
 
-        stream = client.chat.completions.create(model="smollm2", messages=CHAT, max_tokens=16,
+        stream = client.chat.completions.create(model="smollm2", messages=CHAT, max_tokens=CHAT_MAX_TOKENS,
                                                 temperature=0.0, stream=True)
         pieces = [c.choices[0].delta.content or "" for c in stream if c.choices]
         assert len([p for p in pieces if p]) >= 3, pieces  # really streamed, token by token
