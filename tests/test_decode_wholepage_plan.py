@@ -48,12 +48,12 @@ def test_whole_runs():
     assert not whole_runs(64, head_major.stride(), 8)                   # 136-byte slots are D=128's
 
 
-def test_plan_rejects_token_major_and_bad_tuning():
+def test_plan_rejects_odd_strides_and_bad_tuning():
     q = torch.randn(2, 8, 128)
     bt = torch.zeros(2, 4, dtype=torch.int32)
-    token_major = torch.zeros(10, 64, 2, 136, dtype=torch.uint8)
+    odd = torch.zeros(10, 64, 2, 144, dtype=torch.uint8)[..., :136]  # slots 144 bytes apart: neither layout
     with pytest.raises(UltraQuantError, match="whole 16-token runs"):
-        plan_decode_wholepage(q, token_major, bt, torch.ones(2, dtype=torch.int32), 0.1, None, None, None, q.clone())
+        plan_decode_wholepage(q, odd, bt, torch.ones(2, dtype=torch.int32), 0.1, None, None, None, q.clone())
     for bad in (WholePageTuning(tw=32), WholePageTuning(stages=3), WholePageTuning(stages=1), WholePageTuning(nsub=3)):
         with pytest.raises(UltraQuantError, match="power-of-two"):
             decode_wholepage_spec(head_size=128, gqa=4, num_kv_heads=2, block_size=64, tuning=bad)

@@ -1,6 +1,7 @@
 """A small whole-page decode workload for compute-sanitizer (memcheck / racecheck): ragged lengths at block
 and stage boundaries, persistent grids of 1/3/5/7 programs and the default (pieces spanning requests),
-window + soft cap + sinks, Hk 1/2/8, GQA 16, head-major caches; then the bounds contract's garbage block
+window + soft cap + sinks, Hk 1/2/8, GQA 16, head-major caches (cases 5-7: token-major pages, the
+``TOKEN_MAJOR`` prototype); then the bounds contract's garbage block
 ids and lengths through the routed API (one kv head: tests/bounds_cases.py's decode case, 2 seeds).
 Checks results against the reference (exit 1 on a mismatch or a failed check). ``UQ_SANITIZE_CASES=3,4``
 picks cases, ``UQ_SANITIZE_BOUNDS=0`` skips the bounds part (a short racecheck)."""
@@ -28,6 +29,10 @@ CASES = [
     ([129, 5], 8, 1, 16, True, None, None, True, 1),
     ([0, 3000, 1, 17, 900, 0, 2500, 64], 32, 8, 16, True, None, None, True, 5),  # ragged: pieces span requests
     ([1000, 40, 0, 2600], 32, 2, 16, False, 700, 20.0, True, None),  # the default grid (one per SM), GQA 16
+    # token-major pages (TOKEN_MAJOR): the pair-padded ring, the second copy's masked tail, both layouts' ids
+    ([0, 3000, 1, 17, 900, 0, 2500, 64], 32, 8, 16, True, None, None, False, 5),
+    ([1000, 40, 0, 2600], 32, 2, 16, False, 700, 20.0, False, None),
+    ([300, 17, 64], 16, 4, 64, True, None, 30.0, False, 3),
 ]
 PICK = os.environ.get("UQ_SANITIZE_CASES")  # comma-separated case indices (default: all)
 for i, (lens, hq, hk, bs, sinks, window, softcap, head_major, programs) in enumerate(CASES):

@@ -7,8 +7,9 @@ the plan must pick whole-page; AOT blob or Gluon JIT by ``ULTRAQUANT_BACKEND``),
 window, soft cap, V outliers 2^20 apart, NaN-poisoned outputs, several ring shapes, warp counts and
 persistent grid sizes, GQA 9..16 as two 8-row groups in N (routed) and as 16 M rows, ragged serving
 batches (lengths 0..131072) for the balanced schedule, CUDA graph capture + replay with new (ragged)
-lengths on a side stream. Token-major caches (Hk > 1) and everything else are split-KV decode's by
-``wholepage_supports`` (tests/test_decode_wholepage_plan.py, tests/test_decode_route.py, CPU).
+lengths on a side stream. Token-major caches (Hk > 1, ``TOKEN_MAJOR``, a prototype not routed yet:
+``TOKEN_MAJOR_ROUTED``) through ``decode_wholepage`` (:data:`CASES_TM`); everything else is split-KV
+decode's by ``wholepage_supports`` (tests/test_decode_wholepage_plan.py, tests/test_decode_route.py, CPU).
 """
 
 from __future__ import annotations
@@ -21,7 +22,12 @@ from tests.gpu.test_kernels_gpu import _problem, check_close, check_graph_replay
 from ultraquant import reference as R
 from ultraquant.errors import UltraQuantError
 from ultraquant.kernels import plans
-from ultraquant.kernels.families.decode_wholepage import WholePageTuning, decode_wholepage
+from ultraquant.kernels.families.decode_wholepage import (
+    WholePageTuning,
+    decode_wholepage,
+    plan_decode_wholepage,
+    token_runs,
+)
 
 pytestmark = [
     pytest.mark.gpu,
@@ -51,6 +57,27 @@ CASES_256 = {
     "d256-gqa8-hk2-b64-long": ([32768, 1, 8191, 8192, 8193, 64, 65], 16, 2, 64, False, None, None),
     "d256-gqa4-hk1-b16-sinks-window-softcap": ([3000, 17, 1, 0], 4, 1, 16, True, 700, 30.0),
     "d256-gqa1-hk8-b32-sinks": ([2000, 33, 31], 8, 8, 32, True, None, None),
+}
+CASES_TM = {
+    # token-major pages ((block, token, head, slot) memory order): (D, seq_lens, Hq, Hk, block, sinks, window,
+    # softcap, tuning); the copy's pair padding and token order differ per (D, Hk) (_pair_pad, _tm_token_bases)
+    "tm-a-gqa4-hk8-b16": (128, [32768, 1, 15, 16, 17, 8191, 8193, 0], 32, 8, 16, False, None, None, None),
+    "tm-gqa4-hk8-b64-sinks": (128, [5000, 1, 63, 64, 65, 129], 32, 8, 64, True, None, None, None),
+    "tm-gqa16-hk2-b16-sinks-window-softcap": (128, [(i * 3571) % 6000 for i in range(70)] + [40000], 32, 2, 16,
+                                              True, 3000, 40.0, None),
+    "tm-gqa3-hk4-b64-softcap-sinks": (128, [3000, 2047, 64, 0], 12, 4, 64, True, None, 50.0, None),
+    "tm-gqa6-hk2-b32-window": (128, [5000, 31, 33, 1], 12, 2, 32, False, 1000, None, None),
+    "tm-ragged-hk8-b16-0-to-131072": (128, [0, 1, 131072, 15, 16, 17, 0] + [(i * 7919) % 9000 + 1 for i in range(40)],
+                                      32, 8, 16, False, None, None, None),
+    "tm-ragged-hk8-b16-5-programs": (128, [0, 3000, 1, 17, 900, 0, 2500, 64], 32, 8, 16, True, None, None,
+                                     WholePageTuning(programs=5)),
+    "tm-gqa4-hk4-b16-m16": (128, [3000, 17, 1], 16, 4, 16, True, None, None, WholePageTuning(rows_in_n=False)),
+    "tm-gqa4-hk8-b16-rings-1-4": (128, [4000, 65, 1], 32, 8, 16, False, None, None, WholePageTuning(nsub=1, stages=4)),
+    "tm-gqa4-hk8-b16-16-warps": (128, [4000, 65, 1], 32, 8, 16, False, None, None,
+                                 WholePageTuning(warps=16, nsub=1, stages=4, maxnreg=128)),
+    "tm-d256-gqa8-hk2-b64-long": (256, [32768, 1, 8191, 8192, 8193, 64, 65], 16, 2, 64, False, None, None, None),
+    "tm-d256-gqa4-hk8-b16": (256, [3000, 17, 1, 0], 32, 8, 16, True, 700, 30.0, None),
+    "tm-d256-gqa1-hk4-b32-sinks": (256, [2000, 33, 31], 4, 4, 32, True, None, None, None),
 }
 RINGS = [(2, 4), (1, 4), (4, 2), (2, 2)]
 """(NSUB, STAGES) ring shapes checked on one case."""
@@ -103,11 +130,15 @@ def test_decode_wholepage_ragged_grids(name, programs):
     _run(name, WholePageTuning(programs=programs))
 
 
-def test_decode_wholepage_graph_replay_ragged_new_lengths():
+@pytest.mark.parametrize("head_major", [True, False])
+def test_decode_wholepage_graph_replay_ragged_new_lengths(head_major):
     """The schedule is computed on the device from seq_lens at every call: capture once, replay with
-    other ragged length mixes (long-first, all empty, one long request, many short), each right."""
+    other ragged length mixes (long-first, all empty, one long request, many short), each right, on
+    head-major and token-major pages (both routed to the whole-page decode)."""
     capacity = [9000] * 3 + [2000] * 61
-    prob, query, sk = _problem(capacity, 32, 8, 128, 16, True, seed=41, sinks=True)
+    prob, query, sk = _problem(capacity, 32, 8, 128, 16, head_major, seed=41, sinks=True)
+    assert plans.plan_decode(query, prob.kv_cache, prob.block_table, prob.seq_lens, 0.09, sk, None, None,
+                             torch.empty_like(query)).spec.kernel == "uq_decode_wholepage"
     seq_lens = prob.seq_lens.clone()
     out = torch.full_like(query, float("nan"))
 
@@ -146,11 +177,33 @@ def test_decode_wholepage_gqa16_m_rows(name):
     _run(name, WholePageTuning(rows_in_n=False))
 
 
-def test_decode_wholepage_token_major_is_refused():
-    """Token-major pages (Hk > 1) have no contiguous runs: a clear error, never a wrong read."""
+@pytest.mark.parametrize("name", list(CASES_TM))
+def test_decode_wholepage_token_major(name):
+    """Token-major pages (a plain ``torch.zeros((blocks, block_size, Hk, slot))``): the kernel streams each
+    page of all kv heads whole (``TOKEN_MAJOR``) and matches the reference (the pair padding, the token
+    order and the second copy's masked tail differ per (D, Hk): tests/test_decode_wholepage_token_major.py)."""
+    d, lens, hq, hk, bs, sinks, window, softcap, tuning = CASES_TM[name]
+    prob, query, sk = _problem(lens, hq, hk, d, bs, False, seed=len(name), sinks=sinks)
+    assert token_runs(d, tuple(prob.kv_cache.stride()), hk)
+    scale = d ** -0.5
+    ref = R.decode_attention(query.float(), prob.kv_cache, prob.block_table, prob.seq_lens, scale, sinks=sk,
+                             sliding_window=window, softcap=softcap)
+    out = torch.full_like(query, float("nan"))
+    plan = plan_decode_wholepage(query, prob.kv_cache, prob.block_table, prob.seq_lens, scale, sk, window,
+                                       softcap, out, tuning=tuning or WholePageTuning())
+    assert plan.spec.constexprs.get("TOKEN_MAJOR"), plan.spec.key()
+    decode_wholepage(query, prob.kv_cache, prob.block_table, prob.seq_lens, scale, sinks=sk, sliding_window=window,
+                     softcap=softcap, out=out, tuning=tuning or WholePageTuning())
+    torch.cuda.synchronize()
+    check_close(out, ref, f"{name} token-major")
+
+
+def test_decode_wholepage_odd_strides_are_refused():
+    """Neither head- nor token-major (slots 144 bytes apart): a clear error, never a wrong read."""
     prob, query, _ = _problem([100, 7], 16, 4, 128, 16, False, seed=5, sinks=False)
+    odd = torch.zeros(*prob.kv_cache.shape[:3], 144, dtype=torch.uint8, device="cuda")[..., :136]
     with pytest.raises(UltraQuantError, match="whole 16-token runs"):
-        decode_wholepage(query, prob.kv_cache, prob.block_table, prob.seq_lens, 0.1)
+        decode_wholepage(query, odd, prob.block_table, prob.seq_lens, 0.1)
 
 
 def test_decode_wholepage_jit_default_tuning():

@@ -19,7 +19,14 @@ from ..format import slot_size
 from .families import prefill as prefill_family
 from .families.decode_multiquery import multiquery_call, plan_decode_multiquery
 from .families.decode_splitkv import decode_splitkv_spec, plan_decode_splitkv
-from .families.decode_wholepage import WholePageTuning, decode_wholepage_spec, plan_decode_wholepage, wholepage_call
+from .families.decode_wholepage import (
+    TOKEN_MAJOR_ROUTED,
+    WholePageTuning,
+    decode_wholepage_spec,
+    is_token_major,
+    plan_decode_wholepage,
+    wholepage_call,
+)
 from .families.dequant import plan_dequant
 from .families.store import plan_store, store_few_rows
 from .specialization import LaunchPlan, Specialization, slot_alignment, target_of
@@ -38,7 +45,8 @@ def takes_wholepage(head_size: int, gqa: int, num_kv_heads: int | None, block_si
     16-byte aligned), unless ``tuning.decode_wholepage`` is off; split-KV decode everywhere else."""
     if not tuning.decode_wholepage or num_kv_heads is None or cache_strides is None:
         return False
-    return wholepage_call(head_size, gqa, num_kv_heads, block_size, cache_strides, target_of(device), cache_aligned)
+    return wholepage_call(head_size, gqa, num_kv_heads, block_size, cache_strides, target_of(device), cache_aligned,
+                          token_major=TOKEN_MAJOR_ROUTED)
 
 
 _warned_layouts: set[tuple[int, ...]] = set()
@@ -52,7 +60,7 @@ def warn_slow_layout(head_size: int, gqa: int, num_kv_heads: int, block_size: in
     if not tuning.decode_wholepage or target_of(device) != "cuda":
         return False
     head_major = tuple(cache_strides[:3])
-    if wholepage_call(head_size, gqa, num_kv_heads, block_size, head_major, "cuda"):
+    if wholepage_call(head_size, gqa, num_kv_heads, block_size, head_major, "cuda", token_major=TOKEN_MAJOR_ROUTED):
         return False  # served already
     s = slot_size(head_size)
     if not wholepage_call(head_size, gqa, num_kv_heads, block_size, (num_kv_heads * block_size * s, s, block_size * s),
@@ -85,7 +93,8 @@ def decode_call_spec(head_size: int, gqa: int, block_size: int, query_dtype: tor
     if takes_wholepage(head_size, gqa, num_kv_heads, block_size, cache_strides, device, tuning):
         return decode_wholepage_spec(head_size=head_size, gqa=gqa, num_kv_heads=num_kv_heads, block_size=block_size,
                                      query_dtype=query_dtype, out_dtype=out_dtype, has_sinks=has_sinks,
-                                     has_window=has_window, has_softcap=has_softcap, tuning=wholepage_tuning(tuning))
+                                     has_window=has_window, has_softcap=has_softcap, tuning=wholepage_tuning(tuning),
+                                     token_major=is_token_major(head_size, cache_strides, num_kv_heads))
     return decode_splitkv_spec(head_size=head_size, gqa=gqa, block_size=block_size, query_dtype=query_dtype,
                                out_dtype=out_dtype, has_sinks=has_sinks, has_window=has_window, has_softcap=has_softcap,
                                align=slot_alignment(head_size, cache_strides), target=target_of(device),

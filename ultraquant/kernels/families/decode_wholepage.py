@@ -6,6 +6,9 @@ kv heads of a token range and streams them through a ``cp.async`` shared-memory 
 runs. It covers D = 128, GQA <= 16, 1 <= Hk <= 8 (a power of two), blocks that are a multiple of 16
 tokens, head-major caches whose 16-token runs are contiguous and 16-byte aligned
 (:func:`whole_runs`); :func:`wholepage_supports` is the rule, everything else is split-KV decode's.
+Token-major pages (:func:`token_runs`, ``TOKEN_MAJOR`` in the kernel) are a prototype: the kernel and
+:func:`plan_decode_wholepage` take them, the routing does not until :data:`TOKEN_MAJOR_ROUTED`
+(benchmarks/NOTES.md, "Token-major pages in the whole-page decode (offline)").
 Split-KV decode's run-time arguments with the batch size in the split count's slot
 (:data:`WHOLEPAGE_PARAMS`, the bounds contract's included) and the same per-device workspace; a
 persistent grid (:func:`wholepage_programs`) whose work the kernel balances from ``seq_lens`` on the device
@@ -70,6 +73,23 @@ def whole_runs(head_size: int, strides: tuple[int, ...], num_kv_heads: int) -> b
     return st == slot_size(head_size) and sb % 16 == 0 and (sh % 16 == 0 or num_kv_heads == 1)
 
 
+def token_runs(head_size: int, strides: tuple[int, ...], num_kv_heads: int) -> bool:
+    """True when the cache's ``(block, token, head)`` byte strides are token-major pages with more than one
+    kv head (``(block, token, head, slot)`` memory order: a plain ``torch.zeros((blocks, block_size, Hk,
+    slot))``, upstream vLLM's order), blocks 16-byte aligned: every block's page of all kv heads is one
+    contiguous run the kernel copies whole (``TOKEN_MAJOR``)."""
+    sb, st, sh = (int(x) for x in strides[:3])
+    s = slot_size(head_size)
+    return num_kv_heads > 1 and sh == s and st == num_kv_heads * s and sb % 16 == 0
+
+
+TOKEN_MAJOR_ROUTED = True
+"""Whether the production decode route (:func:`wholepage_call` from ``plans.takes_wholepage``) sends
+token-major pages here. Off until the token-major kernel is validated on an H200 (correctness,
+compute-sanitizer, ``ultraquant bench --serving``) and its blobs are in codegen's matrix; until then
+they decode through split-KV (``warn_slow_layout``). The multi-query decode never takes them."""
+
+
 def wholepage_supports(
     *, head_size: int, gqa: int, num_kv_heads: int, block_size: int, runs: bool, target: str
 ) -> bool:
@@ -93,17 +113,27 @@ def wholepage_call(
     cache_strides: tuple[int, ...],
     target: str,
     cache_aligned: bool = True,
+    token_major: bool = False,
 ) -> bool:
     """The plan's rule for one call: :func:`wholepage_supports` over the cache's strides (``cache_aligned``:
-    its base address is a multiple of 16 bytes)."""
+    its base address is a multiple of 16 bytes; ``token_major``: token-major pages count too,
+    :func:`token_runs`)."""
+    runs = whole_runs(head_size, cache_strides, num_kv_heads) or (
+        token_major and token_runs(head_size, cache_strides, num_kv_heads))
     return cache_aligned and wholepage_supports(
         head_size=head_size,
         gqa=gqa,
         num_kv_heads=num_kv_heads,
         block_size=block_size,
         target=target,
-        runs=whole_runs(head_size, cache_strides, num_kv_heads),
+        runs=runs,
     )
+
+
+def is_token_major(head_size: int, cache_strides: tuple[int, ...] | None, num_kv_heads: int) -> bool:
+    """True when a cache the whole-page decode serves is token-major (its kernel takes ``TOKEN_MAJOR``)."""
+    return (cache_strides is not None and not whole_runs(head_size, cache_strides, num_kv_heads)
+            and token_runs(head_size, cache_strides, num_kv_heads))
 
 
 KV_HEADS: tuple[int, ...] = (1, 2, 4, 8)
@@ -136,9 +166,11 @@ def decode_wholepage_spec(
     has_window: bool = False,
     has_softcap: bool = False,
     tuning: WholePageTuning = WholePageTuning(),
+    token_major: bool = False,
     **_: Any,
 ) -> Specialization:
-    """The whole-page decode kernel for one config."""
+    """The whole-page decode kernel for one config (``token_major``: token-major pages, :func:`token_runs`;
+    at one kv head the layouts are the same bytes and the head-major kernel serves)."""
     d = check_head_size(head_size)
     hk = int(num_kv_heads)
     wt = max(1, tuning.warps // hk)
@@ -173,6 +205,8 @@ def decode_wholepage_spec(
             "HAS_SOFTCAP": bool(has_softcap),
             "ROWS_IN_N": rows_in_n,
             "MIN_TOKENS": WHOLEPAGE_MIN_SPLIT_TOKENS,
+            # only where set, so head-major keys (and blobs) stay what they were
+            **({"TOKEN_MAJOR": True} if token_major and hk > 1 else {}),
         },
         num_warps=hk * wt,
         num_stages=1,
@@ -265,10 +299,11 @@ def plan_decode_wholepage(
     ``(programs, 1, 1)`` that balances the batch's work from ``seq_lens`` on the device (no host sync)."""
     b, hq, d = query.shape
     hk, bs = kv_cache.shape[2], kv_cache.shape[1]
-    if not whole_runs(d, tuple(kv_cache.stride()), hk) or kv_cache.data_ptr() % 16:
+    strides = tuple(kv_cache.stride())
+    if not (whole_runs(d, strides, hk) or token_runs(d, strides, hk)) or kv_cache.data_ptr() % 16:
         raise UltraQuantError(
-            f"the whole-page decode reads whole 16-token runs: needs a head-major cache with 16-byte aligned "
-            f"pages (strides {tuple(kv_cache.stride())}); use decode_attention (split-KV decode)"
+            f"the whole-page decode reads whole 16-token runs: needs a head-major (or token-major) cache with "
+            f"16-byte aligned pages (strides {strides}); use decode_attention (split-KV decode)"
         )
     spec = decode_wholepage_spec(
         head_size=d,
@@ -281,6 +316,7 @@ def plan_decode_wholepage(
         has_window=sliding_window is not None,
         has_softcap=softcap is not None,
         tuning=tuning,
+        token_major=is_token_major(d, strides, hk),
     )
     c = spec.constexprs
     programs = wholepage_programs(query.device, tuning.programs)
@@ -336,6 +372,9 @@ __all__ = [
     "WHOLEPAGE_PARAMS",
     "WholePageTuning",
     "WHOLEPAGE_PROGRAMS_PER_SM",
+    "TOKEN_MAJOR_ROUTED",
+    "is_token_major",
+    "token_runs",
     "decode_wholepage",
     "decode_wholepage_spec",
     "plan_decode_wholepage",

@@ -20,7 +20,10 @@ consecutive tokens of every kv head as ``NSUB * NW`` runs of 16 whole slots, eac
 piece of a head-major page copied with 16-byte ``cp.async`` (17 rows of 128 B at D=128) into the ring
 exactly as it lies in global memory. The math reads its operands (K codes, V codes, the two scale
 words) straight from that raw ring through padded shared layouts (136-byte slots = 128 + 8 padding
-bytes), so no copy is split into pieces.
+bytes), so no copy is split into pieces. Token-major pages (``TOKEN_MAJOR``, a prototype: Hk > 1, the
+``(block, token, head, slot)`` order) are contiguous per block for ALL kv heads: a stage is copied as it lies
+in the page in 16-byte chunks (:func:`_issue_stage_tm`), 16 bytes of padding after every token pair, and
+the same views read it at token-major bases (:func:`_token_major_layout`).
 
 Math, per warp (warp ``w`` serves kv head ``w // WT`` and the ``w % WT``-th ``TW`` tokens of each
 sub-tile; per-warp online softmax, no cross-warp traffic in the loop), as the Gluon experiment of
@@ -194,10 +197,56 @@ def _physical_token(j):
 
 
 @gluon.constexpr_function
-def _slot_layout(interval, pad, shape, last=None):
+def _pair_pad(hk, slot, token_major):
+    """Words of shared-memory padding after every second token of a token-major ring stage (0 for
+    head-major). A token of all ``hk`` kv heads is ``hk * slot / 4`` words; unless that is ``4 * odd``
+    mod 32 banks, consecutive tokens of one head would share banks (8 kv heads at D=128: 272 words = 16
+    banks, the K reads 4-way conflicts). 4 words per token pair (half a per-token padding, as good in the
+    bank model) with the token order of :func:`_tm_token_bases` makes the K and scale reads conflict-free and
+    the V reads 2-way at D=128, as head-major's (tests/test_decode_wholepage_token_major.py models them)."""
+    if not token_major:
+        return 0
+    return 0 if (hk * slot // 4) % 8 == 4 else 4
+
+
+@gluon.constexpr_function
+def _tm_spad(hk, slot, tt, xp, nw, token_major):
+    """``SPAD`` of :func:`_tm_stage` (0 for head-major)."""
+    return _tm_stage(hk, slot, tt, xp, nw, "SPAD") if token_major else 0
+
+
+@gluon.constexpr_function
+def _tm_token_bases(hk, slot):
+    """Logical token of each bit of a token-major run's physical token index (``TOKEN_BASES``' role), per
+    (kv heads, slot bytes): chosen with :func:`_pair_pad` by the bank model of
+    tests/test_decode_wholepage_token_major.py."""
+    return {(2, 136): [1, 2, 4, 8], (4, 136): [1, 2, 8, 4], (8, 136): [2, 1, 4, 8],
+            (2, 272): [1, 2, 8, 4], (4, 272): [1, 2, 4, 8], (8, 272): [8, 1, 2, 4]}[(hk, slot)]
+
+
+@gluon.constexpr_function
+def _tm_bit(hk, slot, i):
+    """log2 of bit ``i``'s logical token in :func:`_tm_token_bases`."""
+    return _tm_token_bases(hk, slot)[i].bit_length() - 1
+
+
+@gluon.jit
+def _tm_physical_token(j, HK: gl.constexpr, SLOT: gl.constexpr):
+    """The physical token of a token-major run that holds logical token ``j`` (inverse of
+    :func:`_tm_token_bases`)."""
+    p = j * 0
+    for i in gl.static_range(4):
+        p = p | (((j >> _tm_bit(HK, SLOT, i)) & 1) << i)
+    return p
+
+
+@gluon.constexpr_function
+def _slot_layout(interval, pad, shape, last=None, hk=0, xpad=0, slot=0, nsub=1, spad=0):
     """Padded view of ring entries ``[NW, 16 tokens, 2, ...]``: identity over the slot piece (the last
     axes; ``last``: the logical index of each bit of the last axis instead), ``interval + pad`` elements
-    per slot, run tokens permuted by ``TOKEN_BASES``."""
+    per slot, run tokens permuted by ``TOKEN_BASES``. ``hk`` > 0: a token-major stage (``_token_major_layout``)."""
+    if hk:
+        return _token_major_layout(interval, pad, shape, last, hk, xpad, slot, nsub, spad)
     bases = []
     for dim in reversed(range(len(shape))):
         for bit in range(shape[dim].bit_length() - 1):
@@ -206,6 +255,37 @@ def _slot_layout(interval, pad, shape, last=None):
                 v = last[bit]
             bases.append([v if i == dim else 0 for i in range(len(shape))])
     return gl.PaddedSharedLayout([[interval, pad]], bases, [], list(shape))
+
+
+@gluon.constexpr_function
+def _token_major_layout(interval, pad, shape, last, hk, xpad, slot, nsub, spad):
+    """:func:`_slot_layout` over a token-major ring entry (``WT`` groups of 16 tokens x ``hk`` kv heads,
+    each token's ``hk`` slots contiguous as in the page, ``xpad`` padding elements after every second
+    token): slot ``s`` of the entry holds kv head ``s % hk`` (warps ``h WT ..``) of physical token
+    ``(s // hk) % 16`` of token group ``s // (16 hk)`` (warp ``% WT``), tokens ordered by
+    :func:`_tm_token_bases`; ``spad`` elements after every stage of ``nsub`` entries (:func:`_tm_stage`)."""
+    n = len(shape)
+    bases = []
+    for dim in reversed(range(2, n)):
+        for bit in range(shape[dim].bit_length() - 1):
+            v = last[bit] if last is not None and dim == n - 1 else 1 << bit
+            bases.append([v if i == dim else 0 for i in range(n)])
+    wt = shape[0] // hk
+    bases += [[wt << b if i == 0 else 0 for i in range(n)] for b in range(hk.bit_length() - 1)]
+    bases += [[t if i == 1 else 0 for i in range(n)] for t in _tm_token_bases(hk, slot)]
+    bases += [[1 << b if i == 0 else 0 for i in range(n)] for b in range(wt.bit_length() - 1)]
+    pairs = [[interval, pad]] + ([[2 * hk * interval, xpad]] if xpad else [])
+    pairs += [[_prod(shape) * nsub, spad]] if spad else []
+    return gl.PaddedSharedLayout(pairs, bases, [], list(shape))
+
+
+@gluon.constexpr_function
+def _prod(shape):
+    """The product of ``shape``."""
+    n = 1
+    for x in shape:
+        n *= x
+    return n
 
 
 @gluon.constexpr_function
@@ -451,12 +531,22 @@ def _pv_operands(p, vsw, vsw1, vtop, nr_t, D: gl.constexpr, NW: gl.constexpr, L:
 
 
 @gluon.constexpr_function
-def _vword_layout(nw, wpt, slot_words):
+def _vword_layout(nw, wpt, slot_words, hk=0, xpad=0, nsub=1, spad=0):
     """Padded view ``[NW, 16, 8, wpt, 2]`` of V code words for :func:`_pv_word`: element (i, j, w, 0) is
     V word ``wpt (i % 8) + w`` of run token ``j + 8 (i // 8)`` (tokens permuted by ``TOKEN_BASES``), slots
-    of ``16 wpt`` + padding words (``slot_words`` in all)."""
+    of ``16 wpt`` + padding words (``slot_words`` in all). ``hk`` > 0: a token-major entry
+    (:func:`_token_major_layout`: head bits, then tokens, then token groups)."""
     bases = [[0, 0, 0, 1 << b, 0] for b in range(wpt.bit_length() - 1)]
     bases += [[0, 1, 0, 0, 0], [0, 2, 0, 0, 0], [0, 4, 0, 0, 0], [0, 0, 0, 0, 1]]
+    if hk:
+        wt = nw // hk
+        bases += [[wt << b, 0, 0, 0, 0] for b in range(hk.bit_length() - 1)]
+        for t in _tm_token_bases(hk, 4 * slot_words):
+            bases.append([0, 8, 0, 0, 0] if t == 8 else [0, 0, t, 0, 0])
+        bases += [[1 << b, 0, 0, 0, 0] for b in range(wt.bit_length() - 1)]
+        pairs = [[16 * wpt, slot_words - 16 * wpt]] + ([[32 * wpt * hk, xpad]] if xpad else [])
+        pairs += [[nw * 16 * 8 * wpt * 2 * nsub, spad]] if spad else []
+        return gl.PaddedSharedLayout(pairs, bases, [], [nw, 16, 8, wpt, 2])
     for t in TOKEN_BASES.value:
         bases.append([0, 8, 0, 0, 0] if t == 8 else [0, 0, t, 0, 0])
     bases += [[1 << i, 0, 0, 0, 0] for i in range(nw.bit_length() - 1)]
@@ -554,6 +644,116 @@ def _issue_stage(ring, stage, cache_ptr, bt_row, t0, t_hi, stride_cb, stride_ch,
     w2 = gl.expand_dims(gl.arange(0, 32, gl.SliceLayout(0, RL)), 0)
     p2 = gl.multiple_of((cache_ptr + base2).to(gl.pointer_type(gl.int32)), [16, 16])
     async_copy.async_copy_global_to_shared(rows.slice(NR * RB, NR * RS), p2 + w2, mask=ok2 & (w2 >= 0))
+
+
+@gluon.constexpr_function
+def _tm_stage(hk, slot, tt, xp, nw, key):
+    """Shape of a token-major ring stage, item ``key``: ``STW`` words from one stage to the next, ``NCH`` its
+    16-byte chunks of data, ``PC`` chunks per token pair, ``DC`` data chunks per pair, ``N1``/``N2`` the two
+    copies' chunk counts (powers of two; the second's chunks past ``NCH`` are masked, and a masked
+    ``cp.async`` writes zeros, so ``SPAD`` words, a power of two, end the stage to hold them), ``SL`` the
+    padded layout of ``[STAGES, U]`` whose entries start every stage's words (``U``: a power of two).
+    A token pair (``2 hk slot`` bytes, contiguous in the page) and ``xp`` padding words (:func:`_pair_pad`)."""
+    td = hk * slot // 4
+    pc = (2 * td + xp) // 4
+    dc = td // 2
+    nch = tt // 2 * pc
+    data = tt // 2 * (2 * td + xp)
+    n1 = 1 << (nch.bit_length() - 1)
+    n2 = 0 if nch == n1 else max(32 * nw, 1 << (nch - n1 - 1).bit_length())
+    spad = 0 if 4 * (n1 + n2) <= data else 1 << (4 * (n1 + n2) - data - 1).bit_length()
+    stw = data + spad
+    u = 1 << (stw.bit_length() - 1)
+    extra = stw - u
+    pairs = []
+    for m, k in enumerate(b for b in reversed(range(extra.bit_length())) if extra >> b & 1):
+        pairs.append([u >> m, 1 << (k - m)])  # 2**m intervals of u >> m per stage, 2**(k - m) words each
+    bases = [[1 << b] for b in range(u.bit_length() - 1)]
+    return {"STW": stw, "NCH": nch, "PC": pc, "DC": dc, "N1": n1, "N2": n2, "U": u, "SPAD": spad,
+            "SL": gl.PaddedSharedLayout(pairs, bases, [], [u])}[key]
+
+
+@gluon.jit
+def _issue_stage_tm(stages, stage, cache_ptr, bt_row, t0, t_hi, stride_cb, inside, num_blocks,
+                    TT: gl.constexpr, NW: gl.constexpr, HK: gl.constexpr, SLOT: gl.constexpr, XP: gl.constexpr,
+                    BLOCK_SIZE: gl.constexpr):
+    """:func:`_issue_stage` for token-major pages: tokens ``[t0, t0 + TT)`` of ALL kv heads are, per
+    page, one contiguous run (token ``t`` of head ``h`` at ``(t HK + h) SLOT`` bytes), copied with 16-byte
+    ``cp.async`` into ring stage ``stage`` (``stages``: :func:`_tm_stage`'s layout) as it lies in the page,
+    ``XP`` words of padding after every token pair (:func:`_pair_pad`): chunk ``i`` of the stage is chunk
+    ``i % PC`` of token pair ``i // PC`` (the pair's last chunk, the padding, is not copied). Two copies of
+    ``N1`` and ``N2`` chunks (powers of two). A token pair is read or zero-filled with its 16-token run
+    (as head-major's runs: the same bytes)."""
+    NCH: gl.constexpr = _tm_stage(HK, SLOT, TT, XP, NW, "NCH")
+    PC: gl.constexpr = _tm_stage(HK, SLOT, TT, XP, NW, "PC")
+    DC: gl.constexpr = _tm_stage(HK, SLOT, TT, XP, NW, "DC")
+    N1: gl.constexpr = _tm_stage(HK, SLOT, TT, XP, NW, "N1")
+    N2: gl.constexpr = _tm_stage(HK, SLOT, TT, XP, NW, "N2")
+    TOKB: gl.constexpr = HK * SLOT
+    CL: gl.constexpr = gl.BlockedLayout([1, 4], [32, 1], [NW, 1], [1, 0])
+    ROWS: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [1, 0])
+    chunks = stages.index(stage)._reinterpret(gl.int32, [2 * N1, 4], ROWS)
+    NBL: gl.constexpr = _stage_blocks(TT, BLOCK_SIZE)
+    ids = ()
+    for j in gl.static_range(NBL):  # the stage's block ids, once per stage (not per chunk)
+        ids = ids + (gl.load(bt_row + t0 // BLOCK_SIZE + j, mask=t0 + j * BLOCK_SIZE < t_hi, other=0),)
+    w = gl.expand_dims(gl.arange(0, 4, gl.SliceLayout(0, CL)), 0)
+    c = gl.expand_dims(gl.arange(0, N1, gl.SliceLayout(1, CL)), 1)
+    base, ok = _pair_chunks(c, PC, DC, NCH, bt_row, t0, t_hi, stride_cb, ids, NBL, inside, num_blocks, TOKB,
+                            TT, BLOCK_SIZE)
+    p = gl.multiple_of((cache_ptr + base).to(gl.pointer_type(gl.int32)), [16, 16])
+    async_copy.async_copy_global_to_shared(chunks.slice(0, N1), p + w, mask=ok & (w >= 0))
+    if N2 > 0:
+        c2 = gl.expand_dims(gl.arange(0, N2, gl.SliceLayout(1, CL)), 1) + N1
+        base2, ok2 = _pair_chunks(c2, PC, DC, NCH, bt_row, t0, t_hi, stride_cb, ids, NBL, inside, num_blocks, TOKB,
+                                  TT, BLOCK_SIZE)
+        p2 = gl.multiple_of((cache_ptr + base2).to(gl.pointer_type(gl.int32)), [16, 16])
+        async_copy.async_copy_global_to_shared(chunks.slice(N1, N2), p2 + w, mask=ok2 & (w >= 0))
+
+
+@gluon.jit
+def _pair_chunks(c, PC: gl.constexpr, DC: gl.constexpr, NCH: gl.constexpr, bt_row, t0, t_hi, stride_cb, ids,
+                 NBL: gl.constexpr, inside, num_blocks, TOKB: gl.constexpr, TT: gl.constexpr,
+                 BLOCK_SIZE: gl.constexpr):
+    """Byte offsets in a token-major cache of stage chunks ``c`` (chunk ``c % PC`` of token pair ``c // PC``)
+    and which to read (a data chunk of the stage whose 16-token run starts before ``t_hi`` and, unless
+    ``inside``, whose block id is inside ``[0, num_blocks)``); block ids as :func:`_run_rows`."""
+    tau = (c // PC) * 2                               # the pair's first token in the stage
+    within = c % PC
+    # a data chunk of the stage: its run's first token (loop invariant), else past any length (one compare a stage)
+    run = gl.where((within < DC) & (c < NCH), (tau // 16) * 16, 1 << 30)
+    ok = run < t_hi - t0
+    if NBL == 0 and TT % BLOCK_SIZE == 0:  # stages start on block boundaries: a chunk's block slot and offset
+        # in its page do not depend on the stage (loop invariants)
+        blk = gl.load(bt_row + t0 // BLOCK_SIZE + tau // BLOCK_SIZE, mask=ok, other=0)
+        ok = ok & (inside | ((blk >= 0) & (blk < num_blocks)))
+        base = blk.to(gl.int64) * stride_cb + ((tau % BLOCK_SIZE) * TOKB + within * 16).to(gl.int64)
+    elif NBL == 0:
+        tok = t0 + tau
+        blk = gl.load(bt_row + tok // BLOCK_SIZE, mask=ok, other=0)
+        ok = ok & (inside | ((blk >= 0) & (blk < num_blocks)))
+        base = blk.to(gl.int64) * stride_cb + ((tok % BLOCK_SIZE) * TOKB + within * 16).to(gl.int64)
+    else:
+        jl = tau // BLOCK_SIZE
+        blk = ids[0] + jl * 0
+        for j in gl.static_range(1, NBL):
+            blk = gl.where(jl == j, ids[j], blk)
+        ok = ok & (inside | ((blk >= 0) & (blk < num_blocks)))
+        base = blk.to(gl.int64) * stride_cb + (t0 % BLOCK_SIZE) * TOKB + ((tau % BLOCK_SIZE) * TOKB + within * 16)
+    return base, ok
+
+
+@gluon.jit
+def _advance_ring_tm(stages, it, cache_ptr, bt_row, t_lo, t_hi, stride_cb, inside, num_blocks,
+                     STAGES: gl.constexpr, TT: gl.constexpr, NSUB: gl.constexpr, NW: gl.constexpr,
+                     HK: gl.constexpr, SLOT: gl.constexpr, XP: gl.constexpr, BLOCK_SIZE: gl.constexpr):
+    """:func:`_advance_ring` for token-major pages (:func:`_issue_stage_tm`)."""
+    async_copy.wait_group(STAGES - 2)
+    gl.thread_barrier()
+    _issue_stage_tm(stages, (it + STAGES - 1) % STAGES, cache_ptr, bt_row, t_lo + (it + STAGES - 1) * TT,
+                    t_hi, stride_cb, inside, num_blocks, TT, NW, HK, SLOT, XP, BLOCK_SIZE)
+    async_copy.commit_group()
+    return (it % STAGES) * NSUB, t_lo + it * TT
 
 
 @gluon.jit
@@ -912,7 +1112,8 @@ def _serve_piece(q_ptr, cache_ptr, bt_ptr, seqlen_ptr, sinks_ptr, out_ptr, part_
                  D: gl.constexpr, LOG2D: gl.constexpr, GQA: gl.constexpr, ROWS: gl.constexpr,
                  GQA_PAD: gl.constexpr, HK: gl.constexpr, WT: gl.constexpr, NSUB: gl.constexpr,
                  STAGES: gl.constexpr, TW: gl.constexpr, BLOCK_SIZE: gl.constexpr, HAS_SINKS: gl.constexpr,
-                 HAS_WINDOW: gl.constexpr, HAS_SOFTCAP: gl.constexpr, ROWS_IN_N: gl.constexpr):
+                 HAS_WINDOW: gl.constexpr, HAS_SOFTCAP: gl.constexpr, ROWS_IN_N: gl.constexpr,
+                 TOKEN_MAJOR: gl.constexpr = False):
     """Serve request ``b``'s piece of this program's units ``[w0, w1)`` (the request's units start at
     ``cs``): stream it through the ring, leave one partial per kv head in slot ``pid + b`` and, for the
     request's last piece (atomic ticket), merge its pieces into ``out``. Returns the request's end unit."""
@@ -953,19 +1154,36 @@ def _serve_piece(q_ptr, cache_ptr, bt_ptr, seqlen_ptr, sinks_ptr, out_ptr, part_
     RING: gl.constexpr = gl.PaddedSharedLayout.with_identity_for([[RINT, 4 * SLOT - RINT]], [NR, RINT], [1, 0])
     # allocated here, not by the kernel: Triton 3.6 places a noinline function's scratch at the start of
     # shared memory whatever the caller holds there, so a ring passed in would be overwritten
-    ring = gl.allocate_shared_memory(gl.int32, [STAGES * NR * (SLOT * 4)], FLAT)._reinterpret(
-        gl.int32, [STAGES, NR, RINT], RING)
+    # token-major pages (TOKEN_MAJOR): a stage is TT tokens x HK slots as in the page, XP padding words after
+    # every second token (_pair_pad); the copy writes whole 16-byte chunks (_issue_stage_tm), the views below
+    # are the same pieces at token-major bases (_token_major_layout)
+    XP: gl.constexpr = _pair_pad(HK, SLOT, TOKEN_MAJOR)
+    TMK: gl.constexpr = HK if TOKEN_MAJOR else 0
+    SPAD: gl.constexpr = _tm_spad(HK, SLOT, TT, XP, NW, TOKEN_MAJOR)
+    if TOKEN_MAJOR:
+        STW: gl.constexpr = _tm_stage(HK, SLOT, TT, XP, NW, "STW")
+        alloc = gl.allocate_shared_memory(gl.int32, [STAGES * STW], FLAT)
+        stages = alloc._reinterpret(gl.int32, [STAGES, _tm_stage(HK, SLOT, TT, XP, NW, "U")],
+                                    _tm_stage(HK, SLOT, TT, XP, NW, "SL"))  # .index(s): stage s's first word
+        # viewed at once as a power-of-two flat shape (layouts need one), as `words` below
+        ring = alloc._reinterpret(gl.int32, [STAGES * NR * 1024 * (D // 128)], FLAT)
+    else:
+        ring = gl.allocate_shared_memory(gl.int32, [STAGES * NR * (SLOT * 4)], FLAT)._reinterpret(
+            gl.int32, [STAGES, NR, RINT], RING)
     gl.thread_barrier()  # every warp is past the caller's (and the previous piece's) shared memory use
     # math views of sub-tile entries (NW runs): K codes at slot byte 0, V codes at byte H + G, the scale
     # words at words H/4 and SLOT/4 - 1. Each view is [NW, TW, 2, n] over 2n-element slot pieces padded
     # to the slot (128 + 8 bytes, 32 + 2 words) and based at its piece's offset; slicing index 0 of the
     # size-2 axis skips the rest of the slot (shared layouts cannot broadcast)
-    PB: gl.constexpr = _slot_layout(2 * H, SLOT - 2 * H, [NW, TW, 2, H])
-    PV: gl.constexpr = _slot_layout(2 * H, SLOT - 2 * H, [NW, TW, 2, H // 8, 8])
+    PB: gl.constexpr = _slot_layout(2 * H, SLOT - 2 * H, [NW, TW, 2, H], None, TMK, 4 * XP, SLOT, NSUB, 4 * SPAD)
+    PV: gl.constexpr = _slot_layout(2 * H, SLOT - 2 * H, [NW, TW, 2, H // 8, 8], None, TMK, 4 * XP, SLOT, NSUB,
+                                    4 * SPAD)
     SW2: gl.constexpr = 32 * (D // 128)               # a slot's words without its 2 (or 4) padding words
-    PWD: gl.constexpr = _slot_layout(SW2, SLOT // 4 - SW2, [NW, TW, 2, SW2 // 2])
+    PWD: gl.constexpr = _slot_layout(SW2, SLOT // 4 - SW2, [NW, TW, 2, SW2 // 2], None, TMK, XP, SLOT, NSUB,
+                                     SPAD)
     # K code words for _qk_runs: [NW, TW, *, 8 (score column 2i + c: word 4c + i)], index 0 of axis 2
-    PKW: gl.constexpr = _slot_layout(SW2, SLOT // 4 - SW2, [NW, TW, SW2 // 8, 8], [2, 4, 1])
+    PKW: gl.constexpr = _slot_layout(SW2, SLOT // 4 - SW2, [NW, TW, SW2 // 8, 8], [2, 4, 1], TMK, XP, SLOT, NSUB,
+                                     SPAD)
     E: gl.constexpr = STAGES * NSUB
     RUNB: gl.constexpr = 4096 * (D // 128)            # a power of two >= a run's bytes
     bytes8 = ring._reinterpret(gl.uint8, [STAGES * NR * RUNB], FLAT)
@@ -977,7 +1195,7 @@ def _serve_piece(q_ptr, cache_ptr, bt_ptr, seqlen_ptr, sinks_ptr, out_ptr, part_
     kwd = words.slice(24, 8)._reinterpret(gl.int32, [E, NW, TW, SW2 // 8, 8], PKW)  # D=256: groups 6, 7
     # V code words for _pv_word: [NW, 16, 8, WPT, 2] views based at V words 0..WPT-1 (:func:`_vword_layout`)
     WPT: gl.constexpr = D // 64
-    PVW: gl.constexpr = _vword_layout(NW, WPT, SLOT // 4)
+    PVW: gl.constexpr = _vword_layout(NW, WPT, SLOT // 4, TMK, XP, NSUB, SPAD)
     V0: gl.constexpr = (H + G) // 4
     vwa = words.slice(V0, 1)._reinterpret(gl.int32, [E, NW, 16, 8, WPT, 2], PVW)
     vwb = words.slice(V0 + 1, 1)._reinterpret(gl.int32, [E, NW, 16, 8, WPT, 2], PVW)
@@ -1024,8 +1242,12 @@ def _serve_piece(q_ptr, cache_ptr, bt_ptr, seqlen_ptr, sinks_ptr, out_ptr, part_
     # ---- prologue: STAGES - 1 stages in flight, each row checking its own block id (the range's check below
     # waits for its block-table loads; the copies do not)
     for i in gl.static_range(STAGES - 1):
-        _issue_stage(ring, i, cache_ptr, bt_row, t_lo + i * TT, t_hi, stride_cb, stride_ch, False, num_blocks,
-                     NSUB, NW, WT, SLOT, BLOCK_SIZE)
+        if TOKEN_MAJOR:
+            _issue_stage_tm(stages, i, cache_ptr, bt_row, t_lo + i * TT, t_hi, stride_cb, False, num_blocks,
+                            TT, NW, HK, SLOT, XP, BLOCK_SIZE)
+        else:
+            _issue_stage(ring, i, cache_ptr, bt_row, t_lo + i * TT, t_hi, stride_cb, stride_ch, False, num_blocks,
+                         NSUB, NW, WT, SLOT, BLOCK_SIZE)
         async_copy.commit_group()
     inside = _blocks_inside(bt_row, t_lo, t_hi, num_blocks, err_ptr, BLOCK_SIZE, NW)
 
@@ -1089,7 +1311,10 @@ def _serve_piece(q_ptr, cache_ptr, bt_ptr, seqlen_ptr, sinks_ptr, out_ptr, part_
 
     # ---- per-warp token offsets in the per-token layout; K groups in the K operand layout; V byte groups
     ws = gl.expand_dims(gl.arange(0, NW, gl.SliceLayout(1, TK)) % WT, 1) * TW
-    ns = gl.expand_dims(_physical_token(gl.arange(0, TW, gl.SliceLayout(0, TK))), 0)
+    if TOKEN_MAJOR:  # token order of _tm_token_bases
+        ns = gl.expand_dims(_tm_physical_token(gl.arange(0, TW, gl.SliceLayout(0, TK)), HK, SLOT), 0)
+    else:
+        ns = gl.expand_dims(_physical_token(gl.arange(0, TW, gl.SliceLayout(0, TK))), 0)
     kgroup = 0  # m16 only: the K and V groups of the fp16-halves path
     vgroup = 0
     if not ROWS_IN_N:
@@ -1109,8 +1334,12 @@ def _serve_piece(q_ptr, cache_ptr, bt_ptr, seqlen_ptr, sinks_ptr, out_ptr, part_
         accs = accs + (gl.zeros(ACC, gl.float32, MMA),)
     m_i, l_i, run = _online_start(RG, [NW, RR], QR, QW)
     for it in range(n_it):
-        cur, t0 = _advance_ring(ring, it, cache_ptr, bt_row, t_lo, t_hi, stride_cb, stride_ch, inside, num_blocks,
-                                STAGES, TT, NSUB, NW, WT, SLOT, BLOCK_SIZE)
+        if TOKEN_MAJOR:
+            cur, t0 = _advance_ring_tm(stages, it, cache_ptr, bt_row, t_lo, t_hi, stride_cb, inside, num_blocks,
+                                       STAGES, TT, NSUB, NW, HK, SLOT, XP, BLOCK_SIZE)
+        else:
+            cur, t0 = _advance_ring(ring, it, cache_ptr, bt_row, t_lo, t_hi, stride_cb, stride_ch, inside,
+                                    num_blocks, STAGES, TT, NSUB, NW, WT, SLOT, BLOCK_SIZE)
         for jp in gl.static_range(NSUB // PAIR):
             j = jp * PAIR
             kw = _piece(ks.index(cur + j), [NW, TW], KWL, KWL)
@@ -1294,12 +1523,13 @@ def uq_decode_wholepage(q_ptr, cache_ptr, bt_ptr, seqlen_ptr, sinks_ptr, out_ptr
                         GQA_PAD: gl.constexpr, HK: gl.constexpr, WT: gl.constexpr, NSUB: gl.constexpr,
                         STAGES: gl.constexpr, TW: gl.constexpr, BLOCK_SIZE: gl.constexpr, HAS_SINKS: gl.constexpr,
                         HAS_WINDOW: gl.constexpr, HAS_SOFTCAP: gl.constexpr,
-                        ROWS_IN_N: gl.constexpr, MIN_TOKENS: gl.constexpr):
+                        ROWS_IN_N: gl.constexpr, MIN_TOKENS: gl.constexpr, TOKEN_MAJOR: gl.constexpr = False):
     """Whole-page paged decode over a persistent grid ``(programs, 1, 1)`` balanced from ``seq_lens`` on
     the device (``num_requests``: the batch size); see the module docstring.
     ``ROWS_IN_N``: the query rows are the MMA N dimension (S^T = K Q^T, O^T = V^T P^T; 8 rows per MMA, ROWS =
     16 as two 8-row groups over the same decoded K/V fragments) instead of 16 padded M rows. Each piece is one
-    call of the noinline :func:`_serve_piece`."""
+    call of the noinline :func:`_serve_piece`. ``TOKEN_MAJOR``: the cache's pages are token-major
+    (``(block, token, head, slot)`` memory order, Hk > 1): :func:`_issue_stage_tm`."""
     gl.static_assert(D == 128 or (D == 256 and ROWS_IN_N), "the whole-page decode: D=128, or D=256 with rows in N")
     gl.static_assert((ROWS == 16 and not ROWS_IN_N) or (ROWS == 8 and ROWS_IN_N) or (ROWS == 16 and D == 128),
                      "the whole-page decode: 16 M rows (GQA <= 16), 8 N rows (GQA <= 8) or two groups of 8 in N "
@@ -1324,4 +1554,4 @@ def uq_decode_wholepage(q_ptr, cache_ptr, bt_ptr, seqlen_ptr, sinks_ptr, out_ptr
                           err_ptr, scale, softcap, window, num_blocks, cap, stride_qb, stride_qh, stride_ob, stride_oh,
                           stride_cb, stride_ch, stride_btb, b, cs, w0, w1, total, active, pid,
                           D, LOG2D, GQA, ROWS, GQA_PAD, HK, WT, NSUB, STAGES, TW, BLOCK_SIZE,
-                          HAS_SINKS, HAS_WINDOW, HAS_SOFTCAP, ROWS_IN_N)
+                          HAS_SINKS, HAS_WINDOW, HAS_SOFTCAP, ROWS_IN_N, TOKEN_MAJOR)
