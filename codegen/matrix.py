@@ -122,11 +122,14 @@ OPS: tuple[OpRow, ...] = (
     # The whole-page decode (Gluon, sm_90): its own kernel, LaunchPlan and grid (ultraquant.kernels.plans.plan_decode
     # picks it by takes_wholepage); one blob per kv-head count (the program holds all kv heads of a page).
     OpRow("decode_attention_wholepage", ("head_size", "gqa", "block_size", "dtype", "num_kv_heads"),
-          rename={"dtype": "query_dtype"}, features=ATTENTION_FEATURES, flag_defaults=ATTENTION_FLAGS,
-          archs=("sm_90",),
+          # both page layouts: head-major (empty_kv_cache) and token-major (a plain torch.zeros, upstream
+          # vLLM's order; TOKEN_MAJOR, Hk > 1 only: at one kv head the layouts are the same bytes)
+          rename={"dtype": "query_dtype"},
+          features=ATTENTION_FEATURES + tuple({**f, "token_major": True} for f in ATTENTION_FEATURES),
+          flag_defaults=ATTENTION_FLAGS, archs=("sm_90",),
           grid="(programs, 1, 1): a persistent grid per device "
                "(ultraquant.kernels.families.decode_wholepage.wholepage_programs), the work balanced from "
-               "seq_lens on the device; head-major caches only (takes_wholepage)"),
+               "seq_lens on the device; head-major or token-major caches (takes_wholepage)"),
     # The multi-query decode (Gluon, sm_90): speculative-decoding steps of up to 16 new tokens per request
     # (ultraquant.spec_decode_attention, routed by ultraquant.kernels.plans.takes_multiquery); one blob per kv-head
     # count and M tiles per program (1, or 2 where a request has two or more: multiquery_program_tiles); the
@@ -412,7 +415,9 @@ COVER_INTERACTIONS: dict[str, tuple[tuple[str, ...], ...]] = {
     "decode_attention_flydsl": _ATTENTION_PAIRS,
     "decode_attention_flydsl_mx": _ATTENTION_PAIRS,
     # Whole-page decode: its row split (m16 path at GQA >= 9) and its spill allowance follow GQA x kv heads.
-    "decode_attention_wholepage": (("head_size", "gqa"), ("gqa", "num_kv_heads")),
+    # Token-major pages: pair padding and token order per (D, Hk).
+    "decode_attention_wholepage": (("head_size", "gqa"), ("gqa", "num_kv_heads"), ("head_size", "token_major"),
+                                   ("num_kv_heads", "token_major")),
     # The multi-query decode: the whole-page ring and rows, so the same interactions.
     "spec_decode_attention": (("head_size", "gqa"), ("gqa", "num_kv_heads")),
     # Dequant: every combination (48 blobs of ~1-2 s): the D=64 spill on sm_90 needed all three of

@@ -60,8 +60,26 @@ def test_cuda_target_takes_wholepage_where_covered(cuda_target):
     assert window.spec.kernel == "uq_decode_wholepage" and window.spec.constexprs["HAS_WINDOW"]
 
 
+def test_cuda_target_takes_wholepage_on_token_major_pages(cuda_target):
+    """Token-major pages (a plain torch.zeros of the ops' shape, upstream vLLM's order) at Hk > 1: the
+    whole-page decode with TOKEN_MAJOR; head-major and one kv head keep the head-major key."""
+    for hq, hk, bs, d in ((32, 8, 16, 128), (12, 2, 32, 128), (16, 4, 64, 128), (16, 2, 16, 256)):
+        p = _plan(_call(hq, hk, bs, d=d, head_major=False))
+        assert p.spec.kernel == "uq_decode_wholepage" and p.spec.constexprs.get("TOKEN_MAJOR"), (hq, hk, bs, d)
+        head = _plan(_call(hq, hk, bs, d=d))
+        assert head.spec.kernel == "uq_decode_wholepage" and "TOKEN_MAJOR" not in head.spec.constexprs
+    one = _plan(_call(8, 1, 16, head_major=False))
+    assert one.spec.kernel == "uq_decode_wholepage" and "TOKEN_MAJOR" not in one.spec.constexprs
+
+
+def test_cuda_target_keeps_splitkv_on_padded_slots(cuda_target):
+    """Slots 144 bytes apart (neither head- nor token-major pages): split-KV decode."""
+    q, _, bt, lens, out = _call()
+    padded = torch.zeros(9, 64, 8, 144, dtype=torch.uint8)[..., :SLOT]
+    assert plans.plan_decode(q, padded, bt, lens, 0.1, None, None, None, out).spec.kernel == "uq_decode_splitkv"
+
+
 @pytest.mark.parametrize("what,call", [
-    ("token-major pages", dict(head_major=False)),
     ("D=64", dict(d=64)),
     ("D=256, GQA 16", dict(d=256, hq=32, hk=2)),
     ("GQA 32", dict(hq=32, hk=1)),
@@ -103,8 +121,11 @@ def test_warmup_specs_follow_the_rule(cuda_target, monkeypatch):
     model = {"head_size": 128, "block_size": 64, "num_q_heads": 32, "num_kv_heads": 8, "ops": ["decode_attention"]}
     monkeypatch.setattr(policy, "_torch_device", lambda device: torch.device("cpu"))
     (wholepage,) = policy.model_specializations({**model, "cache_strides": list(strides)})
-    (splitkv,) = policy.model_specializations(model)  # the dense (token-major) layout
-    assert wholepage.kernel == "uq_decode_wholepage" and splitkv.kernel == "uq_decode_splitkv"
+    (dense,) = policy.model_specializations(model)  # the dense (token-major) layout
+    assert wholepage.kernel == "uq_decode_wholepage" and dense.kernel == "uq_decode_wholepage"
+    assert dense.constexprs.get("TOKEN_MAJOR") and "TOKEN_MAJOR" not in wholepage.constexprs
+    dense_plan = _plan(_call(head_major=False))
+    assert dataclasses.replace(dense, divisible=dense_plan.spec.divisible).key() == dense_plan.spec.key()
     plan = _plan(_call())
     assert dataclasses.replace(wholepage, divisible=plan.spec.divisible).key() == plan.spec.key()
     assert "decode_attention_wholepage" not in [s.kernel for s in policy.model_specializations(

@@ -115,22 +115,22 @@ def test_empty_kv_cache_is_head_major_and_whole_page():
 
 
 def test_slow_layout_warns_once(caplog):
-    """Token-major pages at Hk > 1 on NVIDIA: one warning per stride pattern; head-major, one kv head,
-    configs split-KV serves anyway, AMD: none."""
+    """Pages neither head- nor token-major (padded slots) at Hk > 1 on NVIDIA: one warning per stride
+    pattern; head-major, token-major, one kv head, configs split-KV serves anyway, AMD: none."""
     from ultraquant.kernels import plans
 
     cuda = torch.device("cuda")
-    token_major = torch.zeros(5, 16, 4, 136, dtype=torch.uint8).stride()
+    padded = torch.zeros(5, 16, 4, 144, dtype=torch.uint8)[..., :136].stride()
     with caplog.at_level("WARNING", logger="ultraquant"):
-        assert plans.warn_slow_layout(128, 4, 4, 16, token_major, cuda)
-        assert not plans.warn_slow_layout(128, 4, 4, 16, token_major, cuda)  # once
+        assert plans.warn_slow_layout(128, 4, 4, 16, padded, cuda)
+        assert not plans.warn_slow_layout(128, 4, 4, 16, padded, cuda)  # once
     assert sum("empty_kv_cache" in r.getMessage() for r in caplog.records) == 1
     head_major = torch.zeros(5, 4, 16, 136, dtype=torch.uint8).permute(0, 2, 1, 3).stride()
     assert not plans.warn_slow_layout(128, 4, 4, 16, head_major, cuda)
+    assert not plans.warn_slow_layout(128, 4, 4, 16, torch.zeros(5, 16, 4, 136, dtype=torch.uint8).stride(), cuda)
     assert not plans.warn_slow_layout(128, 4, 1, 16, torch.zeros(5, 16, 1, 136, dtype=torch.uint8).stride(), cuda)
     assert not plans.warn_slow_layout(64, 4, 4, 16, torch.zeros(5, 16, 4, 68, dtype=torch.uint8).stride(), cuda)
-    assert not plans.warn_slow_layout(128, 4, 4, 16, torch.zeros(6, 16, 4, 136, dtype=torch.uint8).stride(),
-                                      torch.device("cpu"))
+    assert not plans.warn_slow_layout(128, 4, 4, 16, padded, torch.device("cpu"))
 
 
 @pytest.mark.parametrize("hk", [1, 2, 4, 8])

@@ -103,7 +103,9 @@ class Geometry:
 
     def physical_token(self, j: np.ndarray) -> np.ndarray:
         """The kernel's ``ns``: the token (of its 16-token run) that logical token ``j`` reads."""
-        if not self.TM:
+        if not self.TM:  # D=128: TOKEN_BASES [8, 4, 1, 2]; D=256: the identity (_hm_token_bases)
+            if self.SLOT == 272:
+                return j.copy()
             return ((j >> 3) & 1) | (((j >> 2) & 1) << 1) | ((j & 1) << 2) | (((j >> 1) & 1) << 3)
         p = np.zeros_like(j)
         for i, t in enumerate(K._tm_token_bases(self.HK, self.SLOT)):
@@ -285,6 +287,14 @@ def test_token_major_loads_conflict_no_more_than_head_major(d, hk):
     tm = load_degrees(Geometry(d, hk, True), Geometry(d, hk, True).views())
     assert tm["K"] == tm["scales"] == 1, tm
     assert all(tm[k] <= hm[k] for k in tm), (tm, hm)
+
+
+@pytest.mark.parametrize("d,hk", [(128, 2), (128, 8), (256, 2), (256, 8)])
+def test_head_major_token_order_has_conflict_free_k_and_scales(d, hk):
+    """Head-major runs: K and scale loads 1-way, V 2-way (D=128) or 4-way (D=256) with ``_hm_token_bases``;
+    at D=256 (a 4-bank token stride) D=128's order [8, 4, 1, 2] gives 2-way K and scale loads."""
+    geo = Geometry(d, hk, False)
+    assert load_degrees(geo, geo.views()) == {"K": 1, "V": 2 if d == 128 else 4, "scales": 1}
 
 
 def test_unpadded_token_major_conflicts():

@@ -176,10 +176,15 @@ def test_plans_match_kernel_parameters():
                      ("dequant_kv", dequant_family.dequant_spec(head_size=128, block_size=16)),
                      ("decode_attention", splitkv_family.decode_splitkv_spec(**cfg)),
                      ("prefill_attention", prefill_family.prefill_spec(**cfg)),
-                     ("decode_attention_wholepage", wholepage_family.decode_wholepage_spec(**cfg, num_kv_heads=2))]:
+                     ("decode_attention_wholepage", wholepage_family.decode_wholepage_spec(**cfg, num_kv_heads=2,
+                                                                                           token_major=True))]:
         names = registry.KERNELS[spec.kernel].arg_names
         assert names == list(spec.signature) + list(spec.constexprs), op
         assert catalog.specializer(op) is not None
+    # head-major keys leave out TOKEN_MAJOR (the kernel's last constexpr, default False): a prefix
+    head = wholepage_family.decode_wholepage_spec(**cfg, num_kv_heads=2)
+    names = registry.KERNELS[head.kernel].arg_names
+    assert names[:-1] == list(head.signature) + list(head.constexprs) and names[-1] == "TOKEN_MAJOR"
 
 
 def test_decode_grid_is_static(monkeypatch):

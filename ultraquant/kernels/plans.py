@@ -15,14 +15,13 @@ import logging
 import torch
 
 from ..config import Tuning
-from ..format import slot_size
 from .families import prefill as prefill_family
 from .families.decode_multiquery import multiquery_call, plan_decode_multiquery
 from .families.decode_splitkv import decode_splitkv_spec, plan_decode_splitkv
 from .families.decode_wholepage import (
-    TOKEN_MAJOR_ROUTED,
     WholePageTuning,
     decode_wholepage_spec,
+    dense_strides,
     is_token_major,
     plan_decode_wholepage,
     wholepage_call,
@@ -41,12 +40,13 @@ def takes_wholepage(head_size: int, gqa: int, num_kv_heads: int | None, block_si
                     cache_strides: tuple[int, ...] | None, device: torch.device, tuning: Tuning = NO_TUNING,
                     cache_aligned: bool = True) -> bool:
     """THE decode rule (docs/kernels.md, "Which decode runs"): the whole-page decode (Gluon, sm_90)
-    where the target is ``"cuda"`` and its coverage rule holds for the call's cache (head-major pages,
-    16-byte aligned), unless ``tuning.decode_wholepage`` is off; split-KV decode everywhere else."""
-    if not tuning.decode_wholepage or num_kv_heads is None or cache_strides is None:
+    where the target is ``"cuda"`` and its coverage rule holds for the call's cache (head-major or
+    token-major pages, 16-byte aligned; ``cache_strides`` None: the dense, token-major layout), unless
+    ``tuning.decode_wholepage`` is off; split-KV decode everywhere else."""
+    if not tuning.decode_wholepage or num_kv_heads is None:
         return False
-    return wholepage_call(head_size, gqa, num_kv_heads, block_size, cache_strides, target_of(device), cache_aligned,
-                          token_major=TOKEN_MAJOR_ROUTED)
+    strides = dense_strides(head_size, num_kv_heads, block_size) if cache_strides is None else cache_strides
+    return wholepage_call(head_size, gqa, num_kv_heads, block_size, strides, target_of(device), cache_aligned)
 
 
 _warned_layouts: set[tuple[int, ...]] = set()
@@ -55,24 +55,25 @@ _warned_layouts: set[tuple[int, ...]] = set()
 def warn_slow_layout(head_size: int, gqa: int, num_kv_heads: int, block_size: int, cache_strides: tuple[int, ...],
                      device: torch.device, tuning: Tuning = NO_TUNING) -> bool:
     """Log once per stride pattern when only the cache's layout keeps a decode off the whole-page kernel
-    (token-major pages at Hk > 1 on NVIDIA: split-KV decode, about half as fast); True when it warned.
-    ``ultraquant.empty_kv_cache`` allocates the fast (head-major) layout."""
+    (pages neither head-major nor token-major, e.g. padded slots or a strided view, on NVIDIA: split-KV
+    decode, about half as fast); True when it warned. ``ultraquant.empty_kv_cache`` and a plain
+    ``torch.zeros`` of the ops' shape both give a layout the whole-page decode streams."""
     if not tuning.decode_wholepage or target_of(device) != "cuda":
         return False
-    head_major = tuple(cache_strides[:3])
-    if wholepage_call(head_size, gqa, num_kv_heads, block_size, head_major, "cuda", token_major=TOKEN_MAJOR_ROUTED):
+    strides = tuple(cache_strides[:3])
+    if wholepage_call(head_size, gqa, num_kv_heads, block_size, strides, "cuda"):
         return False  # served already
-    s = slot_size(head_size)
-    if not wholepage_call(head_size, gqa, num_kv_heads, block_size, (num_kv_heads * block_size * s, s, block_size * s),
-                          "cuda"):
+    if not wholepage_call(head_size, gqa, num_kv_heads, block_size, dense_strides(head_size, num_kv_heads,
+                                                                                   block_size), "cuda"):
         return False  # the config is split-KV's whatever the layout
-    key = (head_size, gqa, num_kv_heads, block_size, *head_major)
+    key = (head_size, gqa, num_kv_heads, block_size, *strides)
     if key in _warned_layouts:
         return False
     _warned_layouts.add(key)
-    _log.warning("ultraquant: decode over a cache with strides %s (token-major pages, %d kv heads) runs split-KV "
-                 "decode, about half as fast as the whole-page decode over head-major pages: allocate the cache "
-                 "with ultraquant.empty_kv_cache (docs/kernels.md, 'Which decode runs')", head_major, num_kv_heads)
+    _log.warning("ultraquant: decode over a cache with strides %s (%d kv heads; neither head-major nor token-major "
+                 "pages) runs split-KV decode, about half as fast as the whole-page decode: allocate the cache "
+                 "with ultraquant.empty_kv_cache or a plain torch.zeros (docs/kernels.md, 'Which decode runs')",
+                 strides, num_kv_heads)
     return True
 
 
@@ -94,7 +95,7 @@ def decode_call_spec(head_size: int, gqa: int, block_size: int, query_dtype: tor
         return decode_wholepage_spec(head_size=head_size, gqa=gqa, num_kv_heads=num_kv_heads, block_size=block_size,
                                      query_dtype=query_dtype, out_dtype=out_dtype, has_sinks=has_sinks,
                                      has_window=has_window, has_softcap=has_softcap, tuning=wholepage_tuning(tuning),
-                                     token_major=is_token_major(head_size, cache_strides, num_kv_heads))
+                                     token_major=is_token_major(head_size, cache_strides, num_kv_heads, block_size))
     return decode_splitkv_spec(head_size=head_size, gqa=gqa, block_size=block_size, query_dtype=query_dtype,
                                out_dtype=out_dtype, has_sinks=has_sinks, has_window=has_window, has_softcap=has_softcap,
                                align=slot_alignment(head_size, cache_strides), target=target_of(device),

@@ -76,7 +76,8 @@ def multiquery_call(head_size: int, gqa: int, num_kv_heads: int, block_size: int
     """The plan's rule for one call: the whole-page decode's cache rule, D=128, and at most
     :data:`MULTIQUERY_MAX_TOKENS` new tokens per request (``max_tokens``, a host bound)."""
     return (head_size == 128 and 1 <= max_tokens <= MULTIQUERY_MAX_TOKENS
-            and wholepage_call(head_size, gqa, num_kv_heads, block_size, cache_strides, target, cache_aligned))
+            and wholepage_call(head_size, gqa, num_kv_heads, block_size, cache_strides, target, cache_aligned,
+                               token_major=False))
 
 
 def unsupported(config: dict[str, Any]) -> str:

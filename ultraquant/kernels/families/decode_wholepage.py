@@ -4,11 +4,10 @@ rule and launch plan, without importing Triton.
 The kernel is a Gluon kernel: one program owns all
 kv heads of a token range and streams them through a ``cp.async`` shared-memory ring of whole 16-token
 runs. It covers D = 128, GQA <= 16, 1 <= Hk <= 8 (a power of two), blocks that are a multiple of 16
-tokens, head-major caches whose 16-token runs are contiguous and 16-byte aligned
-(:func:`whole_runs`); :func:`wholepage_supports` is the rule, everything else is split-KV decode's.
-Token-major pages (:func:`token_runs`, ``TOKEN_MAJOR`` in the kernel) are a prototype: the kernel and
-:func:`plan_decode_wholepage` take them, the routing does not until :data:`TOKEN_MAJOR_ROUTED`
-(benchmarks/NOTES.md, "Token-major pages in the whole-page decode (offline)").
+tokens, head-major caches whose 16-token runs are contiguous and 16-byte aligned (:func:`whole_runs`)
+or token-major pages whose block of all kv heads is one contiguous run (:func:`token_runs`, the kernel's
+``TOKEN_MAJOR``: the copy streams the page as it lies, the views separate heads in shared memory);
+:func:`wholepage_supports` is the rule, everything else is split-KV decode's.
 Split-KV decode's run-time arguments with the batch size in the split count's slot
 (:data:`WHOLEPAGE_PARAMS`, the bounds contract's included) and the same per-device workspace; a
 persistent grid (:func:`wholepage_programs`) whose work the kernel balances from ``seq_lens`` on the device
@@ -83,11 +82,11 @@ def token_runs(head_size: int, strides: tuple[int, ...], num_kv_heads: int) -> b
     return num_kv_heads > 1 and sh == s and st == num_kv_heads * s and sb % 16 == 0
 
 
-TOKEN_MAJOR_ROUTED = True
-"""Whether the production decode route (:func:`wholepage_call` from ``plans.takes_wholepage``) sends
-token-major pages here. Off until the token-major kernel is validated on an H200 (correctness,
-compute-sanitizer, ``ultraquant bench --serving``) and its blobs are in codegen's matrix; until then
-they decode through split-KV (``warn_slow_layout``). The multi-query decode never takes them."""
+def dense_strides(head_size: int, num_kv_heads: int, block_size: int) -> tuple[int, int, int]:
+    """The ``(block, token, head)`` byte strides of a dense ``(blocks, block_size, Hk, slot)`` cache (a
+    plain ``torch.zeros``: token-major pages), the layout a config without ``cache_strides`` means."""
+    s = slot_size(head_size)
+    return (block_size * num_kv_heads * s, num_kv_heads * s, s)
 
 
 def wholepage_supports(
@@ -113,11 +112,11 @@ def wholepage_call(
     cache_strides: tuple[int, ...],
     target: str,
     cache_aligned: bool = True,
-    token_major: bool = False,
+    token_major: bool = True,
 ) -> bool:
     """The plan's rule for one call: :func:`wholepage_supports` over the cache's strides (``cache_aligned``:
     its base address is a multiple of 16 bytes; ``token_major``: token-major pages count too,
-    :func:`token_runs`)."""
+    :func:`token_runs`; the multi-query decode, head-major only, passes False)."""
     runs = whole_runs(head_size, cache_strides, num_kv_heads) or (
         token_major and token_runs(head_size, cache_strides, num_kv_heads))
     return cache_aligned and wholepage_supports(
@@ -130,10 +129,14 @@ def wholepage_call(
     )
 
 
-def is_token_major(head_size: int, cache_strides: tuple[int, ...] | None, num_kv_heads: int) -> bool:
-    """True when a cache the whole-page decode serves is token-major (its kernel takes ``TOKEN_MAJOR``)."""
-    return (cache_strides is not None and not whole_runs(head_size, cache_strides, num_kv_heads)
-            and token_runs(head_size, cache_strides, num_kv_heads))
+def is_token_major(head_size: int, cache_strides: tuple[int, ...] | None, num_kv_heads: int,
+                   block_size: int = 16) -> bool:
+    """True when a cache the whole-page decode serves is token-major (its kernel takes ``TOKEN_MAJOR``);
+    ``cache_strides`` None: the dense layout (:func:`dense_strides`)."""
+    if cache_strides is None:
+        cache_strides = dense_strides(head_size, num_kv_heads, block_size)
+    return not whole_runs(head_size, cache_strides, num_kv_heads) and token_runs(head_size, cache_strides,
+                                                                                  num_kv_heads)
 
 
 KV_HEADS: tuple[int, ...] = (1, 2, 4, 8)
@@ -142,10 +145,12 @@ KV_HEADS: tuple[int, ...] = (1, 2, 4, 8)
 
 def unsupported(config: dict[str, Any]) -> str:
     """Why the whole-page decode does not serve ``config`` (matrix keys), or ``""``: :func:`wholepage_supports`
-    for a build config (the cache layout is a run-time fact: head-major assumed)."""
+    for a build config (``token_major``: a token-major blob, built for Hk > 1 only)."""
     dtype = config.get("query_dtype", config.get("dtype", "bf16"))
     if str(dtype) not in ("bf16", "fp16"):
         return f"the whole-page decode reads bf16/fp16 queries, not {dtype}"
+    if config.get("token_major") and config.get("num_kv_heads") == 1:
+        return "one kv head: token-major and head-major pages are the same bytes (the head-major blob serves)"
     if not wholepage_supports(head_size=config.get("head_size", 0), gqa=config.get("gqa", 0),
                               num_kv_heads=config.get("num_kv_heads", 0), block_size=config.get("block_size", 0),
                               runs=True, target="cuda"):
@@ -372,7 +377,7 @@ __all__ = [
     "WHOLEPAGE_PARAMS",
     "WholePageTuning",
     "WHOLEPAGE_PROGRAMS_PER_SM",
-    "TOKEN_MAJOR_ROUTED",
+    "dense_strides",
     "is_token_major",
     "token_runs",
     "decode_wholepage",

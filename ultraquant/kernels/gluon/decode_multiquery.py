@@ -29,6 +29,7 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy, mma_v2
 
+from . import ring_barriers  # noqa: F401  (PROTOTYPE: drops the stage loop's two membar issue barriers)
 from .decode_wholepage import (
     ERR_SEQ_LEN,
     LOG2E,
@@ -42,6 +43,7 @@ from .decode_wholepage import (
     _fwht_rows,
     _iota3,
     _issue_stage,
+    _merge_layout,
     _merge_step,
     _normalized,
     _online_start,
@@ -248,7 +250,8 @@ def _serve_piece(q_ptr, cache_ptr, bt_ptr, seqlen_ptr, qsl_ptr, sinks_ptr, out_p
     H: gl.constexpr = D // 2
     G: gl.constexpr = D // 32
     TT: gl.constexpr = NSUB * WT * TW
-    MERGE: gl.constexpr = _merge_step(HK * ROWS * D // (32 * NW), HK)
+    # partials per merge step: _merge_layout holds distinct elements, so the 64-value budget holds at any Hk
+    MERGE: gl.constexpr = _merge_step(HK * ROWS * D // (32 * NW), 8)
 
     # ---- layouts (the whole-page decode's 16-M-row path): warp = MMA batch
     MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[NW, 1, 1],
@@ -428,7 +431,7 @@ def _serve_piece(q_ptr, cache_ptr, bt_ptr, seqlen_ptr, qsl_ptr, sinks_ptr, out_p
     E3: gl.constexpr = gl.SliceLayout(3, EP)
     P3: gl.constexpr = gl.SliceLayout(1, EP)
     P2: gl.constexpr = gl.SliceLayout(1, E3)
-    ML: gl.constexpr = gl.BlockedLayout([1, 1, 4], [1, 1, 32], [HK, 1, NW // HK], [2, 1, 0])
+    ML: gl.constexpr = _merge_layout(HK, ROWS, D, NW)  # no two threads load the same element (at any Hk)
     M2: gl.constexpr = gl.SliceLayout(2, ML)
     for t in gl.static_range(TILES):
         tile = tg * TILES + t

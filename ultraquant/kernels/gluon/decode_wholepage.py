@@ -190,6 +190,15 @@ the 4 tokens one half-warp reads for K (logical 0..3) sit 4 slots (8 banks) apar
 no bank conflicts at the 136-byte slot stride (identity order: 4-way); V reads stay at most 2-way."""
 
 
+@gluon.constexpr_function
+def _hm_token_bases(slot):
+    """``TOKEN_BASES`` per slot size (0: D=128's) for head-major runs. At D=256 (272-byte slots, a 4-bank
+    token stride) the identity order is the conflict-free one (K and scale reads 1-way, D=128's order 2-way,
+    in the bank model of tests/test_decode_wholepage_token_major.py; shape C 3% faster on the H200,
+    benchmarks/NOTES.md)."""
+    return [1, 2, 4, 8] if slot == 272 else TOKEN_BASES.value
+
+
 @gluon.jit
 def _physical_token(j):
     """The physical token of a run that holds logical token ``j`` (inverse of ``TOKEN_BASES``)."""
@@ -244,13 +253,14 @@ def _tm_physical_token(j, HK: gl.constexpr, SLOT: gl.constexpr):
 def _slot_layout(interval, pad, shape, last=None, hk=0, xpad=0, slot=0, nsub=1, spad=0):
     """Padded view of ring entries ``[NW, 16 tokens, 2, ...]``: identity over the slot piece (the last
     axes; ``last``: the logical index of each bit of the last axis instead), ``interval + pad`` elements
-    per slot, run tokens permuted by ``TOKEN_BASES``. ``hk`` > 0: a token-major stage (``_token_major_layout``)."""
+    per slot, run tokens permuted by ``_hm_token_bases(slot)``. ``hk`` > 0: a token-major stage
+    (``_token_major_layout``)."""
     if hk:
         return _token_major_layout(interval, pad, shape, last, hk, xpad, slot, nsub, spad)
     bases = []
     for dim in reversed(range(len(shape))):
         for bit in range(shape[dim].bit_length() - 1):
-            v = TOKEN_BASES.value[bit] if dim == 1 else 1 << bit
+            v = _hm_token_bases(slot)[bit] if dim == 1 else 1 << bit
             if last is not None and dim == len(shape) - 1:
                 v = last[bit]
             bases.append([v if i == dim else 0 for i in range(len(shape))])
@@ -533,7 +543,7 @@ def _pv_operands(p, vsw, vsw1, vtop, nr_t, D: gl.constexpr, NW: gl.constexpr, L:
 @gluon.constexpr_function
 def _vword_layout(nw, wpt, slot_words, hk=0, xpad=0, nsub=1, spad=0):
     """Padded view ``[NW, 16, 8, wpt, 2]`` of V code words for :func:`_pv_word`: element (i, j, w, 0) is
-    V word ``wpt (i % 8) + w`` of run token ``j + 8 (i // 8)`` (tokens permuted by ``TOKEN_BASES``), slots
+    V word ``wpt (i % 8) + w`` of run token ``j + 8 (i // 8)`` (tokens permuted by ``_hm_token_bases``), slots
     of ``16 wpt`` + padding words (``slot_words`` in all). ``hk`` > 0: a token-major entry
     (:func:`_token_major_layout`: head bits, then tokens, then token groups)."""
     bases = [[0, 0, 0, 1 << b, 0] for b in range(wpt.bit_length() - 1)]
@@ -547,7 +557,7 @@ def _vword_layout(nw, wpt, slot_words, hk=0, xpad=0, nsub=1, spad=0):
         pairs = [[16 * wpt, slot_words - 16 * wpt]] + ([[32 * wpt * hk, xpad]] if xpad else [])
         pairs += [[nw * 16 * 8 * wpt * 2 * nsub, spad]] if spad else []
         return gl.PaddedSharedLayout(pairs, bases, [], [nw, 16, 8, wpt, 2])
-    for t in TOKEN_BASES.value:
+    for t in _hm_token_bases(4 * slot_words):
         bases.append([0, 8, 0, 0, 0] if t == 8 else [0, 0, t, 0, 0])
     bases += [[1 << i, 0, 0, 0, 0] for i in range(nw.bit_length() - 1)]
     return gl.PaddedSharedLayout([[16 * wpt, slot_words - 16 * wpt]], bases, [], [nw, 16, 8, wpt, 2])
@@ -1313,6 +1323,8 @@ def _serve_piece(q_ptr, cache_ptr, bt_ptr, seqlen_ptr, sinks_ptr, out_ptr, part_
     ws = gl.expand_dims(gl.arange(0, NW, gl.SliceLayout(1, TK)) % WT, 1) * TW
     if TOKEN_MAJOR:  # token order of _tm_token_bases
         ns = gl.expand_dims(_tm_physical_token(gl.arange(0, TW, gl.SliceLayout(0, TK)), HK, SLOT), 0)
+    elif SLOT == 272:  # D=256 head-major: the identity order (_hm_token_bases)
+        ns = gl.expand_dims(gl.arange(0, TW, gl.SliceLayout(0, TK)), 0)
     else:
         ns = gl.expand_dims(_physical_token(gl.arange(0, TW, gl.SliceLayout(0, TK))), 0)
     kgroup = 0  # m16 only: the K and V groups of the fp16-halves path
