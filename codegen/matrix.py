@@ -126,7 +126,7 @@ OPS: tuple[OpRow, ...] = (
           # vLLM's order; TOKEN_MAJOR, Hk > 1 only: at one kv head the layouts are the same bytes)
           rename={"dtype": "query_dtype"},
           features=ATTENTION_FEATURES + tuple({**f, "token_major": True} for f in ATTENTION_FEATURES),
-          flag_defaults=ATTENTION_FLAGS, archs=("sm_90",),
+          flag_defaults={**ATTENTION_FLAGS, "token_major": False}, archs=("sm_90",),
           grid="(programs, 1, 1): a persistent grid per device "
                "(ultraquant.kernels.families.decode_wholepage.wholepage_programs), the work balanced from "
                "seq_lens on the device; head-major or token-major caches (takes_wholepage)"),

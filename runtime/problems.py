@@ -48,7 +48,7 @@ def register(kernel_name: str) -> Callable[[Problem], Problem]:
     return deco
 
 
-SELFTEST_VERSION = 10
+SELFTEST_VERSION = 11
 """Version of the self-test problems and pass criteria below, part of every cached verdict's key: bump
 it whenever this file changes what a self-test launches or accepts, so verdicts recorded with the old
 problems are not trusted. 1: the problems of sessions 1-2; 2: verdicts also bound to the manifest key;
@@ -60,9 +60,9 @@ target's spec (8 rows on NVIDIA); 7: kernels renamed by design (``uq_decode_spli
 (``uq_decode_multiquery``), the whole-page problem on several programs of the balanced schedule;
 9: the decode problem's K and V groups scaled per token by 2**-12..2**12, with outliers, a zero group
 and negative zeros (the FlyDSL fp16 decode, issue 26); 10: the multi-query problem launches the blob's
-own M tiles per program (``TILES``)."""
+own M tiles per program (``TILES``); 11: the whole-page problem over token-major pages for a ``TOKEN_MAJOR`` blob."""
 
-PROBLEMS_SOURCE_SHA256 = "c0ced54e6f195d203e0cc82bfc5fa3224ee7434887d53aa3a644713f52043e52"
+PROBLEMS_SOURCE_SHA256 = "9bb44480293382f5023659a535c3a268808c79a5303546dba64e239bad35d60a"
 """sha256 of this file with this line's hash blanked (see :func:`source_hash`); a test fails when the
 file changes and this is not updated, the reminder to bump :data:`SELFTEST_VERSION`."""
 
@@ -228,12 +228,14 @@ def decode_problem(kernel: Kernel, spec: Specialization, dev: Device) -> tuple[b
 
 @register("uq_decode_wholepage")
 def decode_wholepage_problem(kernel: Kernel, spec: Specialization, dev: Device) -> tuple[bool, str]:
-    """The whole-page decode over a head-major copy of a paged cache: 3 requests (1100, 1, 45 tokens) x the blob's
-    kv heads, so the longest takes several splits (512 tokens each at least) and the ring's last stage
-    is partial; the block-scaled query and weighted keys of :func:`decode_problem`."""
+    """The whole-page decode over a head-major copy of a paged cache (token-major pages for a ``TOKEN_MAJOR``
+    blob): 3 requests (1100, 1, 45 tokens) x the blob's kv heads, so the longest takes several splits (512
+    tokens each at least) and the ring's last stage is partial; the block-scaled query and weighted keys of
+    :func:`decode_problem`."""
     from ultraquant.kernels.families.decode_wholepage import plan_decode_wholepage
 
-    return _decode_check(kernel, spec, dev, [1100, 1, 45], spec.constexprs["HK"], True, plan_decode_wholepage)
+    head_major = not spec.constexprs.get("TOKEN_MAJOR", False)
+    return _decode_check(kernel, spec, dev, [1100, 1, 45], spec.constexprs["HK"], head_major, plan_decode_wholepage)
 
 
 def _decode_check(kernel: Kernel, spec: Specialization, dev: Device, lens: list[int], hk: int, head_major: bool,

@@ -29,7 +29,6 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy, mma_v2
 
-from . import ring_barriers  # noqa: F401  (PROTOTYPE: drops the stage loop's two membar issue barriers)
 from .decode_wholepage import (
     ERR_SEQ_LEN,
     LOG2E,
