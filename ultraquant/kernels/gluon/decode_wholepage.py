@@ -703,7 +703,7 @@ def _issue_stage_tm(stages, stage, cache_ptr, bt_row, t0, t_hi, stride_cb, insid
     CL: gl.constexpr = gl.BlockedLayout([1, 4], [32, 1], [NW, 1], [1, 0])
     ROWS: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [1, 0])
     chunks = stages.index(stage)._reinterpret(gl.int32, [2 * N1, 4], ROWS)
-    NBL: gl.constexpr = _stage_blocks_tm(TT, BLOCK_SIZE)
+    NBL: gl.constexpr = _stage_blocks(TT, BLOCK_SIZE)
     ids = ()
     for j in gl.static_range(NBL):  # the stage's block ids, once per stage (not per chunk)
         ids = ids + (gl.load(bt_row + t0 // BLOCK_SIZE + j, mask=t0 + j * BLOCK_SIZE < t_hi, other=0),)
@@ -850,17 +850,6 @@ def _stage_blocks(tt, block_size):
     if tt == 2 * block_size:
         return tt // block_size
     return 0
-
-
-@gluon.constexpr_function
-def _stage_blocks_tm(tt, block_size):
-    """:func:`_stage_blocks` for token-major stages: every block id of a stage of up to 4 whole blocks up
-    front (a 3-deep select per chunk row), since loading one id per chunk row (18 a thread and stage) cost
-    shape A 10% on the H200 (ncu: long-scoreboard stalls 0.24 per issue against head-major's 0.05, L2 read
-    sectors +50%; benchmarks/NOTES.md)."""
-    if tt % block_size == 0 and tt // block_size <= 4:
-        return tt // block_size
-    return _stage_blocks(tt, block_size)
 
 
 @gluon.jit
