@@ -100,8 +100,8 @@ def empty_kv_cache(num_blocks: int, block_size: int, num_kv_heads: int, head_siz
     """A zeroed paged cache as the ops take it, ``(num_blocks, block_size, Hk, slot_size(D))`` uint8, whose
     memory is head-major (each kv head's slots of a block contiguous: a view of ``(blocks, Hk, tokens,
     slot)``). That is the layout the fast NVIDIA decode streams whole (docs/kernels.md, "Which decode
-    runs"); a plain ``torch.zeros`` of the same shape (token-major) works everywhere but decodes through
-    split-KV at Hk > 1, about half as fast."""
+    runs"); a plain ``torch.zeros`` of the same shape (token-major pages) works everywhere and streams too,
+    about 10% slower than head-major at Hk > 1 (benchmarks/results/serving_decode_h200_20261204_final.json)."""
     check_head_size(head_size)
     raw = torch.zeros(num_blocks, num_kv_heads, block_size, slot_size(head_size), dtype=torch.uint8, device=device)
     return raw.permute(0, 2, 1, 3)

@@ -1,7 +1,7 @@
 #!/bin/bash
 # Issue 24 + 25, one H200 call (2026-12-04, after token_major_device.sh): token-major and D=256 head-major
 # through fresh sm_90 blobs ($BLOBS), ncu of A on both page layouts, the multi-query merge layout and its
-# stage barriers (benchmarks/lab/multiquery_merge_barriers.patch, applied) A/B through the JIT, and the GPU
+# stage barriers (the PTX hook ultraquant/kernels/gluon/ring_barriers.py of commit d2f59f4, not landed) A/B, and the GPU
 # suites the changes touch, in parallel, with compute-sanitizer. $OUT/summary.txt + $OUT/ss.tgz.
 set -u
 export PYTHONUNBUFFERED=1 ULTRAQUANT_CACHE_DIR=/tmp/uq_c PYTHONPATH=$PWD TRITON_CACHE_DIR=/tmp/tc

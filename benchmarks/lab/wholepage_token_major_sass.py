@@ -9,9 +9,8 @@ shared memory, instruction count, the stage loop's size and opcode mix, and shar
     .venv/bin/python benchmarks/lab/wholepage_token_major_sass.py OUTDIR [name ...]
     .venv/bin/python benchmarks/lab/wholepage_token_major_sass.py --probe
 
-Used before/after the token-major change to prove head-major's SASS unchanged (diff the .sass files). The
-token-major configs need ``git apply benchmarks/lab/wholepage_token_major.patch`` first (main does not carry
-the prototype: benchmarks/NOTES.md, "Token-major pages in the whole-page decode").
+Used before/after the token-major change to prove head-major's SASS unchanged (diff the .sass files;
+benchmarks/NOTES.md, "Token-major pages in the whole-page decode").
 ``--probe``: the PTX of a tiny Gluon load from a 3-interval padded layout at a run-time ``.index``, checked
 against the rule tests/test_decode_wholepage_token_major.py models (every padding summed over the whole
 buffer's unpadded offset), the rule the token-major views rely on.

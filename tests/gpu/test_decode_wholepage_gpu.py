@@ -7,8 +7,8 @@ the plan must pick whole-page; AOT blob or Gluon JIT by ``ULTRAQUANT_BACKEND``),
 window, soft cap, V outliers 2^20 apart, NaN-poisoned outputs, several ring shapes, warp counts and
 persistent grid sizes, GQA 9..16 as two 8-row groups in N (routed) and as 16 M rows, ragged serving
 batches (lengths 0..131072) for the balanced schedule, CUDA graph capture + replay with new (ragged)
-lengths on a side stream. Token-major caches (Hk > 1, ``TOKEN_MAJOR``, a prototype not routed yet:
-``TOKEN_MAJOR_ROUTED``) through ``decode_wholepage`` (:data:`CASES_TM`); everything else is split-KV
+lengths on a side stream (both page layouts). Token-major caches (Hk > 1, ``TOKEN_MAJOR``) through
+``decode_wholepage`` (:data:`CASES_TM`) and the routed API; everything else is split-KV
 decode's by ``wholepage_supports`` (tests/test_decode_wholepage_plan.py, tests/test_decode_route.py, CPU).
 """
 
