@@ -159,7 +159,8 @@ def test_sm90_build_of_a_wholepage_config_is_the_plans_key(cuda_target, tmp_path
     points, skipped = matrix.expand([row], matrix.Selection(head_sizes=(64, 128), gqa=(4, 32), block_sizes=(64,),
                                                             kv_heads=(2, 3)), "sm_90", ["triton"])
     assert {(p.config["head_size"], p.config["gqa"], p.config["num_kv_heads"]) for p in points} == {(128, 4, 2)}
-    assert len(skipped) == 7 * len(matrix.ATTENTION_FEATURES)
+    assert {p.config["token_major"] for p in points} == {False, True}  # both page layouts at Hk 2
+    assert len(skipped) == 7 * 2 * len(matrix.ATTENTION_FEATURES)  # 7 configs x both layouts
     assert all("wholepage_supports" in s["reason"] for s in skipped)
     assert matrix.expand([row], sel, "gfx942", ["triton"]) == ([], [])
 

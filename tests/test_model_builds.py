@@ -77,21 +77,23 @@ def test_expand_builds_exactly_the_model_configs(configs) -> None:
         got = {(c["head_size"], c["gqa"], c["has_sinks"], c["has_window"]) for c in by_op[op]}
         assert got == want and len(by_op[op]) == 3
     assert len(by_op["store_kv"]) == 2 * 6 and len(by_op["dequant_kv"]) == 2 * 3  # per head size
-    # the whole-page decode: Llama's config once per kv-head count; gpt-oss (D=64) is split-KV decode's, skipped
-    # with the reason
-    assert {(c["head_size"], c["gqa"], c["num_kv_heads"]) for c in by_op["decode_attention_wholepage"]} == {
-        (128, 4, hk) for hk in matrix.WHOLEPAGE_KV_HEADS} and len(by_op["decode_attention_wholepage"]) == 4
+    # the whole-page decode: Llama's config once per kv-head count and page layout (token-major for Hk > 1);
+    # gpt-oss (D=64) is split-KV decode's, skipped with the reason
+    assert {(c["head_size"], c["gqa"], c["num_kv_heads"], c["token_major"])
+            for c in by_op["decode_attention_wholepage"]} == {
+        (128, 4, hk, tm) for hk in matrix.WHOLEPAGE_KV_HEADS for tm in (False, True) if hk > 1 or not tm}
+    assert len(by_op["decode_attention_wholepage"]) == 7
     # the multi-query decode (speculative-decoding steps): the same rule at D=128, 1 and 2 M tiles per program
     spec = by_op["spec_decode_attention"]
     assert {(c["head_size"], c["gqa"], c["num_kv_heads"], c["tiles"]) for c in spec} == {
         (128, 4, hk, t) for hk in matrix.WHOLEPAGE_KV_HEADS for t in (1, 2)} and len(spec) == 8
     assert {s["op"] for s in skipped} == {"decode_attention_wholepage", "spec_decode_attention"}
-    assert len(skipped) == 2 * 4 + 2 * 4 * 2
+    assert len(skipped) == 2 * 4 * 2 + 1 + 2 * 4 * 2  # gpt-oss: both layouts; Llama: token-major at Hk 1
     # the full matrix is untouched by the filter
     full_points, _ = matrix.expand(matrix.OPS, models.make_selection(matrix_name="full"), "sm_90", ["triton"])
-    # whole-page: D=128 x 6 GQA and D=256 x 5 GQA (<= 8) x 4 blocks x 4 kv heads x 6 features; multi-query: D=128 x 6
-    # GQA x 4 blocks x 4 kv heads x 6 features x 2 tile counts
-    assert len(full_points) == 24 + 48 + 2 * 576 + 576 + 480 + 2 * 576
+    # whole-page: D=128 x 6 GQA and D=256 x 5 GQA (<= 8) x 4 blocks x 4 kv heads x 6 features, head-major and (3 of
+    # the 4 kv-head counts) token-major; multi-query: D=128 x 6 GQA x 4 blocks x 4 kv heads x 6 features x 2 tile counts
+    assert len(full_points) == 24 + 48 + 2 * 576 + (576 + 480) * 7 // 4 + 2 * 576
 
 
 def test_build_dry_run_cli(configs) -> None:
@@ -99,11 +101,11 @@ def test_build_dry_run_cli(configs) -> None:
     res = CliRunner().invoke(main, ["build", "--arch", "sm_90", "--model", str(a), "--tp", "1", "--dry-run",
                                     "--no-cache"])
     assert res.exit_code == 0, res.output
-    assert ("sm_90: 23 blobs (store_kv 6, dequant_kv 3, decode_attention 1, decode_attention_wholepage 4, "
+    assert ("sm_90: 26 blobs (store_kv 6, dequant_kv 3, decode_attention 1, decode_attention_wholepage 7, "
             "spec_decode_attention 8, prefill_attention 1)") in res.output, res.output
     res = CliRunner().invoke(main, ["build", "--arch", "sm_90", "--model", str(a), "--tp", "1", "--dry-run",
                                     "--no-cache", "--kv-heads", "8"])
-    assert "decode_attention_wholepage 1," in res.output, res.output
+    assert "decode_attention_wholepage 2," in res.output, res.output  # Hk 8: head-major and token-major
     assert "selection models: llama; TP 1" in res.output
     res = CliRunner().invoke(main, ["build", "--arch", "sm_90", "--model", str(a), "--gqa", "4", "--dry-run"])
     assert res.exit_code != 0 and "derived from MODELS" in res.output and "Traceback" not in res.output
@@ -163,7 +165,7 @@ def test_info_lists_configs(tmp_path, monkeypatch, configs) -> None:
     monkeypatch.setenv("ULTRAQUANT_GENERATED", str(tmp_path))
     res = CliRunner().invoke(main, ["info"])
     assert res.exit_code == 0, res.output
-    assert "sm_90: 36 in" in res.output and "built for  models" in res.output and "llama, gpt-oss.json" in res.output
+    assert "sm_90: 39 in" in res.output and "built for  models" in res.output and "llama, gpt-oss.json" in res.output
     assert ("configs    D=128 block 16 bf16 plain: GQA 4 "
             "(decode_attention, decode_attention_wholepage, prefill_attention, spec_decode_attention)"
             in res.output)

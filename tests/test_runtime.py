@@ -21,6 +21,7 @@ from ultraquant.errors import UltraQuantError
 from ultraquant.kernels import catalog, specialization
 from ultraquant.kernels.abi import SCHEMA_VERSION
 from ultraquant.kernels.families import decode_splitkv as splitkv_family
+from ultraquant.kernels.families import decode_wholepage as wholepage_family
 from ultraquant.kernels.plans import LaunchPlan
 from ultraquant.kernels.specialization import Specialization
 from ultraquant.runtime import driver as drv
@@ -729,10 +730,15 @@ def test_warmup_accepts_a_model_config(rt, tmp_path):
     cfg = {"head_size": 128, "num_q_heads": 32, "num_kv_heads": 8, "block_size": 16, "dtype": "bf16",
            "has_sinks": True}
     need = policy.model_specializations(cfg, 0)
-    assert [s.kernel for s in need] == ["uq_store_kv", "uq_store_kv", "uq_dequant_kv", "uq_decode_splitkv",
-                                        "uq_prefill"]
-    assert need[3].key() == splitkv_family.decode_splitkv_spec(head_size=128, gqa=4, block_size=16, has_sinks=True,
-                                              target=specialization.target_of(torch.device("cuda", 0))).key()
+    kinds = [s.kernel for s in need]
+    assert kinds[:3] + kinds[4:] == ["uq_store_kv", "uq_store_kv", "uq_dequant_kv", "uq_prefill"]
+    if specialization.target_of(torch.device("cuda", 0)) == "cuda":  # the dense (token-major) cache: whole-page
+        assert need[3].key() == wholepage_family.decode_wholepage_spec(
+            head_size=128, gqa=4, num_kv_heads=8, block_size=16, has_sinks=True, token_major=True).key()
+    else:
+        assert need[3].key() == splitkv_family.decode_splitkv_spec(
+            head_size=128, gqa=4, block_size=16, has_sinks=True,
+            target=specialization.target_of(torch.device("cuda", 0))).key()
     write_manifest(tmp_path / "gen")  # none of these are built: every entry is a reason
     report = policy.warmup([cfg], 0)
     assert set(report) == {s.key() for s in need} and all(v != "aot" for v in report.values())

@@ -63,12 +63,17 @@ def test_warmup_plans_what_the_calls_plan(model, monkeypatch):
 
 @pytest.mark.parametrize("model", MODELS, ids=["bf16-D128", "fp16-D64-all-features"])
 def test_warmup_plans_the_target_the_device_implies(model, monkeypatch):
-    """On an NVIDIA device the calls plan the inline-PTX (FP4_PTX) decode and prefill; warmup for a
-    CUDA device index must too (it planned the portable variants before)."""
+    """On an NVIDIA device the calls plan the inline-PTX (FP4_PTX) split-KV decode and prefill, or the
+    whole-page decode (token-major: the dense cache) where it covers the config; warmup for a CUDA device
+    index must too (it planned the portable variants before)."""
     monkeypatch.setattr(torch.version, "hip", None)
     want = policy.model_specializations(model, 0)
     ptx = {s.kernel: s.constexprs["FP4_PTX"] for s in want if "FP4_PTX" in s.constexprs}
-    assert ptx == {"uq_decode_splitkv": True, "uq_prefill": True}
+    wholepage = [s for s in want if s.kernel == "uq_decode_wholepage"]
+    if model["head_size"] == 128:  # whole-page's rule: D=128 GQA 4, 8 kv heads, block 16
+        assert ptx == {"uq_prefill": True} and len(wholepage) == 1 and wholepage[0].constexprs["TOKEN_MAJOR"]
+    else:
+        assert ptx == {"uq_decode_splitkv": True, "uq_prefill": True} and not wholepage
     # The calls derive the target from their tensors' device through the same function: make CPU tensors
     # look like an NVIDIA GPU's and the calls plan exactly warmup's set for cuda:0.
     force_target(monkeypatch, "cuda")

@@ -108,10 +108,13 @@ def ring_loads(ttgir: str, ring_bytes: int) -> tuple[list[str], collections.Coun
                 s_shape, s_ety, s_lay, _ = _memdesc(rest2.split("->")[0])
                 entry = (s_shape[0], math.prod(s_shape[1:]), s_lay)
             node = src2
-        if sh.get(slay) is None or sh[slay][2] is None:
-            fails.append(f"{res}: load from a view without explicit padded offset bases ({slay}) not modelled")
+        if sh.get(slay) is None:
+            fails.append(f"{res}: load from a view without a padded layout ({slay}) not modelled")
             continue
         interval, pad, obases = sh[slay]
+        if obases is None:  # printed without offset bases: the identity (row-major, last axis fastest)
+            obases = [[(1 << b) if j == d else 0 for j in range(len(shape))]
+                      for d in reversed(range(len(shape))) for b in range(shape[d].bit_length() - 1)]
         L = lin[ltype[1]]
         nreg = 1 << len(L["register"])
         esz = BYTES[ety]
