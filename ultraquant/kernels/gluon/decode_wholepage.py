@@ -783,31 +783,31 @@ def _advance_ring(ring, it, cache_ptr, bt_row, t_lo, t_hi, stride_cb, stride_ch,
 
 
 @gluon.jit
-def _advance_ring_x(ring, stages, it, rb, chain, n_it, cache_ptr, bt_row, row_n, t_lo, dt_n, t_hi, t_hi_n, stride_cb,
+def _advance_ring_x(ring, stages, it, rb, n_lim, cache_ptr, bt_row, row_n, t_lo, dt_n, t_hi, t_hi_n, stride_cb,
                     stride_ch, inside, num_blocks, STAGES: gl.constexpr, TT: gl.constexpr, NSUB: gl.constexpr,
                     NW: gl.constexpr, WT: gl.constexpr, HK: gl.constexpr, SLOT: gl.constexpr, XP: gl.constexpr,
                     BLOCK_SIZE: gl.constexpr, TOKEN_MAJOR: gl.constexpr):
     """:func:`_advance_ring` / :func:`_advance_ring_tm` across pieces: this piece's stage ``it`` lies in ring
-    stage ``(rb + it) % STAGES``; the stage ``STAGES - 1`` ahead is this piece's or, past its ``n_it`` stages when
-    ``chain`` (the program has a next piece and this piece at least ``STAGES - 1`` stages), the next piece's (block-table
-    row ``row_n``, its first token ``t_lo + dt_n`` at this piece's stage ``n_it``, its end ``t_hi_n``; its rows
-    check their own block ids, as a prologue's). Returns stage ``it``'s first ring entry and first token."""
+    stage ``(rb + it) % STAGES``; the stage ``STAGES - 1`` ahead is this piece's or, from stage ``n_lim`` on
+    (``n_it`` when the program has a next piece and this piece at least ``STAGES - 1`` stages), the next
+    piece's (block-table row ``row_n``, its first token ``t_lo + dt_n`` at this piece's stage ``n_it``, its end
+    ``t_hi_n``; its rows check their own block ids, as a prologue's). Returns stage ``it``'s first ring entry and first token."""
     async_copy.wait_group(STAGES - 2)
     gl.thread_barrier()
     nxt = it + STAGES - 1
-    over = chain & (nxt >= n_it)
+    over = nxt >= n_lim
     i_row = gl.where(over, row_n, bt_row)
     i_t0 = t_lo + nxt * TT + gl.where(over, dt_n, 0)
     i_thi = gl.where(over, t_hi_n, t_hi)
-    i_inside = gl.where(over, False, inside)
+    i_inside = inside & (nxt < n_lim)
     if TOKEN_MAJOR:
-        _issue_stage_tm(stages, (rb + nxt) % STAGES, cache_ptr, i_row, i_t0, i_thi, stride_cb, i_inside, num_blocks,
-                        TT, NW, HK, SLOT, XP, BLOCK_SIZE)
+        _issue_stage_tm(stages, (rb + nxt) & (STAGES - 1), cache_ptr, i_row, i_t0, i_thi, stride_cb, i_inside,
+                        num_blocks, TT, NW, HK, SLOT, XP, BLOCK_SIZE)
     else:
-        _issue_stage(ring, (rb + nxt) % STAGES, cache_ptr, i_row, i_t0, i_thi, stride_cb, stride_ch, i_inside,
+        _issue_stage(ring, (rb + nxt) & (STAGES - 1), cache_ptr, i_row, i_t0, i_thi, stride_cb, stride_ch, i_inside,
                      num_blocks, NSUB, NW, WT, SLOT, BLOCK_SIZE)
     async_copy.commit_group()
-    return ((rb + it) % STAGES) * NSUB, t_lo + it * TT
+    return ((rb + it) & (STAGES - 1)) * NSUB, t_lo + it * TT
 
 
 @gluon.jit
@@ -1289,6 +1289,7 @@ def _serve_piece(q_ptr, cache_ptr, bt_ptr, seqlen_ptr, sinks_ptr, out_ptr, part_
     chain = has_next & (n_it >= STAGES - 1)
     row_n = bt_ptr + (b + 1).to(gl.int64) * stride_btb
     dt_n = t_lo_n - t_lo - n_it * TT  # the next piece's first token against this piece's stage n_it
+    n_lim = gl.where(chain, n_it, 1 << 30)  # the stage from which the loop issues the next piece's stages
     # ---- the query, loaded before the ring copies queue up ahead of it; rows in N above GQA 8: RG = 2
     # groups of 8 rows, each its own query fragments, over the same decoded K/V fragments
     qr = gl.arange(0, RR, gl.SliceLayout(0, gl.SliceLayout(2, QL)))
@@ -1399,7 +1400,7 @@ def _serve_piece(q_ptr, cache_ptr, bt_ptr, seqlen_ptr, sinks_ptr, out_ptr, part_
     if not TOKEN_MAJOR:
         stages = ring  # unused by the head-major issue
     for it in range(n_it):
-        cur, t0 = _advance_ring_x(ring, stages, it, rb, chain, n_it, cache_ptr, bt_row, row_n, t_lo, dt_n, t_hi,
+        cur, t0 = _advance_ring_x(ring, stages, it, rb, n_lim, cache_ptr, bt_row, row_n, t_lo, dt_n, t_hi,
                                   t_hi_n, stride_cb, stride_ch, inside, num_blocks, STAGES, TT, NSUB, NW, WT, HK,
                                   SLOT, XP, BLOCK_SIZE, TOKEN_MAJOR)
         for jp in gl.static_range(NSUB // PAIR):
