@@ -791,7 +791,8 @@ def _advance_ring_x(ring, stages, it, rb, n_lim, cache_ptr, bt_row, row_n, t_lo,
     stage ``(rb + it) % STAGES``; the stage ``STAGES - 1`` ahead is this piece's or, from stage ``n_lim`` on
     (``n_it`` when the program has a next piece and this piece at least ``STAGES - 1`` stages), the next
     piece's (block-table row ``row_n``, its first token ``t_lo + dt_n`` at this piece's stage ``n_it``, its end
-    ``t_hi_n``; its rows check their own block ids, as a prologue's). Returns stage ``it``'s first ring entry and first token."""
+    ``t_hi_n``; its rows check their own block ids, as a prologue's). Returns stage ``it``'s first ring entry
+    and first token."""
     async_copy.wait_group(STAGES - 2)
     gl.thread_barrier()
     nxt = it + STAGES - 1
