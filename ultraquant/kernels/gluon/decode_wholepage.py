@@ -783,35 +783,6 @@ def _advance_ring(ring, it, cache_ptr, bt_row, t_lo, t_hi, stride_cb, stride_ch,
 
 
 @gluon.jit
-def _advance_ring_x(ring, stages, it, rb, n_lim, cache_ptr, bt_row, row_n, t_lo, dt_n, t_hi, t_hi_n, stride_cb,
-                    stride_ch, inside, num_blocks, STAGES: gl.constexpr, TT: gl.constexpr, NSUB: gl.constexpr,
-                    NW: gl.constexpr, WT: gl.constexpr, HK: gl.constexpr, SLOT: gl.constexpr, XP: gl.constexpr,
-                    BLOCK_SIZE: gl.constexpr, TOKEN_MAJOR: gl.constexpr):
-    """:func:`_advance_ring` / :func:`_advance_ring_tm` across pieces: this piece's stage ``it`` lies in ring
-    stage ``(rb + it) % STAGES``; the stage ``STAGES - 1`` ahead is this piece's or, from stage ``n_lim`` on
-    (``n_it`` when the program has a next piece and this piece at least ``STAGES - 1`` stages), the next
-    piece's (block-table row ``row_n``, its first token ``t_lo + dt_n`` at this piece's stage ``n_it``, its end
-    ``t_hi_n``; its rows check their own block ids, as a prologue's). Returns stage ``it``'s first ring entry
-    and first token."""
-    async_copy.wait_group(STAGES - 2)
-    gl.thread_barrier()
-    nxt = it + STAGES - 1
-    over = nxt >= n_lim
-    i_row = gl.where(over, row_n, bt_row)
-    i_t0 = t_lo + nxt * TT + gl.where(over, dt_n, 0)
-    i_thi = gl.where(over, t_hi_n, t_hi)
-    i_inside = inside & (nxt < n_lim)
-    if TOKEN_MAJOR:
-        _issue_stage_tm(stages, (rb + nxt) & (STAGES - 1), cache_ptr, i_row, i_t0, i_thi, stride_cb, i_inside,
-                        num_blocks, TT, NW, HK, SLOT, XP, BLOCK_SIZE)
-    else:
-        _issue_stage(ring, (rb + nxt) & (STAGES - 1), cache_ptr, i_row, i_t0, i_thi, stride_cb, stride_ch, i_inside,
-                     num_blocks, NSUB, NW, WT, SLOT, BLOCK_SIZE)
-    async_copy.commit_group()
-    return ((rb + it) & (STAGES - 1)) * NSUB, t_lo + it * TT
-
-
-@gluon.jit
 def _combine_token_groups(x_rows, m_rows, l_rows, HK: gl.constexpr, WT: gl.constexpr, ROWS: gl.constexpr,
                           D: gl.constexpr, EP: gl.constexpr):
     """A program's partial per kv head: the ``WT`` warps of a kv head (its token groups) hold partials
@@ -1147,7 +1118,7 @@ def _schedule(seqlen_ptr, num_requests, window, cap, pid, progs, TT: gl.constexp
 @gluon.jit(noinline=True)
 def _serve_piece(q_ptr, cache_ptr, bt_ptr, seqlen_ptr, sinks_ptr, out_ptr, part_ptr, ml_ptr, counter_ptr,
                  err_ptr, scale, softcap, window, num_blocks, cap, stride_qb, stride_qh, stride_ob, stride_oh,
-                 stride_cb, stride_ch, stride_btb, b, cs, w0, w1, total, active, pid, b_last, pre, rb,
+                 stride_cb, stride_ch, stride_btb, b, cs, w0, w1, total, active, pid,
                  D: gl.constexpr, LOG2D: gl.constexpr, GQA: gl.constexpr, ROWS: gl.constexpr,
                  GQA_PAD: gl.constexpr, HK: gl.constexpr, WT: gl.constexpr, NSUB: gl.constexpr,
                  STAGES: gl.constexpr, TW: gl.constexpr, BLOCK_SIZE: gl.constexpr, HAS_SINKS: gl.constexpr,
@@ -1155,14 +1126,7 @@ def _serve_piece(q_ptr, cache_ptr, bt_ptr, seqlen_ptr, sinks_ptr, out_ptr, part_
                  TOKEN_MAJOR: gl.constexpr = False):
     """Serve request ``b``'s piece of this program's units ``[w0, w1)`` (the request's units start at
     ``cs``): stream it through the ring, leave one partial per kv head in slot ``pid + b`` and, for the
-    request's last piece (atomic ticket), merge its pieces into ``out``.
-
-    Cross-piece pipelining: ``pre`` = 1 when the previous piece already issued this piece's first
-    ``STAGES - 1`` stages (ring stages ``rb``, ``rb + 1``, .. mod ``STAGES``; else ``pre`` = ``rb`` = 0 and the
-    prologue issues them); when the program serves a next piece (``b < b_last``) and this one has at least
-    ``STAGES - 1`` stages, this piece's last iterations issue the next piece's first stages into the ring's
-    free stages, so they are in flight during this piece's epilogue and the next piece's query rotation.
-    Returns the request's end unit and the next piece's ``pre`` and ``rb``."""
+    request's last piece (atomic ticket), merge its pieces into ``out``. Returns the request's end unit."""
     NW: gl.constexpr = gl.num_warps()
     H: gl.constexpr = D // 2
     G: gl.constexpr = D // 32
@@ -1275,22 +1239,6 @@ def _serve_piece(q_ptr, cache_ptr, bt_ptr, seqlen_ptr, sinks_ptr, out_ptr, part_
     first = _owner(cs, active, total)  # the programs that hold pieces of request b: first .. last
     nparts = _owner(ce - 1, active, total) - first + 1
     bt_row = bt_ptr + b.to(gl.int64) * stride_btb
-    # ---- the program's next piece (request b + 1, from unit ce): its range, so that this piece's last
-    # iterations can issue its first stages (``chain``); its length's error bit is its own call's
-    has_next = b < b_last
-    length_n = gl.load(seqlen_ptr + b + 1, mask=has_next, other=0)
-    length_n = gl.minimum(gl.maximum(length_n, 0), cap)
-    lo_n = 0
-    if HAS_WINDOW:
-        lo_n = gl.maximum(length_n - window, 0)
-    lo_run_n = (lo_n // TT) * TT
-    ce_n = ce + _units(length_n, window, cap, TT, HAS_WINDOW)
-    t_lo_n = lo_run_n + (gl.maximum(ce, w0) - ce) * TT
-    t_hi_n = gl.minimum(lo_run_n + (gl.minimum(ce_n, w1) - ce) * TT, length_n)
-    chain = has_next & (n_it >= STAGES - 1)
-    row_n = bt_ptr + (b + 1).to(gl.int64) * stride_btb
-    dt_n = t_lo_n - t_lo - n_it * TT  # the next piece's first token against this piece's stage n_it
-    n_lim = gl.where(chain, n_it, 1 << 30)  # the stage from which the loop issues the next piece's stages
     # ---- the query, loaded before the ring copies queue up ahead of it; rows in N above GQA 8: RG = 2
     # groups of 8 rows, each its own query fragments, over the same decoded K/V fragments
     qr = gl.arange(0, RR, gl.SliceLayout(0, gl.SliceLayout(2, QL)))
@@ -1302,16 +1250,15 @@ def _serve_piece(q_ptr, cache_ptr, bt_ptr, seqlen_ptr, sinks_ptr, out_ptr, part_
     q_row = q_ptr + b.to(gl.int64) * stride_qb + (qh3 * GQA + qr3) * stride_qh + qc3
     q_in = gl.load(q_row, mask=(qr3 < GQA) & (qc3 < D), other=0.0)
     # ---- prologue: STAGES - 1 stages in flight, each row checking its own block id (the range's check below
-    # waits for its block-table loads; the copies do not); already issued by the previous piece when ``pre``
-    if pre == 0:
-        for i in gl.static_range(STAGES - 1):
-            if TOKEN_MAJOR:
-                _issue_stage_tm(stages, i, cache_ptr, bt_row, t_lo + i * TT, t_hi, stride_cb, False, num_blocks,
-                                TT, NW, HK, SLOT, XP, BLOCK_SIZE)
-            else:
-                _issue_stage(ring, i, cache_ptr, bt_row, t_lo + i * TT, t_hi, stride_cb, stride_ch, False,
-                             num_blocks, NSUB, NW, WT, SLOT, BLOCK_SIZE)
-            async_copy.commit_group()
+    # waits for its block-table loads; the copies do not)
+    for i in gl.static_range(STAGES - 1):
+        if TOKEN_MAJOR:
+            _issue_stage_tm(stages, i, cache_ptr, bt_row, t_lo + i * TT, t_hi, stride_cb, False, num_blocks,
+                            TT, NW, HK, SLOT, XP, BLOCK_SIZE)
+        else:
+            _issue_stage(ring, i, cache_ptr, bt_row, t_lo + i * TT, t_hi, stride_cb, stride_ch, False, num_blocks,
+                         NSUB, NW, WT, SLOT, BLOCK_SIZE)
+        async_copy.commit_group()
     inside = _blocks_inside(bt_row, t_lo, t_hi, num_blocks, err_ptr, BLOCK_SIZE, NW)
 
     # score axes: rows (query rows) and tokens; QR/QW/TK: per-row, per-warp, per-token state layouts
@@ -1398,12 +1345,13 @@ def _serve_piece(q_ptr, cache_ptr, bt_ptr, seqlen_ptr, sinks_ptr, out_ptr, part_
     for _t in gl.static_range(RG * NT):
         accs = accs + (gl.zeros(ACC, gl.float32, MMA),)
     m_i, l_i, run = _online_start(RG, [NW, RR], QR, QW)
-    if not TOKEN_MAJOR:
-        stages = ring  # unused by the head-major issue
     for it in range(n_it):
-        cur, t0 = _advance_ring_x(ring, stages, it, rb, n_lim, cache_ptr, bt_row, row_n, t_lo, dt_n, t_hi,
-                                  t_hi_n, stride_cb, stride_ch, inside, num_blocks, STAGES, TT, NSUB, NW, WT, HK,
-                                  SLOT, XP, BLOCK_SIZE, TOKEN_MAJOR)
+        if TOKEN_MAJOR:
+            cur, t0 = _advance_ring_tm(stages, it, cache_ptr, bt_row, t_lo, t_hi, stride_cb, inside, num_blocks,
+                                       STAGES, TT, NSUB, NW, HK, SLOT, XP, BLOCK_SIZE)
+        else:
+            cur, t0 = _advance_ring(ring, it, cache_ptr, bt_row, t_lo, t_hi, stride_cb, stride_ch, inside,
+                                    num_blocks, STAGES, TT, NSUB, NW, WT, SLOT, BLOCK_SIZE)
         for jp in gl.static_range(NSUB // PAIR):
             j = jp * PAIR
             kw = _piece(ks.index(cur + j), [NW, TW], KWL, KWL)
@@ -1501,8 +1449,7 @@ def _serve_piece(q_ptr, cache_ptr, bt_ptr, seqlen_ptr, sinks_ptr, out_ptr, part_
                                            ps[i], nr, vgroup, NW, TW, H, ROWS_IN_N, VL, VLW, VA, VB, PTB, PA, RAX)
                     accs = (acc_e, acc_o)
             run = new_run
-    if chain == 0:  # else the pending copies are the next piece's first stages: they stay in flight
-        async_copy.wait_group(0)
+    async_copy.wait_group(0)
 
     pair0 = b * HK
     # ---- the program's partial of each kv head (acc * 2**run, m, l; its WT token groups combined
@@ -1576,14 +1523,7 @@ def _serve_piece(q_ptr, cache_ptr, bt_ptr, seqlen_ptr, sinks_ptr, out_ptr, part_
         optr = out_ptr + b.to(gl.int64) * stride_ob + (mh * GQA + mr) * stride_oh + mc
         gl.store(optr, o.to(out_ptr.dtype.element_ty), mask=rmask3)
         gl.atomic_xchg(counter_ptr + pair0, 0)
-    rb_n = gl.where(chain, (rb + n_it) % STAGES, 0)
-    if chain:
-        # keep the ring allocated through the epilogue (a use after it): its scratch (the token groups'
-        # combine, the merge) must not overlap the next piece's stages in flight. One word of the stage
-        # this piece consumed last (no copy pending into it); the store never runs (num_blocks >= 0)
-        keep = _piece(ks.index(((rb + n_it - 1) % STAGES) * NSUB), [NW, TW], KWL, KWL)
-        gl.store(err_ptr + ERR_BLOCK + keep * 0, 1, mask=(num_blocks < 0) & (keep != 0))
-    return ce, chain.to(gl.int32), rb_n
+    return ce
 
 
 @gluon.jit
@@ -1621,13 +1561,9 @@ def uq_decode_wholepage(q_ptr, cache_ptr, bt_ptr, seqlen_ptr, sinks_ptr, out_ptr
     # each piece is one call of a noinline function: ptxas then schedules the stage loop as in a kernel
     # without the piece loop around it (inlined, it issued the shared loads closer to their uses and the
     # uniform shapes ran 12-19% slower than the static split: benchmarks/NOTES.md, "Serving decode")
-    # cross-piece pipelining: a piece issues the next one's first stages (pre, rb: _serve_piece)
-    pre = pid * 0
-    rb = pid * 0
     for b in range(b_first, b_last + 1):
-        cs, pre, rb = _serve_piece(q_ptr, cache_ptr, bt_ptr, seqlen_ptr, sinks_ptr, out_ptr, part_ptr, ml_ptr,
-                                   counter_ptr, err_ptr, scale, softcap, window, num_blocks, cap, stride_qb, stride_qh,
-                                   stride_ob, stride_oh, stride_cb, stride_ch, stride_btb, b, cs, w0, w1, total,
-                                   active, pid, b_last, pre, rb,
-                                   D, LOG2D, GQA, ROWS, GQA_PAD, HK, WT, NSUB, STAGES, TW, BLOCK_SIZE,
-                                   HAS_SINKS, HAS_WINDOW, HAS_SOFTCAP, ROWS_IN_N, TOKEN_MAJOR)
+        cs = _serve_piece(q_ptr, cache_ptr, bt_ptr, seqlen_ptr, sinks_ptr, out_ptr, part_ptr, ml_ptr, counter_ptr,
+                          err_ptr, scale, softcap, window, num_blocks, cap, stride_qb, stride_qh, stride_ob, stride_oh,
+                          stride_cb, stride_ch, stride_btb, b, cs, w0, w1, total, active, pid,
+                          D, LOG2D, GQA, ROWS, GQA_PAD, HK, WT, NSUB, STAGES, TW, BLOCK_SIZE,
+                          HAS_SINKS, HAS_WINDOW, HAS_SOFTCAP, ROWS_IN_N, TOKEN_MAJOR)
