@@ -744,11 +744,7 @@ def _pair_chunks(c, PC: gl.constexpr, DC: gl.constexpr, NCH: gl.constexpr, bt_ro
         ok = ok & (inside | ((blk >= 0) & (blk < num_blocks)))
         base = blk.to(gl.int64) * stride_cb + ((tok % BLOCK_SIZE) * TOKB + within * 16).to(gl.int64)
     else:
-        jl = tau // BLOCK_SIZE
-        blk = ids[0] + jl * 0
-        for j in gl.static_range(1, NBL):
-            blk = gl.where(jl == j, ids[j], blk)
-        ok = ok & (inside | ((blk >= 0) & (blk < num_blocks)))
+        blk, ok = _stage_block(tau // BLOCK_SIZE, ids, NBL, ok, inside, num_blocks)
         base = blk.to(gl.int64) * stride_cb + (t0 % BLOCK_SIZE) * TOKB + ((tau % BLOCK_SIZE) * TOKB + within * 16)
     return base, ok
 
@@ -853,13 +849,23 @@ def _stage_blocks(tt, block_size):
 
 
 @gluon.jit
+def _stage_block(jl, ids, NBL: gl.constexpr, ok, inside, num_blocks):
+    """Block id of the stage's block slot ``jl`` (picked from its ``ids``, loaded once per stage) and ``ok``
+    narrowed, unless ``inside``, to ids inside ``[0, num_blocks)``: shared by both page layouts' copies."""
+    blk = ids[0] + jl * 0
+    for j in gl.static_range(1, NBL):
+        blk = gl.where(jl == j, ids[j], blk)
+    return blk, ok & (inside | ((blk >= 0) & (blk < num_blocks)))
+
+
+@gluon.jit
 def _run_rows(r, RUN: gl.constexpr, bt_row, t0, t_hi, stride_cb, stride_ch, ids, NBL: gl.constexpr,
               inside, num_blocks, NW: gl.constexpr, WT: gl.constexpr, SLOT: gl.constexpr,
               BLOCK_SIZE: gl.constexpr):
     """Byte offsets in the cache of the stage rows ``r`` (row ``r`` = 128-byte piece ``r % RUN`` of run
     ``r // RUN``) and which rows to read (their run starts before ``t_hi`` and, unless ``inside``, its
     block id is inside ``[0, num_blocks)``). A row's block id is picked from the stage's ``ids``
-    (``NBL`` > 0, :func:`_stage_blocks`) or loaded per row."""
+    (``NBL`` > 0, :func:`_stage_blocks`; :func:`_stage_block`) or loaded per row."""
     q = r // RUN
     w = q % NW
     dt = (q // NW) * (WT * 16) + (w % WT) * 16  # the run's first token, from the stage's
@@ -871,11 +877,7 @@ def _run_rows(r, RUN: gl.constexpr, bt_row, t0, t_hi, stride_cb, stride_ch, ids,
         base = (blk.to(gl.int64) * stride_cb + (w // WT).to(gl.int64) * stride_ch
                 + ((tok % BLOCK_SIZE) * SLOT + (r % RUN) * 128).to(gl.int64))
     else:
-        jl = dt // BLOCK_SIZE
-        blk = ids[0] + jl * 0
-        for j in gl.static_range(1, NBL):
-            blk = gl.where(jl == j, ids[j], blk)
-        ok = ok & (inside | ((blk >= 0) & (blk < num_blocks)))
+        blk, ok = _stage_block(dt // BLOCK_SIZE, ids, NBL, ok, inside, num_blocks)
         # stages start on TT boundaries, so tok % BLOCK_SIZE = t0 % BLOCK_SIZE + dt % BLOCK_SIZE: the
         # row's offset inside its page does not depend on the stage (the compiler keeps it)
         inner = (w // WT).to(gl.int64) * stride_ch + (dt % BLOCK_SIZE) * SLOT + (r % RUN) * 128
