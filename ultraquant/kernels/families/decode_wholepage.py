@@ -82,6 +82,13 @@ def token_runs(head_size: int, strides: tuple[int, ...], num_kv_heads: int) -> b
     return num_kv_heads > 1 and sh == s and st == num_kv_heads * s and sb % 16 == 0
 
 
+def page_runs(head_size: int, strides: tuple[int, ...], num_kv_heads: int, *, token_major: bool) -> bool:
+    """True when the kernel can copy the cache's pages as whole runs: head-major (:func:`whole_runs`) or, with
+    ``token_major``, token-major pages too (:func:`token_runs`); the one layout rule of the call and the plan."""
+    return whole_runs(head_size, strides, num_kv_heads) or (
+        token_major and token_runs(head_size, strides, num_kv_heads))
+
+
 def dense_strides(head_size: int, num_kv_heads: int, block_size: int) -> tuple[int, int, int]:
     """The ``(block, token, head)`` byte strides of a dense ``(blocks, block_size, Hk, slot)`` cache (a
     plain ``torch.zeros``: token-major pages), the layout a config without ``cache_strides`` means."""
@@ -117,8 +124,7 @@ def wholepage_call(
     """The plan's rule for one call: :func:`wholepage_supports` over the cache's strides (``cache_aligned``:
     its base address is a multiple of 16 bytes; ``token_major``: token-major pages count too,
     :func:`token_runs`; the multi-query decode, head-major only, passes False)."""
-    runs = whole_runs(head_size, cache_strides, num_kv_heads) or (
-        token_major and token_runs(head_size, cache_strides, num_kv_heads))
+    runs = page_runs(head_size, cache_strides, num_kv_heads, token_major=token_major)
     return cache_aligned and wholepage_supports(
         head_size=head_size,
         gqa=gqa,
@@ -305,7 +311,7 @@ def plan_decode_wholepage(
     b, hq, d = query.shape
     hk, bs = kv_cache.shape[2], kv_cache.shape[1]
     strides = tuple(kv_cache.stride())
-    if not (whole_runs(d, strides, hk) or token_runs(d, strides, hk)) or kv_cache.data_ptr() % 16:
+    if not page_runs(d, strides, hk, token_major=True) or kv_cache.data_ptr() % 16:
         raise UltraQuantError(
             f"the whole-page decode reads whole 16-token runs: needs a head-major (or token-major) cache with "
             f"16-byte aligned pages (strides {strides}); use decode_attention (split-KV decode)"
@@ -379,6 +385,7 @@ __all__ = [
     "WHOLEPAGE_PROGRAMS_PER_SM",
     "dense_strides",
     "is_token_major",
+    "page_runs",
     "token_runs",
     "decode_wholepage",
     "decode_wholepage_spec",
