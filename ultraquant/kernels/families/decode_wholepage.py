@@ -136,9 +136,9 @@ def wholepage_call(
 
 
 def is_token_major(head_size: int, cache_strides: tuple[int, ...] | None, num_kv_heads: int,
-                   block_size: int = 16) -> bool:
+                   block_size: int) -> bool:
     """True when a cache the whole-page decode serves is token-major (its kernel takes ``TOKEN_MAJOR``);
-    ``cache_strides`` None: the dense layout (:func:`dense_strides`)."""
+    ``cache_strides`` None: the dense layout (:func:`dense_strides` of ``block_size``, so no default)."""
     if cache_strides is None:
         cache_strides = dense_strides(head_size, num_kv_heads, block_size)
     return not whole_runs(head_size, cache_strides, num_kv_heads) and token_runs(head_size, cache_strides,
@@ -327,7 +327,7 @@ def plan_decode_wholepage(
         has_window=sliding_window is not None,
         has_softcap=softcap is not None,
         tuning=tuning,
-        token_major=is_token_major(d, strides, hk),
+        token_major=is_token_major(d, strides, hk, bs),
     )
     c = spec.constexprs
     programs = wholepage_programs(query.device, tuning.programs)
