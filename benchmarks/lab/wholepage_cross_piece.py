@@ -2,7 +2,8 @@
 
 ``sass OUTDIR [name ...]``: sm_90 SASS census (benchmarks/lab/wholepage_token_major_sass.py's ``census``: registers,
 spills, shared memory, instruction count, the stage loop's size and opcode mix, masked ``.sass`` dumps) of the
-configurations below; run it on main's tree and on the patched tree (``wholepage_cross_piece.patch``) and diff.
+configurations below; run it on main's tree and on the patched tree (``wholepage_cross_piece.patch``, in git at
+c9a34bb; refuted on the H200, benchmarks/NOTES.md) and diff.
 ``pieces``: the CPU model of the schedule (``wholepage_schedule``) on the ``--serving`` rows at 132 programs:
 pieces per program, and the pieces after a program's first (each pays the per-piece fixed cost; with the
 patch its first stage is already in flight when the previous piece's epilogue runs).
