@@ -838,14 +838,12 @@ def _online_update(ss, m_prev, l_prev, G: gl.constexpr, N: gl.constexpr, TAX: gl
 
 @gluon.constexpr_function
 def _stage_blocks(tt, block_size):
-    """How many block ids a ``tt``-token stage loads up front: 1 when a block holds whole stages, 2-4 when
-    a stage is that many whole blocks (stages start on ``tt`` boundaries; each copy row then picks its id
-    by a select), else 0: each row loads its own. At block 16 and a 64-token stage the 4 ids take A's stage
-    loop from 2095 to 1964 instructions (per-row loads: 17 id loads and 64-bit addresses per thread);
-    8 ids gain < 1% (D=256, Hk 2) at +17 registers (benchmarks/NOTES.md)."""
+    """How many block ids a ``tt``-token stage loads up front: 1 when a block holds whole stages, 2 when
+    a stage is two whole blocks (stages start on ``tt`` boundaries), else 0: each row loads its own (a
+    longer select chain costs ALU work and registers: 4 ids spilled in the m16 loop)."""
     if block_size % tt == 0:
         return 1
-    if tt <= 4 * block_size and tt % block_size == 0:
+    if tt == 2 * block_size:
         return tt // block_size
     return 0
 
