@@ -625,8 +625,12 @@ def _issue_stage(ring, stage, cache_ptr, bt_row, t0, t_hi, stride_cb, stride_ch,
     """Start the async copies of tokens ``[t0, t0 + NSUB*WT*16)`` of every kv head into ring stage
     ``stage``: ``NR = NSUB*NW`` runs (run ``q = j*NW + w``: kv head ``w // WT``, the 16 tokens
     ``t0 + j*WT*16 + (w % WT)*16``), each ``16*SLOT`` contiguous bytes of a head-major page, copied
-    whole as ``SLOT/8`` rows of 128 B: ``RB*NR`` rows with 16-byte ``cp.async`` (``RB`` = 16 at
-    D=128, 32 at D=256), the last ``RS*NR`` rows with up to 16-byte ones. Runs starting at or past
+    whole as ``SLOT/8`` rows of 128 B (stage row ``r`` = row ``r % RUN`` of run ``r // RUN``): rows
+    ``[0, RB*NR)`` with 16-byte ``cp.async`` (``RB`` = 16 at D=128, 32 at D=256), the last ``RS*NR``
+    rows with up to 16-byte ones. One warp per kv head (``WT`` = 1): flat rows, four adjacent rows per warp
+    instruction; token groups over warps (``WT`` > 1, stages of 8-32 blocks at block 16): each thread copies
+    consecutive rows (:func:`_copy_rows`), in at most two runs whose block ids and addresses it computes
+    once (H200: 4-6% faster there, 3-12% slower at ``WT`` = 1; benchmarks/NOTES.md). Runs starting at or past
     ``t_hi`` are zero-filled (no read); unless ``inside`` (:func:`_blocks_inside` of the program's
     range), so are runs of block ids outside ``[0, num_blocks)``."""
     NR: gl.constexpr = NSUB * NW
@@ -635,25 +639,126 @@ def _issue_stage(ring, stage, cache_ptr, bt_row, t0, t_hi, stride_cb, stride_ch,
     RS: gl.constexpr = RUN - RB                       # the rest
     V: gl.constexpr = 4 if NSUB * RS >= 4 else NSUB * RS  # words per copy of the last rows
     ROWS: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [1, 0])
-    CL: gl.constexpr = gl.BlockedLayout([1, 4], [4, 8], [NW, 1], [1, 0])
-    RL: gl.constexpr = gl.BlockedLayout([1, V], [V, 32 // V], [NW, 1], [1, 0])
     rows = ring.index(stage)._reinterpret(gl.int32, [NR * 2 * RB, 32], ROWS)
     NBL: gl.constexpr = _stage_blocks(NSUB * WT * 16, BLOCK_SIZE)
     ids = ()
     for j in gl.static_range(NBL):  # the stage's block ids, once per stage (not per row)
         ids = ids + (gl.load(bt_row + t0 // BLOCK_SIZE + j, mask=t0 + j * BLOCK_SIZE < t_hi, other=0),)
-    r = gl.expand_dims(gl.arange(0, NR * RB, gl.SliceLayout(1, CL)), 1)
-    base, ok = _run_rows(r, RUN, bt_row, t0, t_hi, stride_cb, stride_ch, ids, NBL, inside, num_blocks,
-                         NW, WT, SLOT, BLOCK_SIZE)
-    w = gl.expand_dims(gl.arange(0, 32, gl.SliceLayout(0, CL)), 0)
-    p = gl.multiple_of((cache_ptr + base).to(gl.pointer_type(gl.int32)), [16, 16])
-    async_copy.async_copy_global_to_shared(rows.slice(0, NR * RB), p + w, mask=ok & (w >= 0))
-    r2 = gl.expand_dims(gl.arange(0, NR * RS, gl.SliceLayout(1, RL)), 1) + NR * RB
-    base2, ok2 = _run_rows(r2, RUN, bt_row, t0, t_hi, stride_cb, stride_ch, ids, NBL, inside, num_blocks,
-                           NW, WT, SLOT, BLOCK_SIZE)
-    w2 = gl.expand_dims(gl.arange(0, 32, gl.SliceLayout(0, RL)), 0)
-    p2 = gl.multiple_of((cache_ptr + base2).to(gl.pointer_type(gl.int32)), [16, 16])
-    async_copy.async_copy_global_to_shared(rows.slice(NR * RB, NR * RS), p2 + w2, mask=ok2 & (w2 >= 0))
+    if WT == 1:  # one warp per kv head: flat rows, 4 adjacent rows (512 B) per warp and copy instruction
+        CL: gl.constexpr = gl.BlockedLayout([1, 4], [4, 8], [NW, 1], [1, 0])
+        RL: gl.constexpr = gl.BlockedLayout([1, V], [V, 32 // V], [NW, 1], [1, 0])
+        r = gl.expand_dims(gl.arange(0, NR * RB, gl.SliceLayout(1, CL)), 1)
+        base, ok = _run_rows(r, RUN, bt_row, t0, t_hi, stride_cb, stride_ch, ids, NBL, inside, num_blocks, NW, WT,
+                             SLOT, BLOCK_SIZE)
+        w = gl.expand_dims(gl.arange(0, 32, gl.SliceLayout(0, CL)), 0)
+        p = gl.multiple_of((cache_ptr + base).to(gl.pointer_type(gl.int32)), [16, 16])
+        async_copy.async_copy_global_to_shared(rows.slice(0, NR * RB), p + w, mask=ok & (w >= 0))
+        r2 = gl.expand_dims(gl.arange(0, NR * RS, gl.SliceLayout(1, RL)), 1) + NR * RB
+        base2, ok2 = _run_rows(r2, RUN, bt_row, t0, t_hi, stride_cb, stride_ch, ids, NBL, inside, num_blocks, NW,
+                               WT, SLOT, BLOCK_SIZE)
+        w2 = gl.expand_dims(gl.arange(0, 32, gl.SliceLayout(0, RL)), 0)
+        p2 = gl.multiple_of((cache_ptr + base2).to(gl.pointer_type(gl.int32)), [16, 16])
+        async_copy.async_copy_global_to_shared(rows.slice(NR * RB, NR * RS), p2 + w2, mask=ok2 & (w2 >= 0))
+    else:  # token groups of a kv head over warps: consecutive rows per thread (<= 2 runs, ids once)
+        ROWS3: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [2, 1, 0])
+        # [thread group c, row k, word]: 4 words per lane, 8 lanes a row, a group's K rows in its registers
+        CL3: gl.constexpr = gl.BlockedLayout([1, 1, 4], [4, 1, 8], [NW, 1, 1], [2, 1, 0])
+        RL3: gl.constexpr = gl.BlockedLayout([1, 1, V], [V, 1, 32 // V], [NW, 1, 1], [2, 1, 0])
+        K1: gl.constexpr = NSUB * RB // 4
+        _copy_rows(rows._reinterpret(gl.int32, [4 * NW, K1, 32], ROWS3), 0, 4 * NW, K1, CL3, cache_ptr, bt_row, t0,
+                   t_hi, stride_cb, stride_ch, ids, NBL, inside, num_blocks, NW, WT, SLOT, BLOCK_SIZE)
+        K2: gl.constexpr = NSUB * RS // V
+        _copy_rows(rows.slice(NR * RB, NR * RS)._reinterpret(gl.int32, [V * NW, K2, 32], ROWS3), NR * RB, V * NW,
+                   K2, RL3, cache_ptr, bt_row, t0, t_hi, stride_cb, stride_ch, ids, NBL, inside, num_blocks, NW, WT,
+                   SLOT, BLOCK_SIZE)
+
+
+@gluon.jit
+def _run_rows(r, RUN: gl.constexpr, bt_row, t0, t_hi, stride_cb, stride_ch, ids, NBL: gl.constexpr,
+              inside, num_blocks, NW: gl.constexpr, WT: gl.constexpr, SLOT: gl.constexpr,
+              BLOCK_SIZE: gl.constexpr):
+    """Byte offsets in the cache of the stage rows ``r`` (row ``r`` = 128-byte piece ``r % RUN`` of run
+    ``r // RUN``) and which rows to read (:func:`_run_base`)."""
+    return _run_base(r // RUN, (r % RUN) * 128, t0, t_hi, bt_row, stride_cb, stride_ch, ids, NBL, inside,
+                     num_blocks, NW, WT, SLOT, BLOCK_SIZE)
+
+
+@gluon.constexpr_function
+def _chunk_runs(k, run):
+    """Most runs of ``run`` rows that ``k`` consecutive rows touch."""
+    return 1 if k == 1 else (k + run - 2) // run + 1
+
+
+@gluon.jit
+def _copy_rows(dst, R0: gl.constexpr, C: gl.constexpr, K: gl.constexpr, L: gl.constexpr, cache_ptr, bt_row, t0,
+               t_hi, stride_cb, stride_ch, ids, NBL: gl.constexpr, inside, num_blocks, NW: gl.constexpr,
+               WT: gl.constexpr, SLOT: gl.constexpr, BLOCK_SIZE: gl.constexpr):
+    """``cp.async`` of stage rows ``[R0, R0 + C*K)`` into ``dst`` (``[C, K, 32]`` words, row-major: element
+    ``(c, k, x)`` is word ``x`` of stage row ``R0 + c*K + k``), in ``L`` (each thread one ``c``, all ``k`` in
+    its registers): group ``c``'s rows lie in runs ``q0 .. q0 + M - 1`` (``q0 = (R0 + c*K) // RUN``), whose
+    cache offsets (:func:`_run_base`) the thread computes once; row ``k`` is row ``e0 + k - m*RUN`` of run
+    ``q0 + m`` (``e0 = (R0 + c*K) % RUN``), picked by a compare of ``k`` with ``RUN - e0``; two runs
+    (``M`` = 2): the rows read are one range ``[lo, hi)`` of ``k`` (a masked row is zero-filled)."""
+    RUN: gl.constexpr = SLOT // 8
+    M: gl.constexpr = _chunk_runs(K, RUN)
+    c = _iota3(C, 0, L)
+    k = _iota3(K, 1, L)
+    x = _iota3(32, 2, L)
+    r0 = R0 + c * K
+    q0 = r0 // RUN
+    e0 = r0 % RUN                                   # the group's first row in run q0 (loop invariant)
+    base, ok = _run_base(q0, 0, t0, t_hi, bt_row, stride_cb, stride_ch, ids, NBL, inside, num_blocks, NW, WT, SLOT,
+                         BLOCK_SIZE)
+    # word x of the group's rows in run q0, as if the run went on (the lane's part added once, not per row)
+    p = gl.multiple_of((cache_ptr + (base + e0 * 128)).to(gl.pointer_type(gl.int32)), [16, 16, 16]) + x
+    if M == 1:
+        valid = ok & (k >= 0)
+    elif M == 2:
+        b = RUN - e0                                # rows k >= b are in run q0 + 1
+        bm, okm = _run_base(q0 + 1, 0, t0, t_hi, bt_row, stride_cb, stride_ch, ids, NBL, inside, num_blocks, NW, WT,
+                            SLOT, BLOCK_SIZE)
+        pm = gl.multiple_of((cache_ptr + (bm + (e0 - RUN) * 128)).to(gl.pointer_type(gl.int32)), [16, 16, 16]) + x
+        p = gl.where(k >= b, pm, p)
+        # the rows to read are [lo, hi): those of run q0 if ok, then those of run q0 + 1 if okm
+        lo = gl.where(ok, 0, gl.minimum(b, K))
+        hi = gl.where(okm, K, gl.minimum(b, K))
+        vm = (1 << hi) - (1 << lo)                  # bit k: row k is read (K < 32)
+        valid = (vm & (1 << k)) != 0
+    else:
+        valid = ok & (k >= 0)
+        for m in gl.static_range(1, M):  # rows past the end of run q0 + m - 1
+            bm, okm = _run_base(q0 + m, 0, t0, t_hi, bt_row, stride_cb, stride_ch, ids, NBL, inside, num_blocks, NW,
+                                WT, SLOT, BLOCK_SIZE)
+            pm = gl.multiple_of((cache_ptr + (bm + (e0 - m * RUN) * 128)).to(gl.pointer_type(gl.int32)),
+                                [16, 16, 16]) + x
+            nxt = e0 + k >= m * RUN
+            p = gl.where(nxt, pm, p)
+            valid = gl.where(nxt, okm, valid)
+    async_copy.async_copy_global_to_shared(dst, p + k * 32, mask=valid & (x >= 0))
+
+
+@gluon.jit
+def _run_base(q, off, t0, t_hi, bt_row, stride_cb, stride_ch, ids, NBL: gl.constexpr, inside, num_blocks,
+              NW: gl.constexpr, WT: gl.constexpr, SLOT: gl.constexpr, BLOCK_SIZE: gl.constexpr):
+    """Byte offset in the cache of byte ``off`` of run ``q`` and whether to read it (the run starts before
+    ``t_hi`` and, unless ``inside``, its block id is inside ``[0, num_blocks)``). Its block id is picked from
+    the stage's ``ids`` (``NBL`` > 0, :func:`_stage_blocks`; :func:`_stage_block`) or loaded."""
+    w = q % NW
+    dt = (q // NW) * (WT * 16) + (w % WT) * 16  # the run's first token, from the stage's
+    tok = t0 + dt
+    ok = tok < t_hi
+    if NBL == 0:
+        blk = gl.load(bt_row + tok // BLOCK_SIZE, mask=ok, other=0)
+        ok = ok & (inside | ((blk >= 0) & (blk < num_blocks)))
+        base = (blk.to(gl.int64) * stride_cb + (w // WT).to(gl.int64) * stride_ch
+                + ((tok % BLOCK_SIZE) * SLOT + off).to(gl.int64))
+    else:
+        blk, ok = _stage_block(dt // BLOCK_SIZE, ids, NBL, ok, inside, num_blocks)
+        # stages start on TT boundaries, so tok % BLOCK_SIZE = t0 % BLOCK_SIZE + dt % BLOCK_SIZE: the
+        # run's offset inside its page does not depend on the stage (the compiler keeps it)
+        inner = (w // WT).to(gl.int64) * stride_ch + (dt % BLOCK_SIZE) * SLOT + off
+        base = blk.to(gl.int64) * stride_cb + (t0 % BLOCK_SIZE) * SLOT + inner
+    return base, ok
 
 
 @gluon.constexpr_function
@@ -727,7 +832,7 @@ def _pair_chunks(c, PC: gl.constexpr, DC: gl.constexpr, NCH: gl.constexpr, bt_ro
                  BLOCK_SIZE: gl.constexpr):
     """Byte offsets in a token-major cache of stage chunks ``c`` (chunk ``c % PC`` of token pair ``c // PC``)
     and which to read (a data chunk of the stage whose 16-token run starts before ``t_hi`` and, unless
-    ``inside``, whose block id is inside ``[0, num_blocks)``); block ids as :func:`_run_rows`."""
+    ``inside``, whose block id is inside ``[0, num_blocks)``); block ids as :func:`_run_base`."""
     tau = (c // PC) * 2                               # the pair's first token in the stage
     within = c % PC
     # a data chunk of the stage: its run's first token (loop invariant), else past any length (one compare a stage)
@@ -839,8 +944,8 @@ def _online_update(ss, m_prev, l_prev, G: gl.constexpr, N: gl.constexpr, TAX: gl
 @gluon.constexpr_function
 def _stage_blocks(tt, block_size):
     """How many block ids a ``tt``-token stage loads up front: 1 when a block holds whole stages, 2 when
-    a stage is two whole blocks (stages start on ``tt`` boundaries), else 0: each row loads its own (a
-    longer select chain costs ALU work and registers: 4 ids spilled in the m16 loop)."""
+    a stage is two whole blocks (stages start on ``tt`` boundaries), else 0: each copy row (or run) loads
+    its own (4 ids picked per row measured slower on the H200, benchmarks/NOTES.md)."""
     if block_size % tt == 0:
         return 1
     if tt == 2 * block_size:
@@ -856,33 +961,6 @@ def _stage_block(jl, ids, NBL: gl.constexpr, ok, inside, num_blocks):
     for j in gl.static_range(1, NBL):
         blk = gl.where(jl == j, ids[j], blk)
     return blk, ok & (inside | ((blk >= 0) & (blk < num_blocks)))
-
-
-@gluon.jit
-def _run_rows(r, RUN: gl.constexpr, bt_row, t0, t_hi, stride_cb, stride_ch, ids, NBL: gl.constexpr,
-              inside, num_blocks, NW: gl.constexpr, WT: gl.constexpr, SLOT: gl.constexpr,
-              BLOCK_SIZE: gl.constexpr):
-    """Byte offsets in the cache of the stage rows ``r`` (row ``r`` = 128-byte piece ``r % RUN`` of run
-    ``r // RUN``) and which rows to read (their run starts before ``t_hi`` and, unless ``inside``, its
-    block id is inside ``[0, num_blocks)``). A row's block id is picked from the stage's ``ids``
-    (``NBL`` > 0, :func:`_stage_blocks`; :func:`_stage_block`) or loaded per row."""
-    q = r // RUN
-    w = q % NW
-    dt = (q // NW) * (WT * 16) + (w % WT) * 16  # the run's first token, from the stage's
-    tok = t0 + dt
-    ok = tok < t_hi
-    if NBL == 0:
-        blk = gl.load(bt_row + tok // BLOCK_SIZE, mask=ok, other=0)
-        ok = ok & (inside | ((blk >= 0) & (blk < num_blocks)))
-        base = (blk.to(gl.int64) * stride_cb + (w // WT).to(gl.int64) * stride_ch
-                + ((tok % BLOCK_SIZE) * SLOT + (r % RUN) * 128).to(gl.int64))
-    else:
-        blk, ok = _stage_block(dt // BLOCK_SIZE, ids, NBL, ok, inside, num_blocks)
-        # stages start on TT boundaries, so tok % BLOCK_SIZE = t0 % BLOCK_SIZE + dt % BLOCK_SIZE: the
-        # row's offset inside its page does not depend on the stage (the compiler keeps it)
-        inner = (w // WT).to(gl.int64) * stride_ch + (dt % BLOCK_SIZE) * SLOT + (r % RUN) * 128
-        base = blk.to(gl.int64) * stride_cb + (t0 % BLOCK_SIZE) * SLOT + inner
-    return base, ok
 
 
 @gluon.jit
