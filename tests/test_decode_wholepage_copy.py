@@ -179,3 +179,17 @@ def test_new_copy_writes_the_old_copys_bytes(shape, bs):
 def test_model_layouts_cover_each_element_once():
     seen = [c for *_, c in blocked_elements([1, 1, 4], [4, 1, 8], [8, 1, 1], [32, 16, 32])]
     assert len(seen) == len(set(seen)) == 32 * 16 * 32
+
+
+@pytest.mark.parametrize("shape", SHAPES + [(128, 2, 2, 8), (256, 2, 2, 4)])
+def test_the_kernel_takes_the_per_run_copy_only_where_this_model_covers_it(shape):
+    """``_per_run_copy`` (the kernel's rule): the per-run copy at ``WT`` > 1 for every routed geometry above, and
+    the flat rows where a thread's rows would span three runs (4 warps x nsub 8) or 32 rows (its bitmask)."""
+    from ultraquant.kernels.gluon.decode_wholepage import _per_run_copy
+
+    d, hk, wt, nsub = shape
+    g = Geometry(d, hk, wt, nsub, 16, 0, 16, [0], 1, True)
+    k1, k2 = nsub * g.rb // 4, nsub * g.rs // g.v
+    covered = all((1 if k == 1 else (k + g.run - 2) // g.run + 1) <= 2 and k < 32 for k in (k1, k2))
+    assert _per_run_copy(wt, k1, k2, g.run) == (wt > 1 and covered)
+    assert covered == (shape in SHAPES)

@@ -644,7 +644,9 @@ def _issue_stage(ring, stage, cache_ptr, bt_row, t0, t_hi, stride_cb, stride_ch,
     ids = ()
     for j in gl.static_range(NBL):  # the stage's block ids, once per stage (not per row)
         ids = ids + (gl.load(bt_row + t0 // BLOCK_SIZE + j, mask=t0 + j * BLOCK_SIZE < t_hi, other=0),)
-    if WT == 1:  # one warp per kv head: flat rows, 4 adjacent rows (512 B) per warp and copy instruction
+    K1: gl.constexpr = NSUB * RB // 4                # rows per thread of the per-run copy's two copies
+    K2: gl.constexpr = NSUB * RS // V
+    if not _per_run_copy(WT, K1, K2, RUN):  # flat rows, 4 adjacent rows (512 B) per warp and copy instruction
         CL: gl.constexpr = gl.BlockedLayout([1, 4], [4, 8], [NW, 1], [1, 0])
         RL: gl.constexpr = gl.BlockedLayout([1, V], [V, 32 // V], [NW, 1], [1, 0])
         r = gl.expand_dims(gl.arange(0, NR * RB, gl.SliceLayout(1, CL)), 1)
@@ -664,10 +666,8 @@ def _issue_stage(ring, stage, cache_ptr, bt_row, t0, t_hi, stride_cb, stride_ch,
         # [thread group c, row k, word]: 4 words per lane, 8 lanes a row, a group's K rows in its registers
         CL3: gl.constexpr = gl.BlockedLayout([1, 1, 4], [4, 1, 8], [NW, 1, 1], [2, 1, 0])
         RL3: gl.constexpr = gl.BlockedLayout([1, 1, V], [V, 1, 32 // V], [NW, 1, 1], [2, 1, 0])
-        K1: gl.constexpr = NSUB * RB // 4
         _copy_rows(rows._reinterpret(gl.int32, [4 * NW, K1, 32], ROWS3), 0, 4 * NW, K1, CL3, cache_ptr, bt_row, t0,
                    t_hi, stride_cb, stride_ch, ids, NBL, inside, num_blocks, NW, WT, SLOT, BLOCK_SIZE)
-        K2: gl.constexpr = NSUB * RS // V
         _copy_rows(rows.slice(NR * RB, NR * RS)._reinterpret(gl.int32, [V * NW, K2, 32], ROWS3), NR * RB, V * NW,
                    K2, RL3, cache_ptr, bt_row, t0, t_hi, stride_cb, stride_ch, ids, NBL, inside, num_blocks, NW, WT,
                    SLOT, BLOCK_SIZE)
@@ -689,6 +689,15 @@ def _chunk_runs(k, run):
     return 1 if k == 1 else (k + run - 2) // run + 1
 
 
+@gluon.constexpr_function
+def _per_run_copy(wt, k1, k2, run):
+    """Whether :func:`_issue_stage` copies by :func:`_copy_rows`: token groups share a kv head (``wt`` > 1;
+    at ``wt`` = 1 the flat rows measured faster) and each thread's ``k1`` / ``k2`` rows lie in at most two runs
+    and number fewer than 32 (its row bitmask). Every routed shape qualifies; larger ``nsub`` tunings (e.g.
+    4 warps x nsub 8) keep the flat rows."""
+    return wt > 1 and all(_chunk_runs(k, run) <= 2 and k < 32 for k in (k1, k2))
+
+
 @gluon.jit
 def _copy_rows(dst, R0: gl.constexpr, C: gl.constexpr, K: gl.constexpr, L: gl.constexpr, cache_ptr, bt_row, t0,
                t_hi, stride_cb, stride_ch, ids, NBL: gl.constexpr, inside, num_blocks, NW: gl.constexpr,
@@ -698,7 +707,8 @@ def _copy_rows(dst, R0: gl.constexpr, C: gl.constexpr, K: gl.constexpr, L: gl.co
     its registers): group ``c``'s rows lie in runs ``q0 .. q0 + M - 1`` (``q0 = (R0 + c*K) // RUN``), whose
     cache offsets (:func:`_run_base`) the thread computes once; row ``k`` is row ``e0 + k - m*RUN`` of run
     ``q0 + m`` (``e0 = (R0 + c*K) % RUN``), picked by a compare of ``k`` with ``RUN - e0``; two runs
-    (``M`` = 2): the rows read are one range ``[lo, hi)`` of ``k`` (a masked row is zero-filled)."""
+    (``M`` = 2): the rows read are one range ``[lo, hi)`` of ``k`` (a masked row is zero-filled). At most two
+    runs and ``K`` < 32 (:func:`_per_run_copy`)."""
     RUN: gl.constexpr = SLOT // 8
     M: gl.constexpr = _chunk_runs(K, RUN)
     c = _iota3(C, 0, L)
@@ -711,9 +721,10 @@ def _copy_rows(dst, R0: gl.constexpr, C: gl.constexpr, K: gl.constexpr, L: gl.co
                          BLOCK_SIZE)
     # word x of the group's rows in run q0, as if the run went on (the lane's part added once, not per row)
     p = gl.multiple_of((cache_ptr + (base + e0 * 128)).to(gl.pointer_type(gl.int32)), [16, 16, 16]) + x
+    gl.static_assert(M <= 2 and K < 32, "at most two runs and 32 rows per thread group (_per_run_copy)")
     if M == 1:
         valid = ok & (k >= 0)
-    elif M == 2:
+    else:
         b = RUN - e0                                # rows k >= b are in run q0 + 1
         bm, okm = _run_base(q0 + 1, 0, t0, t_hi, bt_row, stride_cb, stride_ch, ids, NBL, inside, num_blocks, NW, WT,
                             SLOT, BLOCK_SIZE)
@@ -724,16 +735,6 @@ def _copy_rows(dst, R0: gl.constexpr, C: gl.constexpr, K: gl.constexpr, L: gl.co
         hi = gl.where(okm, K, gl.minimum(b, K))
         vm = (1 << hi) - (1 << lo)                  # bit k: row k is read (K < 32)
         valid = (vm & (1 << k)) != 0
-    else:
-        valid = ok & (k >= 0)
-        for m in gl.static_range(1, M):  # rows past the end of run q0 + m - 1
-            bm, okm = _run_base(q0 + m, 0, t0, t_hi, bt_row, stride_cb, stride_ch, ids, NBL, inside, num_blocks, NW,
-                                WT, SLOT, BLOCK_SIZE)
-            pm = gl.multiple_of((cache_ptr + (bm + (e0 - m * RUN) * 128)).to(gl.pointer_type(gl.int32)),
-                                [16, 16, 16]) + x
-            nxt = e0 + k >= m * RUN
-            p = gl.where(nxt, pm, p)
-            valid = gl.where(nxt, okm, valid)
     async_copy.async_copy_global_to_shared(dst, p + k * 32, mask=valid & (x >= 0))
 
 
