@@ -1,7 +1,8 @@
 #!/bin/bash
 # Issue 24/25 (written 2026-12-04, night; no device was lent that session): the whole-page decode's unmasked
-# interior and movmatrix PV operands (benchmarks/lab/wholepage_interior_movm.patch, applied here to the device's
-# copy of the tree) against main. Needs two blob folders carried (ignored): .new/ = sm_90 blobs of the patched
+# interior and movmatrix PV operands (benchmarks/lab/wholepage_interior_movm.patch) and the multi-query decode's
+# V words (benchmarks/lab/multiquery_vwords.patch, on top of the first), applied here to the device's copy of the
+# tree, against main. Needs two blob folders carried (ignored): .new/ = sm_90 blobs of the patched
 # tree, .blobs/ = blobs of main (64 each: whole-page, multi-query, store; block 16; commands in NOTES,
 # "Session of 2026-12-04, night"). (1) GPU suites (whole-page incl. the movmatrix map test, multi-query,
 # bounds, attention) and sanitizers of the patched tree, A-D at block 64 compiled meanwhile; (2) alone on the
@@ -11,7 +12,7 @@ set -u
 export PYTHONUNBUFFERED=1 ULTRAQUANT_CACHE_DIR=/tmp/uq_c TRITON_CACHE_DIR=/tmp/tc PYTHONPATH=$PWD
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"; t0=$(date +%s)
 el() { echo "[+$(( $(date +%s) - t0 ))s] $*"; }
-for p in ${PATCHES:-benchmarks/lab/wholepage_interior_movm.patch}; do git apply "$p" && el "applied $p" || exit 3; done
+for p in ${PATCHES:-benchmarks/lab/wholepage_interior_movm.patch benchmarks/lab/multiquery_vwords.patch}; do git apply "$p" && el "applied $p" || exit 3; done
 timeout 330 python3 -m pytest -q -rfE -p no:cacheprovider -m gpu tests/gpu/test_decode_wholepage_gpu.py > $OUT/wp_gpu.log 2>&1 &
 timeout 330 python3 -m pytest -q -rfE -p no:cacheprovider -m gpu tests/gpu/test_spec_decode_gpu.py tests/gpu/test_bounds_gpu.py \
   tests/gpu/test_attention_gpu.py > $OUT/mq_gpu.log 2>&1 &
