@@ -1,0 +1,95 @@
+"""The whole-page decode's PV word PTX (``_pv_word_ptx``) run by a one-warp PTX interpreter (tests/ptx_warp.py)
+on the CPU against a float64 ``V^T P^T`` of the same codes: the operand numbering, the PRMT byte pairing, the
+nibble-pair decode and the MMA fragment maps the asm block relies on, and the output tiles' dim map that the
+epilogue (``_partial_rows``) assumes (tile ``4 w + k``, row r of lane group g: dim ``16 g + 2 (4 w + k) + r // 8``).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from tests import ptx_warp as W
+from ultraquant.format import E2M1_VALUES
+
+K = pytest.importorskip("ultraquant.kernels.gluon.decode_wholepage")
+
+E2M1 = np.array(E2M1_VALUES, dtype=np.float64)
+C_MAP = W.mma_layout()
+
+
+def _problem(seed: int, groups: int):
+    rng = np.random.default_rng(seed)
+    codes = rng.integers(0, 256, size=(16, 64), dtype=np.uint32)            # run token x V code byte (D=128)
+    rel_exp = rng.integers(-6, 15, size=(16, 4))                            # token x scale group: 2**e in fp16
+    p = rng.random((groups, 16, 8)).astype(np.float16).astype(np.float64)  # row group x token x query row
+    return codes, rel_exp, p
+
+
+def _v(codes: np.ndarray, tok: int, dim: int) -> float:
+    """The decode's fp16 V pattern: the E2M1 value of dim ``dim`` of token ``tok`` times 2**-14."""
+    return E2M1[(codes[tok, dim // 2] >> (4 * (dim % 2))) & 0xF] * 2.0 ** -14
+
+
+def _word(codes: np.ndarray, tok: int, w: int) -> int:
+    return int(sum(int(codes[tok, 4 * w + b]) << (8 * b) for b in range(4)))
+
+
+def _pair(x: float, y: float) -> int:
+    return int(W._pack(np.array([x]), np.array([y]))[0])
+
+
+def _lanes(fn) -> np.ndarray:
+    return np.array([fn(lane) for lane in range(W.LANES)], dtype=np.uint32)
+
+
+@pytest.mark.parametrize("groups", [1, 2])
+@pytest.mark.parametrize("seed", [0, 1])
+def test_pv_word_ptx_against_float64(groups: int, seed: int) -> None:
+    codes, rel_exp, p = _problem(seed, groups)
+    rel = 2.0 ** rel_exp
+    for w in range(2):  # the thread's V word: word 2 g + w of its tokens
+        acc = [np.zeros(W.LANES, dtype=np.uint32) for _ in range(16 * groups)]
+        vw = _vwords(codes, w)
+        operands = [np.zeros(W.LANES, dtype=np.uint32)] * (16 * groups) + acc + vw + _frag_words(rel, p, groups)
+        warp = W.Warp(operands)
+        warp.run(K._pv_word_ptx(groups))
+        for r in range(groups):
+            for k in range(4):
+                for e in range(4):
+                    got = W._as_f32(warp.regs[f"${16 * r + 4 * k + e}"])
+                    for lane in range(W.LANES):
+                        row, q = C_MAP[e](lane)
+                        g = row % 8
+                        dim = 16 * g + 2 * (4 * w + k) + row // 8
+                        want = sum(_v(codes, t, dim) * rel[t, dim // 32] * p[r, t, q] for t in range(16))
+                        assert got[lane] == pytest.approx(want, rel=1e-5, abs=1e-7), (r, k, e, lane)
+
+
+def _vwords(codes: np.ndarray, w: int) -> list[np.ndarray]:
+    """The V word operand (the ``_vword_layout`` view in the MMA layout): element (i, j) is word ``2 (i % 8) + w``
+    of run token ``j + 8 (i // 8)``, so lane (g, t) holds tokens 2t, 2t + 1, 2t + 8, 2t + 9."""
+    def one(lane: int, e: int) -> int:
+        i, j = C_MAP[e](lane)
+        return _word(codes, j + 8 * (i // 8), 2 * (i % 8) + w)
+    return [_lanes(lambda lane, e=e: one(lane, e)) for e in range(4)]
+
+
+def _frag_words(rel: np.ndarray, p: np.ndarray, groups: int) -> list[np.ndarray]:
+    """The operands after the V words as the landed kernel passes them: the relative scales (4 words: tokens
+    (2t, 2t + 1) and (2t + 8, 2t + 9) of lane group g's scale group g / 2, twice), then per row group the
+    probability B fragments (tokens 2t, 2t + 1 / 2t + 8, 2t + 9 of query row g, twice)."""
+    def rel_word(lane: int, hi: int) -> int:
+        g, t = lane // 4, lane % 4
+        a = 2 * t + 8 * hi
+        return _pair(rel[a, g // 2], rel[a + 1, g // 2])
+
+    def p_word(lane: int, hi: int, r: int) -> int:
+        g, t = lane // 4, lane % 4
+        a = 2 * t + 8 * hi
+        return _pair(p[r, a, g], p[r, a + 1, g])
+
+    out = [_lanes(lambda lane, e=e: rel_word(lane, e % 2)) for e in range(4)]
+    for r in range(groups):
+        out += [_lanes(lambda lane, e=e, r=r: p_word(lane, e % 2, r)) for e in range(4)]
+    return out
