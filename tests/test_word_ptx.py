@@ -93,3 +93,44 @@ def _frag_words(rel: np.ndarray, p: np.ndarray, groups: int) -> list[np.ndarray]
     for r in range(groups):
         out += [_lanes(lambda lane, e=e, r=r: p_word(lane, e % 2, r)) for e in range(4)]
     return out
+
+
+@pytest.mark.parametrize("groups", [1, 2])
+@pytest.mark.parametrize("seed", [0, 1])
+def test_qk_ptx_against_float64(groups: int, seed: int) -> None:
+    """``_qk_ptx``: per scale group two ``m16n8k16`` steps of the K words' nibble pairs (nibble j of K word t of a
+    group is dim ``8t + j``; step s, fragment half b, pair element h: nibble ``2s + b + 4h``) with the query's
+    fragments in that k order, times the group's UE8M0 scale: ``S^T`` (tokens x query rows) in float64."""
+    rng = np.random.default_rng(seed)
+    codes = rng.integers(0, 256, size=(16, 64), dtype=np.uint32)     # run token x K code byte (D=128)
+    scales = rng.integers(110, 141, size=(16, 4), dtype=np.uint32)   # UE8M0 byte per token and group
+    q = rng.standard_normal((groups, 8, 128)).astype(np.float16).astype(np.float64)
+    outs = [np.zeros(W.LANES, dtype=np.uint32)] * (4 * groups)
+
+    def k_word(lane: int, e: int, half: int) -> int:  # ka (half 0: groups 0, 1) / kb (groups 2, 3)
+        n, col = C_MAP[e](lane)
+        return _word(codes, n, 4 * (2 * half + col % 2) + col // 2)
+
+    ka = [_lanes(lambda lane, e=e: k_word(lane, e, 0)) for e in range(4)]
+    kb = [_lanes(lambda lane, e=e: k_word(lane, e, 1)) for e in range(4)]
+    kw = [_lanes(lambda lane, e=e: int(sum(int(scales[C_MAP[e](lane)[0], g]) << (8 * g) for g in range(4))))
+          for e in range(4)]
+
+    def q_word(lane: int, e: int, r: int, g: int) -> int:
+        i, j = C_MAP[e](lane)
+        s, row, t, b = i // 8, i % 8, j // 2, j % 2
+        d = 32 * g + 8 * t + 2 * s + b
+        return _pair(q[r, row, d], q[r, row, d + 4])
+
+    qs = [_lanes(lambda lane, e=e, r=r, g=g: q_word(lane, e, r, g)) for r in range(groups) for g in range(4)
+          for e in range(4)]
+    warp = W.Warp(outs + ka + kb + kw + qs)
+    warp.run(K._qk_ptx(groups))
+    kval = np.array([[_v(codes, t, d) for d in range(128)] for t in range(16)])
+    fac = 2.0 ** (scales.astype(np.float64) - 127)
+    for r in range(groups):
+        want = np.einsum("td,td,qd->tq", kval, np.repeat(fac, 32, axis=1), q[r])
+        for e in range(4):
+            got = W._as_f32(warp.regs[f"${4 * r + e}"])
+            for lane in range(W.LANES):
+                assert got[lane] == pytest.approx(want[C_MAP[e](lane)], rel=1e-4, abs=1e-6 * np.abs(want).max())
