@@ -7,7 +7,7 @@
 # "Session of 2026-12-04, night"). (1) GPU suites (whole-page incl. the movmatrix map test, multi-query,
 # bounds, attention) and sanitizers of the patched tree, A-D at block 64 compiled meanwhile; (2) alone on the
 # GPU: `bench --serving --no-aot` through the patched blobs, main's, the patched again (A/B/A in one run),
-# A-D at block 64 (JIT), `bench --spec-decode` through the patched blobs.
+# A-D at block 64 (JIT), `bench --spec-decode` through the patched blobs, ncu stall counters of three rows.
 set -u
 export PYTHONUNBUFFERED=1 ULTRAQUANT_CACHE_DIR=/tmp/uq_c TRITON_CACHE_DIR=/tmp/tc PYTHONPATH=$PWD
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"; t0=$(date +%s)
@@ -30,7 +30,14 @@ ULTRAQUANT_BACKEND=triton timeout 80 python3 -m ultraquant.cli bench --shapes A,
   --json $OUT/bs64.json > $OUT/bs64.log 2>&1; el "bs64 rc=$?"
 ULTRAQUANT_GENERATED=$PWD/.new timeout 90 python3 -m ultraquant.cli bench --spec-decode --json $OUT/spec.json > $OUT/spec.log 2>&1
 el "spec rc=$?"
+M=gpu__time_duration.sum,smsp__inst_executed.sum,smsp__issue_active.avg.pct_of_peak_sustained_active
+for s in wait math_pipe_throttle long_scoreboard short_scoreboard barrier no_instruction mio_throttle; do
+  M=$M,smsp__average_warps_issue_stalled_${s}_per_issue_active.ratio; done
+for row in "A bs16" "GQA16 32/2" "one kv head"; do f=$(echo "$row" | tr " /" "__")  # the patched blobs' stalls
+  ULTRAQUANT_GENERATED=$PWD/.new timeout 50 ncu -k regex:uq_decode_wholepage --launch-skip 1 --launch-count 1 \
+    --metrics $M python3 benchmarks/lab/serving_ncu.py "$row" > "$OUT/ncu_$f.log" 2>&1; el "ncu $row rc=$?"; done
 for n in new_1 main new_2; do echo "== serving $n"; grep -E "ceiling| us |no blob" $OUT/serving_$n.log | head -20; done
 echo "== bs64"; grep -E "ceiling|uq-head \(" $OUT/bs64.log | tail -5
 echo "== spec"; grep -E "decode|spec" $OUT/spec.log | grep -v prefill | tail -8
+echo "== ncu"; grep -hE "^\s+(smsp|gpu__)" $OUT/ncu_*.log
 cd $OUT && tar czf logs.tgz $(ls *.log | grep -v '^call.log$') && rm -f $(ls *.log | grep -v '^call.log$')
