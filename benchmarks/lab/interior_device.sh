@@ -12,18 +12,9 @@ set -u
 export PYTHONUNBUFFERED=1 ULTRAQUANT_CACHE_DIR=/tmp/uq_c TRITON_CACHE_DIR=/tmp/tc PYTHONPATH=$PWD
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"; t0=$(date +%s)
 el() { echo "[+$(( $(date +%s) - t0 ))s] $*"; }
-for p in ${PATCHES:-benchmarks/lab/wholepage_interior_movm.patch benchmarks/lab/multiquery_vwords.patch}; do git apply "$p" && el "applied $p" || exit 3; done
-timeout 330 python3 -m pytest -q -rfE -p no:cacheprovider -m gpu tests/gpu/test_decode_wholepage_gpu.py > $OUT/wp_gpu.log 2>&1 &
-timeout 330 python3 -m pytest -q -rfE -p no:cacheprovider -m gpu tests/gpu/test_spec_decode_gpu.py tests/gpu/test_bounds_gpu.py \
-  tests/gpu/test_attention_gpu.py > $OUT/mq_gpu.log 2>&1 &
-timeout 300 compute-sanitizer --tool memcheck --print-limit 20 python3 tests/gpu/sanitize_wholepage.py > $OUT/san.log 2>&1 &
-UQ_SANITIZE_BOUNDS=0 UQ_SANITIZE_CASES=1,2,3,4,6 timeout 300 compute-sanitizer --tool racecheck --print-limit 20 \
-  python3 tests/gpu/sanitize_wholepage.py > $OUT/race.log 2>&1 &
-(timeout 190 compute-sanitizer --tool memcheck --print-limit 20 python3 tests/gpu/sanitize_spec_decode.py > $OUT/mq_san.log 2>&1) &
-(ULTRAQUANT_BACKEND=triton timeout 250 python3 -m ultraquant.cli bench --shapes A,B,C,D --layouts head --no-stream > /dev/null 2>&1) &
-wait; el "phase 1 done"
-tail -n1 $OUT/wp_gpu.log; tail -n1 $OUT/mq_gpu.log; grep -h "^FAILED" $OUT/wp_gpu.log $OUT/mq_gpu.log | head
-for f in san race mq_san; do echo "$f: $(grep -h 'ERROR SUMMARY\|RACECHECK SUMMARY' $OUT/$f.log | tr '\n' ' ')"; done
+for p in ${PATCHES:-benchmarks/lab/wholepage_interior_movm.patch benchmarks/lab/multiquery_vwords.patch}; do
+  { git apply "$p" 2>/dev/null || patch -p1 -s < "$p"; } && el "applied $p" || exit 3; done
+. benchmarks/lab/gpu_suites.sh
 for r in new_1:.new main:.blobs new_2:.new; do n=${r%%:*}; ULTRAQUANT_GENERATED=$PWD/${r#*:} timeout 100 python3 -m ultraquant.cli \
   bench --serving --no-aot --json $OUT/serving_$n.json > $OUT/serving_$n.log 2>&1; el "serving $n rc=$?"; done
 ULTRAQUANT_BACKEND=triton timeout 80 python3 -m ultraquant.cli bench --shapes A,B,C,D --layouts head --no-stream \

@@ -7,18 +7,7 @@ set -u
 export PYTHONUNBUFFERED=1 ULTRAQUANT_CACHE_DIR=/tmp/uq_c TRITON_CACHE_DIR=/tmp/tc PYTHONPATH=$PWD
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"; t0=$(date +%s); BLOBS=$PWD/.blobs
 el() { echo "[+$(( $(date +%s) - t0 ))s] $*"; }
-timeout 330 python3 -m pytest -q -rfE -p no:cacheprovider -m gpu tests/gpu/test_decode_wholepage_gpu.py > $OUT/wp_gpu.log 2>&1 &
-timeout 330 python3 -m pytest -q -rfE -p no:cacheprovider -m gpu tests/gpu/test_spec_decode_gpu.py tests/gpu/test_bounds_gpu.py \
-  tests/gpu/test_attention_gpu.py > $OUT/mq_gpu.log 2>&1 &
-timeout 300 compute-sanitizer --tool memcheck --print-limit 20 python3 tests/gpu/sanitize_wholepage.py > $OUT/san.log 2>&1 &
-UQ_SANITIZE_BOUNDS=0 UQ_SANITIZE_CASES=1,2,3,4,6 timeout 300 compute-sanitizer --tool racecheck --print-limit 20 \
-  python3 tests/gpu/sanitize_wholepage.py > $OUT/race.log 2>&1 &
-(timeout 190 compute-sanitizer --tool memcheck --print-limit 20 python3 tests/gpu/sanitize_spec_decode.py > $OUT/mq_san.log 2>&1;
- timeout 130 compute-sanitizer --tool racecheck --print-limit 20 python3 tests/gpu/sanitize_spec_decode.py >> $OUT/mq_san.log 2>&1) &
-(ULTRAQUANT_BACKEND=triton timeout 250 python3 -m ultraquant.cli bench --shapes A,B,C,D --layouts head --no-stream > /dev/null 2>&1) &
-wait; el "phase 1 done"
-tail -n1 $OUT/wp_gpu.log; tail -n1 $OUT/mq_gpu.log; grep -h "^FAILED" $OUT/wp_gpu.log $OUT/mq_gpu.log | head
-for f in san race mq_san; do echo "$f: $(grep -h 'ERROR SUMMARY\|RACECHECK SUMMARY' $OUT/$f.log | tr '\n' ' ')"; done
+. benchmarks/lab/gpu_suites.sh
 for i in 1 2; do ULTRAQUANT_GENERATED=$BLOBS timeout 100 python3 -m ultraquant.cli bench --serving --no-aot \
   --json $OUT/serving_$i.json > $OUT/serving_$i.log 2>&1; el "serving $i rc=$?"; done
 ULTRAQUANT_BACKEND=triton timeout 80 python3 -m ultraquant.cli bench --shapes A,B,C,D --layouts head --no-stream \
