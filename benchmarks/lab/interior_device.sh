@@ -3,8 +3,8 @@
 # interior and movmatrix PV operands (benchmarks/lab/wholepage_interior_movm.patch) and the multi-query decode's
 # V words (benchmarks/lab/multiquery_vwords.patch, on top of the first), applied here to the device's copy of the
 # tree, against main. Needs two blob folders carried (ignored): .new/ = sm_90 blobs of the patched
-# tree, .blobs/ = blobs of main (64 each: whole-page, multi-query, store; block 16; commands in NOTES,
-# "Session of 2026-12-04, night"). (1) GPU suites (whole-page incl. the movmatrix map test, multi-query,
+# tree, .blobs/ = blobs of main (64 each: whole-page, multi-query, store; block 16; both built by
+# benchmarks/lab/ab_blobs.sh, NOTES "Session of 2026-12-04, night"). (1) GPU suites (whole-page incl. the movmatrix map test, multi-query,
 # bounds, attention) and sanitizers of the patched tree, A-D at block 64 compiled meanwhile; (2) alone on the
 # GPU: `bench --serving --no-aot` through the patched blobs, main's, the patched again (A/B/A in one run),
 # A-D at block 64 (JIT), `bench --spec-decode` through the patched blobs, ncu stall counters of three rows.

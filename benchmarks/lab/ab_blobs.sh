@@ -1,0 +1,27 @@
+#!/bin/bash
+# Before interior_device.sh (CPU, ~4 min): the two sm_90 blob folders it carries, for the serving rows' shapes
+# (six llama-style configs: 32/8 and 32/4, 32/2 D128, 16/2 D256, 16/1 and 8/1 D128; whole-page decode, multi-query
+# decode and store at block 16): .new/ from HEAD with PATCHES applied in a scratch copy, .blobs/ from HEAD as it is.
+# Both are ignored (.git/info/exclude). Run in the repo root with the env of `make env`.
+set -eu
+ROOT=$PWD; PY=$ROOT/.venv/bin/python; M=$(mktemp -d); T=$(mktemp -d)
+$PY - "$M" <<'PY'
+import json, sys
+for hq, hk, d in [(32, 8, 128), (32, 4, 128), (32, 2, 128), (16, 2, 256), (16, 1, 128), (8, 1, 128)]:
+    cfg = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "num_attention_heads": hq,
+           "num_key_value_heads": hk, "head_dim": d, "hidden_size": 4096, "num_hidden_layers": 2,
+           "torch_dtype": "bfloat16", "intermediate_size": 16384, "vocab_size": 32000,
+           "max_position_embeddings": 131072}
+    json.dump(cfg, open(f"{sys.argv[1]}/m{hq}_{hk}_d{d}.json", "w"))
+PY
+MODELS=$(ls "$M"/*.json | paste -sd,)
+build() { (cd "$1" && "$PY" -c "from ultraquant.cli import main; main()" build --arch sm_90 --model "$MODELS" --tp 1 \
+  --block-sizes 16 --ops decode_attention_wholepage,store_kv,spec_decode_attention --out "$2" --no-cache -j 2); }
+git archive HEAD | tar -x -C "$T"
+for p in ${PATCHES:-benchmarks/lab/wholepage_interior_movm.patch benchmarks/lab/multiquery_vwords.patch}; do
+  patch -d "$T" -p1 -s < "$p"; done
+rm -rf .new .blobs
+build "$T" "$ROOT/.new"
+build "$ROOT" "$ROOT/.blobs"
+for d in .new/ .blobs/; do grep -qx "$d" .git/info/exclude || echo "$d" >> .git/info/exclude; done
+ls .new/sm_90 | wc -l; ls .blobs/sm_90 | wc -l; rm -rf "$M" "$T"
