@@ -63,15 +63,20 @@ def compile_cubin(op: str, config: dict) -> tuple[bytes, object, object]:
     return k.asm["cubin"], k.metadata, spec
 
 
-def cuobjdump(cubin: bytes, flag: str) -> str:
-    """Text of ``cuobjdump <flag>`` on the cubin (the cuobjdump Triton ships)."""
+def nvidia_tool(name: str, cubin: bytes, *flags: str) -> str:
+    """Text of Triton's own ``name`` (``cuobjdump``, ``nvdisasm``) run with ``flags`` on the cubin."""
     import triton
 
-    tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
+    tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", name)
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
         f.write(cubin)
         f.flush()
-        return subprocess.run([tool, flag, f.name], check=True, capture_output=True, text=True).stdout
+        return subprocess.run([tool, *flags, f.name], check=True, capture_output=True, text=True).stdout
+
+
+def cuobjdump(cubin: bytes, flag: str) -> str:
+    """Text of ``cuobjdump <flag>`` on the cubin (the cuobjdump Triton ships)."""
+    return nvidia_tool("cuobjdump", cubin, flag)
 
 
 def sass_lines(cubin: bytes) -> list[tuple[int, str]]:

@@ -17,15 +17,13 @@ from __future__ import annotations
 import collections
 import os
 import re
-import subprocess
 import sys
-import tempfile
 
 os.environ["TRITON_DISABLE_LINE_INFO"] = "0"
 os.environ.setdefault("TRITON_ALWAYS_COMPILE", "1")
 sys.path.insert(0, os.getcwd())
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from tools.sass_loop import _value, opcode  # noqa: E402
+from tools.sass_loop import _value, loops, nvidia_tool, opcode  # noqa: E402
 
 Instr = tuple[int, str, tuple[str, int] | None]
 
@@ -33,13 +31,7 @@ Instr = tuple[int, str, tuple[str, int] | None]
 def disassemble(cubin: bytes) -> list[Instr]:
     """(address, instruction, (file, line) or None) of every instruction, branch targets resolved to addresses
     in the text (``.L_x_N`` labels replaced by ``0x...``)."""
-    import triton
-
-    tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "nvdisasm")
-    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
-        f.write(cubin)
-        f.flush()
-        text = subprocess.run([tool, "-g", "-c", f.name], check=True, capture_output=True, text=True).stdout
+    text = nvidia_tool("nvdisasm", cubin, "-g", "-c")
     out: list[Instr] = []
     labels: dict[str, int] = {}
     pending: list[str] = []
@@ -69,8 +61,7 @@ def _target(text: str) -> int | None:
 
 def stage_loop(ins: list[Instr]) -> tuple[list[Instr], list[Instr]]:
     """(the largest loop's instructions, its interior path) without NOPs."""
-    back = [(t, a) for a, u, _ in ins if (t := _target(u)) is not None and t < a]
-    lo, hi = max(back, key=lambda r: r[1] - r[0])
+    lo, hi = loops([(a, u) for a, u, _ in ins])[0]
     body = [x for x in ins if lo <= x[0] <= hi and opcode(x[1]) != "NOP"]
     skip = (0, 0)
     for a, u, _ in body:
