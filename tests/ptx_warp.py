@@ -126,27 +126,23 @@ class Warp:
             raise NotImplementedError(op)
 
     def mma(self, d: list[str], a: list[str], b: list[str], c: list[str]) -> None:
-        av = [self.value(x) for x in a]
-        bv = [self.value(x) for x in b]
-        cv = [self.value(x) for x in c]
+        ah = [(_lo(x), _hi(x)) for x in map(self.value, a)]  # each register's two fp16 halves
+        bh = [(_lo(x), _hi(x)) for x in map(self.value, b)]
+        cv = [_as_f32(self.value(x)) for x in c]
         A = np.zeros((16, 16))
         B = np.zeros((16, 8))
         C = np.zeros((16, 8))
         for lane in range(LANES):
             for r in range(4):
                 for h in range(2):
-                    A[mma_a_index(lane, r, h)] = (_lo if h == 0 else _hi)(av[r][lane:lane + 1])[0]
+                    A[mma_a_index(lane, r, h)] = ah[r][h][lane]
+                C[mma_c_index(lane, r)] = cv[r][lane]
             for r in range(2):
                 for h in range(2):
-                    B[mma_b_index(lane, r, h)] = (_lo if h == 0 else _hi)(bv[r][lane:lane + 1])[0]
-            for r in range(4):
-                C[mma_c_index(lane, r)] = _as_f32(cv[r][lane:lane + 1])[0]
+                    B[mma_b_index(lane, r, h)] = bh[r][h][lane]
         D = A @ B + C
         for r in range(4):
-            out = np.zeros(LANES, dtype=np.uint32)
-            for lane in range(LANES):
-                out[lane] = _from_f32(np.array([D[mma_c_index(lane, r)]]))[0]
-            self.set(d[r], out)
+            self.set(d[r], _from_f32(np.array([D[mma_c_index(lane, r)] for lane in range(LANES)])))
 
 
 def prmt(a: np.ndarray, b: np.ndarray, c: np.ndarray) -> np.ndarray:

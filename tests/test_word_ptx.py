@@ -1,7 +1,8 @@
-"""The whole-page decode's PV word PTX (``_pv_word_ptx``) run by a one-warp PTX interpreter (tests/ptx_warp.py)
-on the CPU against a float64 ``V^T P^T`` of the same codes: the operand numbering, the PRMT byte pairing, the
-nibble-pair decode and the MMA fragment maps the asm block relies on, and the output tiles' dim map that the
-epilogue (``_partial_rows``) assumes (tile ``4 w + k``, row r of lane group g: dim ``16 g + 2 (4 w + k) + r // 8``).
+"""The whole-page decode's word PTX (``_pv_word_ptx``, ``_qk_ptx``) run by a one-warp PTX interpreter
+(tests/ptx_warp.py) on the CPU against a float64 ``V^T P^T`` / ``S^T`` of the same codes: the operand numbering,
+the PRMT byte pairing, the nibble-pair decode and the MMA fragment maps the asm blocks rely on, the K k-order, and
+the output tiles' dim map that the epilogue (``_partial_rows``) assumes (tile ``4 w + k``, row r of lane group g:
+dim ``16 g + 2 (4 w + k) + r // 8``).
 """
 
 from __future__ import annotations
@@ -26,9 +27,11 @@ def _problem(seed: int, groups: int):
     return codes, rel_exp, p
 
 
-def _v(codes: np.ndarray, tok: int, dim: int) -> float:
-    """The decode's fp16 V pattern: the E2M1 value of dim ``dim`` of token ``tok`` times 2**-14."""
-    return E2M1[(codes[tok, dim // 2] >> (4 * (dim % 2))) & 0xF] * 2.0 ** -14
+def _values(codes: np.ndarray) -> np.ndarray:
+    """The decode's fp16 code patterns as float64 ``[token, dim]``: the E2M1 value of dim d (nibble d % 2 of
+    byte d // 2) times 2**-14."""
+    nibbles = np.stack([codes & 0xF, codes >> 4], axis=-1).reshape(codes.shape[0], -1)
+    return E2M1[nibbles] * 2.0 ** -14
 
 
 def _word(codes: np.ndarray, tok: int, w: int) -> int:
@@ -48,6 +51,7 @@ def _lanes(fn) -> np.ndarray:
 def test_pv_word_ptx_against_float64(groups: int, seed: int) -> None:
     codes, rel_exp, p = _problem(seed, groups)
     rel = 2.0 ** rel_exp
+    vrel = _values(codes) * np.repeat(rel, 32, axis=1)  # token x dim, times its group's relative scale
     for w in range(2):  # the thread's V word: word 2 g + w of its tokens
         acc = [np.zeros(W.LANES, dtype=np.uint32) for _ in range(16 * groups)]
         vw = _vwords(codes, w)
@@ -55,15 +59,14 @@ def test_pv_word_ptx_against_float64(groups: int, seed: int) -> None:
         warp = W.Warp(operands)
         warp.run(K._pv_word_ptx(groups))
         for r in range(groups):
+            want = vrel.T @ p[r]  # dim x query row
             for k in range(4):
                 for e in range(4):
                     got = W._as_f32(warp.regs[f"${16 * r + 4 * k + e}"])
                     for lane in range(W.LANES):
                         row, q = C_MAP[e](lane)
-                        g = row % 8
-                        dim = 16 * g + 2 * (4 * w + k) + row // 8
-                        want = sum(_v(codes, t, dim) * rel[t, dim // 32] * p[r, t, q] for t in range(16))
-                        assert got[lane] == pytest.approx(want, rel=1e-5, abs=1e-7), (r, k, e, lane)
+                        dim = 16 * (row % 8) + 2 * (4 * w + k) + row // 8
+                        assert got[lane] == pytest.approx(want[dim, q], rel=1e-5, abs=1e-7), (r, k, e, lane)
 
 
 def _vwords(codes: np.ndarray, w: int) -> list[np.ndarray]:
@@ -126,10 +129,10 @@ def test_qk_ptx_against_float64(groups: int, seed: int) -> None:
           for e in range(4)]
     warp = W.Warp(outs + ka + kb + kw + qs)
     warp.run(K._qk_ptx(groups))
-    kval = np.array([[_v(codes, t, d) for d in range(128)] for t in range(16)])
     fac = 2.0 ** (scales.astype(np.float64) - 127)
+    kscaled = _values(codes) * np.repeat(fac, 32, axis=1)
     for r in range(groups):
-        want = np.einsum("td,td,qd->tq", kval, np.repeat(fac, 32, axis=1), q[r])
+        want = kscaled @ q[r].T
         for e in range(4):
             got = W._as_f32(warp.regs[f"${4 * r + e}"])
             for lane in range(W.LANES):
