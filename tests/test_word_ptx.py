@@ -1,8 +1,8 @@
-"""The whole-page decode's word PTX (``_pv_word_ptx``, ``_qk_ptx``) run by a one-warp PTX interpreter
-(tests/ptx_warp.py) on the CPU against a float64 ``V^T P^T`` / ``S^T`` of the same codes: the operand numbering,
-the PRMT byte pairing, the nibble-pair decode and the MMA fragment maps the asm blocks rely on, the K k-order, and
-the output tiles' dim map that the epilogue (``_partial_rows``) assumes (tile ``4 w + k``, row r of lane group g:
-dim ``16 g + 2 (4 w + k) + r // 8``).
+"""The whole-page decode's word PTX (``_pv_frags_ptx`` then ``_pv_word_ptx``; ``_qk_ptx``) run by a one-warp PTX
+interpreter (tests/ptx_warp.py) on the CPU against a float64 ``V^T P^T`` / ``S^T`` of the same codes: the
+``movmatrix`` transposes from the score layout, the operand numbering, the PRMT byte pairing, the nibble-pair
+decode and the MMA fragment maps the asm blocks rely on, the K k-order, and the output tiles' dim map that the
+epilogue (``_partial_rows``) assumes (tile ``4 w + k``, row r of lane group g: dim ``16 g + 2 (4 w + k) + r // 8``).
 """
 
 from __future__ import annotations
@@ -79,22 +79,25 @@ def _vwords(codes: np.ndarray, w: int) -> list[np.ndarray]:
 
 
 def _frag_words(rel: np.ndarray, p: np.ndarray, groups: int) -> list[np.ndarray]:
-    """The operands after the V words as the landed kernel passes them: the relative scales (4 words: tokens
-    (2t, 2t + 1) and (2t + 8, 2t + 9) of lane group g's scale group g / 2, twice), then per row group the
-    probability B fragments (tokens 2t, 2t + 1 / 2t + 8, 2t + 9 of query row g, twice)."""
-    def rel_word(lane: int, hi: int) -> int:
-        g, t = lane // 4, lane % 4
-        a = 2 * t + 8 * hi
-        return _pair(rel[a, g // 2], rel[a + 1, g // 2])
-
-    def p_word(lane: int, hi: int, r: int) -> int:
-        g, t = lane // 4, lane % 4
-        a = 2 * t + 8 * hi
-        return _pair(p[r, a, g], p[r, a + 1, g])
-
-    out = [_lanes(lambda lane, e=e: rel_word(lane, e % 2)) for e in range(4)]
+    """The operands after the V words as the kernel makes them: ``_pv_frags_ptx`` (run here too) on the score
+    layout (element (i, j): token i, query row j; the relative scales by row = the consumer's lane group,
+    group j / 2), per row group: the probability B fragments, then (first group only) the scale pairs."""
+    out = []
     for r in range(groups):
-        out += [_lanes(lambda lane, e=e, r=r: p_word(lane, e % 2, r)) for e in range(4)]
+        p_bits = W.layout_lanes(p[r].astype(np.float32).view(np.uint32), C_MAP)
+        rel_bits = np.array([[int(np.float16(rel[i, j // 2]).view(np.uint16)) for j in range(8)] for i in range(16)],
+                            dtype=np.uint32)
+        warp = W.Warp([np.zeros(W.LANES, dtype=np.uint32)] * 4 + p_bits + W.layout_lanes(rel_bits, C_MAP))
+        warp.run(K._pv_frags_ptx(r == 0))
+        words = [warp.regs[f"${e}"] for e in range(4)]
+        for lane in range(W.LANES):
+            g, t = lane // 4, lane % 4
+            for hi in range(2):
+                a = 2 * t + 8 * hi
+                assert words[hi][lane] == _pair(p[r, a, g], p[r, a + 1, g]), (r, lane, hi)
+                want = _pair(rel[a, g // 2], rel[a + 1, g // 2]) if r == 0 else 0
+                assert words[2 + hi][lane] == want, (r, lane, hi)
+        out += words
     return out
 
 
@@ -137,3 +140,44 @@ def test_qk_ptx_against_float64(groups: int, seed: int) -> None:
             got = W._as_f32(warp.regs[f"${4 * r + e}"])
             for lane in range(W.LANES):
                 assert got[lane] == pytest.approx(want[C_MAP[e](lane)], rel=1e-4, abs=1e-6 * np.abs(want).max())
+
+MQ = pytest.importorskip("ultraquant.kernels.gluon.decode_multiquery")
+S_MAP = W.mma_layout(2)  # the multi-query score layout [16 rows, 16 tokens]
+
+
+@pytest.mark.parametrize("tiles", [1, 2])
+@pytest.mark.parametrize("seed", [0, 1])
+def test_multiquery_pv_half_ptx_against_float64(tiles: int, seed: int) -> None:
+    """The multi-query decode's V words (``_frags_ptx`` then ``_pv_half_ptx``): n-tile ``k = 8 w + 4 h + i`` of M
+    tile t, column c is dim ``16 c + k`` of ``P V`` (rows x dims), for both halves of both V words."""
+    rng = np.random.default_rng(seed)
+    codes = rng.integers(0, 256, size=(16, 64), dtype=np.uint32)
+    rel = 2.0 ** rng.integers(-6, 15, size=(16, 4))
+    p = rng.random((tiles, 16, 16)).astype(np.float16).astype(np.float64)  # tile x row x token
+    rel_bits = np.array([[int(np.float16(rel[tok, (i % 8) // 2]).view(np.uint16)) for tok in range(16)]
+                         for i in range(16)], dtype=np.uint32)
+    want = np.einsum("xrt,td->xrd", p, _values(codes) * np.repeat(rel, 32, axis=1))  # tile x row x dim
+    frs, rel_words = [], None
+    for t in range(tiles):
+        warp = W.Warp([np.zeros(W.LANES, dtype=np.uint32)] * 8 + W.layout_lanes(p[t].astype(np.float32).view(
+            np.uint32), S_MAP) + W.layout_lanes(rel_bits, S_MAP))
+        warp.run(MQ._frags_ptx(t == 0))
+        frs.append([warp.regs[f"${e}"] for e in range(4)])
+        if t == 0:
+            rel_words = [warp.regs[f"${e}"] for e in range(4, 8)]
+    for w in range(2):
+        for h in range(2):
+            n = 4 * tiles
+            operands = ([np.zeros(W.LANES, dtype=np.uint32)] * (8 * n)  # the outputs, then zero accumulators
+                        + _vwords(codes, w) + [x for f in frs for x in f] + rel_words)
+            warp = W.Warp(operands)
+            warp.run(MQ._pv_half_ptx(tiles, h))
+            for t in range(tiles):
+                for i in range(4):
+                    k = 8 * w + 4 * h + i
+                    for e in range(4):
+                        got = W._as_f32(warp.regs[f"${4 * (4 * t + i) + e}"])
+                        for lane in range(W.LANES):
+                            row, c = C_MAP[e](lane)
+                            assert got[lane] == pytest.approx(want[t, row, 16 * c + k], rel=1e-5, abs=1e-7), \
+                                (t, w, h, i, e, lane)

@@ -250,3 +250,41 @@ def test_decode_wholepage_bounds_contract(monkeypatch, seed):
     for splits in (1, 3):
         bounds_cases.decode_case(p, failures, splits)
     assert failures == []
+
+
+def test_pv_frags_transpose_the_score_layout():
+    """``_pv_frags`` (the PV operand words by ``movmatrix``) on one warp against the fragment map it claims: in
+    the score layout ``[1, 16 tokens, 8 rows]`` lane (g, t) holds tokens g, g + 8 x rows 2t, 2t + 1; its words
+    must be the fp16 pairs (p[2t, g], p[2t + 1, g]), (p[2t + 8, g], p[2t + 9, g]) and the same of ``rel``."""
+    import numpy as np
+    from triton.experimental import gluon
+    from triton.experimental.gluon import language as gl
+
+    from ultraquant.kernels.gluon.decode_wholepage import _iota3, _pv_frags
+
+    @gluon.jit
+    def frags_kernel(p_ptr, rel_ptr, out_ptr, out2_ptr):
+        L: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[1, 1, 1], instr_shape=[1, 16, 8])
+        off = _iota3(1, 0, L) * 128 + _iota3(16, 1, L) * 8 + _iota3(8, 2, L)
+        p = gl.load(p_ptr + off)
+        rel = gl.load(rel_ptr + off)
+        gl.store(out_ptr + off, _pv_frags(p, rel, True))
+        gl.store(out2_ptr + off, _pv_frags(p, rel, False))
+
+    gen = torch.Generator().manual_seed(0)
+    p = torch.rand(1, 16, 8, generator=gen).cuda()
+    rel = (torch.randint(0, 31, (1, 16, 8), generator=gen, dtype=torch.int32) << 10).cuda()  # fp16 powers of two
+    out = torch.zeros(1, 16, 8, dtype=torch.int32, device="cuda")
+    out2 = torch.zeros_like(out)
+    frags_kernel[(1,)](p, rel, out, out2, num_warps=1)
+    words = out[0].cpu().numpy().astype(np.uint32)
+    halves = np.stack([words & 0xFFFF, words >> 16], -1).astype(np.uint16)
+    pf = p[0].cpu().numpy().astype(np.float16).view(np.uint16)
+    rb = rel[0].cpu().numpy().astype(np.uint16)
+    for g in range(8):
+        for t in range(4):
+            assert list(halves[g, 2 * t]) == [pf[2 * t, g], pf[2 * t + 1, g]], (g, t, "b0")
+            assert list(halves[g, 2 * t + 1]) == [pf[2 * t + 8, g], pf[2 * t + 9, g]], (g, t, "b1")
+            assert list(halves[g + 8, 2 * t]) == [rb[2 * t, g], rb[2 * t + 1, g]], (g, t, "rel0")
+            assert list(halves[g + 8, 2 * t + 1]) == [rb[2 * t + 8, g], rb[2 * t + 9, g]], (g, t, "rel1")
+    assert torch.equal(out2[0, :8], out[0, :8]) and not out2[0, 8:].any()

@@ -12,8 +12,8 @@ counts), a program serving its pieces of one request after another (one noinline
 each), and reads the pages exactly as the whole-page decode does: a ``cp.async`` ring of whole 16-token runs
 (:func:`~.decode_wholepage._issue_stage`). Each run's codes are decoded once for all the program's tiles: K by
 scale group (:func:`_group_scores`: the codes in the MMA's k order as fp16 ``fp4 * 2**-14`` by the decode's
-word PTX, the UE8M0 group scales on the partial scores), V as the whole-page decode's 16-M-row path
-(:func:`_pv_tiles`).
+word PTX, the UE8M0 group scales on the partial scores), V by V words (:func:`_pv_words`: each thread's code
+words of four tokens, the decode's word PTX, straight into the PV MMAs' B fragments, 16 output tiles of 8 dims).
 
 What differs from the decode: each row's own causal limit (row ``r`` sees cached tokens ``< seq_len - n + r //
 GQA + 1``; with a window, also ``>= limit - window``), each request's own count ``n = qsl[b + 1] - qsl[b]``
@@ -38,7 +38,6 @@ from .decode_wholepage import (
     _floor_log2,
     _fold_partials,
     _fold_sink,
-    _fp4_decode,
     _fwht_rows,
     _iota3,
     _issue_stage,
@@ -48,7 +47,6 @@ from .decode_wholepage import (
     _online_start,
     _online_update,
     _owner,
-    _partial_rows,
     _physical_token,
     _piece,
     _pow2,
@@ -57,7 +55,7 @@ from .decode_wholepage import (
     _slot_layout,
     _token_top,
     _units,
-    _v_layout,
+    _vword_layout,
     _word_pairs,
 )
 
@@ -194,24 +192,151 @@ def _stage_scores(kc8, ks, q_smem, cur, t0, t_hi, ws, ns, inside, bt_row, num_bl
     return ss
 
 
+def _pv_half_ptx(tiles: int, half: int) -> str:
+    """PTX of :func:`_pv_half` (``tiles`` M tiles): bytes ``2 half``, ``2 half + 1`` of one V word of tokens
+    (a, b, c, d) = (2t, 2t + 1, 2t + 8, 2t + 9): PRMT pairs tokens a, b (c, d) in the 16-bit lanes, the word's
+    nibble pairs (:func:`~.decode_wholepage._word_pairs`) are then four B fragments ``{p_i, r_i}`` (dim ``i`` of
+    the half: one ``m16n8k16`` n-tile each), times the tokens' relative scales, one MMA per n-tile and M tile
+    with its probability A fragment. Operands: outputs (M tile t, n-tile i) $16t + 4i.., the accumulators in the
+    same order from $16T, then the V words (4), the A fragments (4 per tile), the relative scales (2 of 4)."""
+    n = 16 * tiles
+    vw, pf, rel = 2 * n, 2 * n + 4, 2 * n + 4 + 4 * tiles
+    sel = "0x5410" if half == 0 else "0x7632"
+    lines = ["{ .reg .b32 t1, t2, t3, z0, z1, p0, p1, p2, p3, r0, r1, r2, r3;",
+             f"prmt.b32 z0, ${vw}, ${vw + 1}, {sel}; prmt.b32 z1, ${vw + 2}, ${vw + 3}, {sel};",
+             _word_pairs(["p0", "p1", "p2", "p3"], "z0"), _word_pairs(["r0", "r1", "r2", "r3"], "z1")]
+    for i in range(4):
+        lines += [f"mul.rn.f16x2 p{i}, p{i}, ${rel}; mul.rn.f16x2 r{i}, r{i}, ${rel + 1};"]
+        for t in range(tiles):
+            o, a = 16 * t + 4 * i, pf + 4 * t
+            lines += [f"mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {{${o}, ${o + 1}, ${o + 2}, ${o + 3}}}, "
+                      f"{{${a}, ${a + 1}, ${a + 2}, ${a + 3}}}, {{p{i}, r{i}}}, "
+                      f"{{${n + o}, ${n + o + 1}, ${n + o + 2}, ${n + o + 3}}};"]
+    return " ".join(lines + ["}"])
+
+
+_PV1_ASM0 = gl.constexpr(_pv_half_ptx(1, 0))
+_PV1_ASM1 = gl.constexpr(_pv_half_ptx(1, 1))
+_PV1_CONSTRAINTS = gl.constexpr(",".join(["=f"] * 16 + ["f"] * 16 + ["r"] * 12))
+_PV2_ASM0 = gl.constexpr(_pv_half_ptx(2, 0))
+_PV2_ASM1 = gl.constexpr(_pv_half_ptx(2, 1))
+_PV2_CONSTRAINTS = gl.constexpr(",".join(["=f"] * 32 + ["f"] * 32 + ["r"] * 16))
+"""One half V word for one (two) M tiles (:func:`_pv_half`): 4 (8) accumulator tiles out and in, the words."""
+
+
+def _frags_ptx(rel: bool) -> str:
+    """PTX of :func:`_frags` over the score layout ``[NW, 16 rows, 16 tokens]`` (8 values a thread: rows g,
+    g + 8 x tokens 2t, 2t + 1, then the same for tokens 2t + 8, 2t + 9): the probabilities' fp16 A fragment
+    (``$0..$3``, as the accumulator's fp16 pairs) and, with ``rel``, the relative scales of tokens (2t, 2t +
+    1) and (2t + 8, 2t + 9) as fp16 pairs (``$4``, ``$5``)."""
+    lines = ["{ cvt.rn.f16x2.f32 $0, $9, $8; cvt.rn.f16x2.f32 $1, $11, $10; cvt.rn.f16x2.f32 $2, $13, $12;",
+             "cvt.rn.f16x2.f32 $3, $15, $14;",
+             "prmt.b32 $4, $16, $17, 0x5410; prmt.b32 $5, $20, $21, 0x5410;" if rel
+             else "mov.b32 $4, 0; mov.b32 $5, 0;",
+             "mov.b32 $6, 0; mov.b32 $7, 0; }"]
+    return " ".join(lines)
+
+
+_FRAGS_ASM = gl.constexpr(_frags_ptx(False))
+_FRAGS_REL_ASM = gl.constexpr(_frags_ptx(True))
+_FRAGS_CONSTRAINTS = gl.constexpr(",".join(["=r"] * 8 + ["f"] * 8 + ["r"] * 8))
+
+
 @gluon.jit
-def _pv_tiles(accs, vc8, vw, vtop, vexp, ps, RUN: gl.constexpr, nr, vgroup, TILES: gl.constexpr,
-              NSUB: gl.constexpr, NW: gl.constexpr, TW: gl.constexpr, H: gl.constexpr, VL: gl.constexpr,
-              VLW: gl.constexpr, VB: gl.constexpr, PA: gl.constexpr):
-    """``acc += P V`` of run ``RUN`` of the stage for each of ``TILES`` M tiles (accumulators ``accs[2 t]``,
-    ``accs[2 t + 1]``: even / odd dims; probabilities ``ps[t NSUB + RUN]``): the whole-page decode's m16 V path
-    (:func:`~.decode_wholepage._run_pv`) with the V codes decoded once for all tiles."""
-    vb = _piece(vc8.permute([0, 1, 3, 4, 2]), [NW, TW, H // 8, 8], VL, VLW)
-    vrel = _rel_scale(gl.expand_dims(vw, 3), gl.expand_dims(vtop, 3), vgroup)
-    vb = gl.reshape(gl.permute(vb, [0, 1, 3, 2]), [NW, TW, H])
-    vrel = gl.reshape(gl.permute(vrel, [0, 1, 3, 2]), [NW, TW, H])
-    v_lo, v_hi = _fp4_decode(gl.convert_layout(vb, VB), gl.convert_layout(vrel, VB))
-    fac = gl.expand_dims(_pow2(gl.minimum(vexp - nr, 127)), 1)
-    out = ()
-    for t in gl.static_range(TILES):
-        pv = gl.convert_layout((ps[t * NSUB + RUN] * fac).to(gl.float16), PA)
-        out = out + (mma_v2(pv, v_lo, accs[2 * t]), mma_v2(pv, v_hi, accs[2 * t + 1]))
+def _frags(p, rel, WITH_REL: gl.constexpr, NW: gl.constexpr, MMA: gl.constexpr):
+    """The probabilities ``p`` (float32) and relative scales ``rel`` (int32, fp16 bits) of one run, both in the
+    score layout ``[NW, 16 rows, 16 tokens]``, as two ``[NW, 16, 8]`` int32 tensors in ``MMA`` (no data moves
+    between threads): the A fragment words (4) and the scale pairs (words 0, 1; :func:`_frags_ptx`)."""
+    if WITH_REL:
+        f = gl.inline_asm_elementwise(asm=_FRAGS_REL_ASM, constraints=_FRAGS_CONSTRAINTS, args=[p, rel],
+                                      dtype=gl.int32, is_pure=True, pack=8)
+    else:
+        f = gl.inline_asm_elementwise(asm=_FRAGS_ASM, constraints=_FRAGS_CONSTRAINTS, args=[p, rel],
+                                      dtype=gl.int32, is_pure=True, pack=8)
+    a, r = gl.split(gl.permute(gl.reshape(f, [NW, 16, 2, 8]), [0, 1, 3, 2]))  # the token bit 3 is a register bit
+    return gl.convert_layout(a, MMA), gl.convert_layout(r, MMA)
+
+
+@gluon.jit
+def _pv_half(accs, vw, frs, rel, HALF: gl.constexpr, TILES: gl.constexpr):
+    """``acc += P V`` of one run for the four n-tiles of bytes ``2 HALF``, ``2 HALF + 1`` of the thread's V word
+    ``vw`` (:func:`_pv_half_ptx`), for each M tile (``accs``: 4 per tile, ``frs``: A fragments per tile)."""
+    A1: gl.constexpr = _PV1_ASM0 if HALF == 0 else _PV1_ASM1
+    A2: gl.constexpr = _PV2_ASM0 if HALF == 0 else _PV2_ASM1
+    if TILES == 1:
+        out = gl.inline_asm_elementwise(asm=A1, constraints=_PV1_CONSTRAINTS,
+                                        args=[accs[0], accs[1], accs[2], accs[3], vw, frs[0], rel],
+                                        dtype=(gl.float32, gl.float32, gl.float32, gl.float32), is_pure=True, pack=4)
+    else:
+        out = gl.inline_asm_elementwise(asm=A2, constraints=_PV2_CONSTRAINTS,
+                                        args=[accs[0], accs[1], accs[2], accs[3], accs[4], accs[5], accs[6], accs[7],
+                                              vw, frs[0], frs[1], rel],
+                                        dtype=(gl.float32, gl.float32, gl.float32, gl.float32, gl.float32, gl.float32,
+                                               gl.float32, gl.float32), is_pure=True, pack=4)
     return out
+
+
+@gluon.jit
+def _pv_words(accs, vwa, vwb, vsw, vtop, vexp, ps, RUN: gl.constexpr, nr, TILES: gl.constexpr, NSUB: gl.constexpr,
+              NW: gl.constexpr, MMA: gl.constexpr):
+    """``acc += P V`` of run ``RUN`` of the stage for each of ``TILES`` M tiles (n-tile k of tile t at
+    :func:`_acc_index`: dims ``16 g + k`` of lane group g; probabilities ``ps[t NSUB + RUN]``). The V code words
+    (ring views ``vwa``, ``vwb``: words 2g, 2g + 1 of tokens 2t, 2t + 1, 2t + 8, 2t + 9) are decoded once for all
+    tiles by the word PTX; their relative scales (group g / 2) come from the tokens' scale words ``vsw`` and
+    largest bytes ``vtop`` (score-column layout); the probabilities times ``2**(vexp - nr)`` go to fp16."""
+    words = (_piece(vwa, [NW, 16, 8], MMA, MMA), _piece(vwb, [NW, 16, 8], MMA, MMA))
+    fac = gl.expand_dims(_pow2(gl.minimum(vexp - nr, 127)), 1)
+    grp = (_iota3(16, 1, MMA) % 8) // 2  # the row's lane group g: its V words' scale group (D=128)
+    rel = _rel_scale(gl.expand_dims(vsw, 1), gl.expand_dims(vtop, 1), grp).to(gl.int16, bitcast=True).to(gl.int32)
+    frs = ()
+    rels = ()
+    for t in gl.static_range(TILES):
+        a, r = _frags(ps[t * NSUB + RUN] * fac, rel, t == 0, NW, MMA)
+        frs = frs + (a,)
+        rels = rels + (r,)
+    return _pv_quarter(accs, words[0], frs, rels[0], 0, TILES) + _pv_quarter(accs, words[0], frs, rels[0], 1, TILES) \
+        + _pv_quarter(accs, words[1], frs, rels[0], 2, TILES) + _pv_quarter(accs, words[1], frs, rels[0], 3, TILES)
+
+
+@gluon.constexpr_function
+def _acc_index(t, k, tiles):
+    """Position of n-tile ``k`` of M tile ``t`` in the accumulators (:func:`_pv_words`): quarter-major (the
+    four n-tiles of one half V word, :func:`_pv_half`, of every tile), then tile, then n-tile."""
+    return 4 * tiles * (k // 4) + 4 * t + k % 4
+
+
+@gluon.jit
+def _pv_quarter(accs, vw, frs, rel, Q: gl.constexpr, TILES: gl.constexpr):
+    """n-tiles ``4 Q .. 4 Q + 3`` of every M tile after one run: :func:`_pv_half` of half ``Q % 2`` of V word
+    ``vw`` on accumulators ``4 TILES Q ..`` (:func:`_acc_index`)."""
+    B: gl.constexpr = 4 * TILES * Q
+    if TILES == 1:
+        sub = (accs[B], accs[B + 1], accs[B + 2], accs[B + 3])
+    else:
+        sub = (accs[B], accs[B + 1], accs[B + 2], accs[B + 3], accs[B + 4], accs[B + 5], accs[B + 6], accs[B + 7])
+    return _pv_half(sub, vw, frs, rel, Q % 2, TILES)
+
+
+@gluon.jit
+def _rescaled(accs, cs, TILES: gl.constexpr):
+    """Every accumulator times its M tile's factor ``cs[t]`` (:func:`_acc_index`: tile ``(i // 4) % TILES``)."""
+    out = ()
+    for i in gl.static_range(16 * TILES):
+        out = out + (accs[i] * cs[(i // 4) % TILES],)
+    return out
+
+
+@gluon.jit
+def _word_rows(tiles, NW: gl.constexpr, ROWS: gl.constexpr, D: gl.constexpr):
+    """A tile's accumulator as ``[NW, ROWS, D]`` from its 16 n-tiles (:func:`_pv_words`: tile k, column g is dim
+    ``16 g + k``), by joins, a permute and a reshape (register renaming, no data moves)."""
+    xs = tiles
+    for _lvl in gl.static_range(4):
+        ys = ()
+        for k in gl.static_range(8 >> _lvl):
+            ys = ys + (gl.join(xs[2 * k], xs[2 * k + 1]),)
+        xs = ys
+    return gl.reshape(gl.permute(xs[0], [0, 1, 2, 6, 5, 4, 3]), [NW, ROWS, D])
 
 
 @gluon.jit
@@ -257,13 +382,9 @@ def _serve_piece(q_ptr, cache_ptr, bt_ptr, seqlen_ptr, qsl_ptr, sinks_ptr, out_p
                                                   instr_shape=[1, 16, 8])
     QA: gl.constexpr = gl.DotOperandLayout(0, MMA, 2)   # q halves, one scale group [NW, ROWS, 16]
     KB: gl.constexpr = gl.DotOperandLayout(1, MMA, 2)   # K codes / halves [NW, H, TW] (k pairs in a word)
-    PA: gl.constexpr = gl.DotOperandLayout(0, MMA, 2)   # probabilities [NW, ROWS, TW]
-    VB: gl.constexpr = gl.DotOperandLayout(1, MMA, 2)   # V halves [NW, TW, H]
     QR: gl.constexpr = gl.SliceLayout(2, MMA)           # [NW, ROWS]
     QW: gl.constexpr = gl.SliceLayout(1, QR)            # [NW]
     TK: gl.constexpr = gl.SliceLayout(1, MMA)           # [NW, TW] score columns
-    VL: gl.constexpr = _v_layout(NW, TW)
-    VLW: gl.constexpr = _v_layout(NW, TW, True)
     QL: gl.constexpr = gl.BlockedLayout([1, 1, D], [1, 32, 1], [NW, 1, 1], [2, 1, 0])
     # ---- the ring, as the whole-page decode's (STAGES x NR runs of 16 whole 136-byte slots)
     NR: gl.constexpr = NSUB * NW
@@ -277,18 +398,19 @@ def _serve_piece(q_ptr, cache_ptr, bt_ptr, seqlen_ptr, qsl_ptr, sinks_ptr, out_p
     gl.thread_barrier()  # every warp is past the previous piece's shared memory use
     # K code bytes in the MMA's k order (:data:`K_ORDER`): a thread's 4 k values of a k step are 4 adjacent bytes
     PB: gl.constexpr = _slot_layout(2 * H, SLOT - 2 * H, [NW, TW, 2, H], K_ORDER)
-    PV: gl.constexpr = _slot_layout(2 * H, SLOT - 2 * H, [NW, TW, 2, H // 8, 8])
     SW2: gl.constexpr = 32
     PWD: gl.constexpr = _slot_layout(SW2, SLOT // 4 - SW2, [NW, TW, 2, SW2 // 2])
     E: gl.constexpr = STAGES * NSUB
     RUNB: gl.constexpr = 4096
-    bytes8 = ring._reinterpret(gl.uint8, [STAGES * NR * RUNB], FLAT)
     words = ring._reinterpret(gl.int32, [STAGES * NR * RUNB // 4], FLAT)
     kc8 = ring._reinterpret(gl.uint8, [E, NW, TW, 2, H], PB)
-    vc8 = bytes8.slice(H + G, 4)._reinterpret(gl.uint8, [E, NW, TW, 2, H // 8, 8], PV)
+    # V code words for _pv_words: [NW, 16, 8, 2, 2] views based at V words 0 and 1 (the decode's _vword_layout)
+    PVW: gl.constexpr = _vword_layout(NW, 2, SLOT // 4)
+    V0: gl.constexpr = (H + G) // 4
+    vwa = words.slice(V0, 1)._reinterpret(gl.int32, [E, NW, 16, 8, 2, 2], PVW)
+    vwb = words.slice(V0 + 1, 1)._reinterpret(gl.int32, [E, NW, 16, 8, 2, 2], PVW)
     ks = words.slice(H // 4, H // 4)._reinterpret(gl.int32, [E, NW, TW, 2, SW2 // 2], PWD)
     vs = words.slice((SLOT - G) // 4, 1)._reinterpret(gl.int32, [E, NW, TW, 2, SW2 // 2], PWD)
-    VW: gl.constexpr = gl.SliceLayout(2, gl.SliceLayout(3, VL))  # [NW, TW] V scale words
 
     length = gl.load(seqlen_ptr + b)
     q_start = gl.load(qsl_ptr + b)
@@ -372,15 +494,10 @@ def _serve_piece(q_ptr, cache_ptr, bt_ptr, seqlen_ptr, qsl_ptr, sinks_ptr, out_p
 
     ws = gl.expand_dims(gl.arange(0, NW, gl.SliceLayout(1, TK)) % WT, 1) * TW
     ns = gl.expand_dims(_physical_token(gl.arange(0, TW, gl.SliceLayout(0, TK))), 0)
-    SV: gl.constexpr = gl.SliceLayout(3, VL)
-    gv = gl.expand_dims(gl.expand_dims(gl.arange(0, 8, gl.SliceLayout(0, gl.SliceLayout(1, SV))), 0), 1)
-    R3: gl.constexpr = gl.SliceLayout(0, gl.SliceLayout(1, gl.SliceLayout(2, VL)))
-    rv = gl.expand_dims(gl.expand_dims(gl.expand_dims(gl.arange(0, 8, R3), 0), 1), 2)
-    vgroup = gl.expand_dims(gv // 2, 3) + rv * 0
 
-    accs = ()
-    for _t in gl.static_range(TILES):
-        accs = accs + (gl.zeros([NW, ROWS, H], gl.float32, MMA), gl.zeros([NW, ROWS, H], gl.float32, MMA))
+    accs = ()  # n-tile k of M tile t at _acc_index(t, k, TILES) (_pv_words)
+    for _t in gl.static_range(16 * TILES):
+        accs = accs + (gl.zeros([NW, ROWS, 8], gl.float32, MMA),)
     m_is, l_is, run = _online_start(TILES, [NW, ROWS], QR, QW)
     for it in range(n_it):
         cur, t0 = _advance_ring(ring, it, cache_ptr, bt_row, t_lo, t_hi, stride_cb, stride_ch, inside, num_blocks,
@@ -396,9 +513,9 @@ def _serve_piece(q_ptr, cache_ptr, bt_ptr, seqlen_ptr, qsl_ptr, sinks_ptr, out_p
         vtops = ()
         vexps = ()
         for i in gl.static_range(NSUB):
-            vw = gl.expand_dims(_piece(vs.index(cur + i), [NW, TW], VW, VW), 2)
+            vw = _piece(vs.index(cur + i), [NW, TW], TK, TK)
             vtop = _token_top(vw)
-            vexps = vexps + (gl.convert_layout(gl.max(vtop, axis=2), TK) - 127,)
+            vexps = vexps + (vtop - 127,)
             vws = vws + (vw,)
             vtops = vtops + (vtop,)
         cmax = ps[0] * gl.expand_dims(_pow2(gl.minimum(vexps[0], 127)), 1)
@@ -415,12 +532,11 @@ def _serve_piece(q_ptr, cache_ptr, bt_ptr, seqlen_ptr, qsl_ptr, sinks_ptr, out_p
         nr = gl.expand_dims(gl.convert_layout(new_run, gl.SliceLayout(1, TK)), 1)
         scaled = ()
         for t in gl.static_range(TILES):
-            c = gl.expand_dims(alphas[t] * down, 2)
-            scaled = scaled + (accs[2 * t] * c, accs[2 * t + 1] * c)
-        accs = scaled
+            scaled = scaled + (gl.expand_dims(alphas[t] * down, 2),)
+        accs = _rescaled(accs, scaled, TILES)
         for i in gl.static_range(NSUB):
-            accs = _pv_tiles(accs, vc8.index(cur + i), vws[i], vtops[i], vexps[i], ps, i, nr, vgroup, TILES, NSUB,
-                             NW, TW, H, VL, VLW, VB, PA)
+            accs = _pv_words(accs, vwa.index(cur + i), vwb.index(cur + i), vws[i], vtops[i], vexps[i], ps, i, nr,
+                             TILES, NSUB, NW, MMA)
         run = new_run
     async_copy.wait_group(0)
 
@@ -434,14 +550,15 @@ def _serve_piece(q_ptr, cache_ptr, bt_ptr, seqlen_ptr, qsl_ptr, sinks_ptr, out_p
     M2: gl.constexpr = gl.SliceLayout(2, ML)
     for t in gl.static_range(TILES):
         tile = tg * TILES + t
-        acc_e = accs[2 * t]
-        acc_o = accs[2 * t + 1]
+        rows = ()
+        for k in gl.static_range(16):
+            rows = rows + (accs[_acc_index(t, k, TILES)] * f,)
         m_i = m_is[t]
         l_i = l_is[t]
         pair0 = (b * gl.num_programs(0) * TILES + tile) * HK  # the (tile, request) ticket's kv heads
         slot0 = tile * (progs + num_requests) + pid + b  # this piece's partial slot of the tile
         # ---- the program's partial of each kv head (its WT token groups combined) to the workspace
-        acc_c, m_c, l_c = _combine_token_groups(_partial_rows((acc_e * f, acc_o * f), 2, NW, ROWS, D, False), m_i,
+        acc_c, m_c, l_c = _combine_token_groups(_word_rows(rows, NW, ROWS, D), m_i,
                                                 l_i, HK, WT, ROWS, D, EP)
         ph = _iota3(HK, 0, P3)
         pr = _iota3(ROWS, 1, P3)

@@ -137,10 +137,11 @@ def _pv_word_ptx(groups: int = 1) -> str:
     byte k's low / high nibbles are fragments 0 / 1 of tile k (tokens a, b; 2 / 3 for c, d). Times the
     tokens' relative scales (a, b; c, d), one ``m16n8k16`` MMA per tile and row group with that group's
     probability fragments. Operands: outputs (row group r, tile k) $16r + 4k.., the accumulators in
-    the same order from $16G, then the V words (4), the relative scales (4), the probability fragments
-    (4 per row group)."""
+    the same order from $16G, then the V words (4), then per row group the words of :func:`_pv_frags`
+    (4: the group's two probability fragments, then the relative scales, which only the first group's
+    words carry)."""
     n = 16 * groups
-    vw, rel = 2 * n, 2 * n + 4
+    vw, rel = 2 * n, 2 * n + 6
     lines = ["{ .reg .b32 t1, t2, t3, z0, z1, p0, p1, p2, p3, r0, r1, r2, r3;"]
     for half in range(2):
         sel = "0x5410" if half == 0 else "0x7632"
@@ -152,19 +153,39 @@ def _pv_word_ptx(groups: int = 1) -> str:
             lines += [f"mul.rn.f16x2 {a0}, {a0}, ${rel}; mul.rn.f16x2 {a1}, {a1}, ${rel}; "
                       f"mul.rn.f16x2 {a2}, {a2}, ${rel + 1}; mul.rn.f16x2 {a3}, {a3}, ${rel + 1};"]
             for r in range(groups):
-                o, pf = 16 * r + 4 * k, rel + 4 + 4 * r
+                o, pf = 16 * r + 4 * k, 2 * n + 4 + 4 * r
                 lines += [f"mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {{${o}, ${o + 1}, ${o + 2}, "
                           f"${o + 3}}}, {{{a0}, {a1}, {a2}, {a3}}}, {{${pf}, ${pf + 1}}}, {{${n + o}, ${n + o + 1}, "
                           f"${n + o + 2}, ${n + o + 3}}};"]
     return " ".join(lines + ["}"])
 
 _PV_ASM = gl.constexpr(_pv_word_ptx())
-_PV_CONSTRAINTS = gl.constexpr(",".join(["=f"] * 16 + ["f"] * 16 + ["r"] * 12))
+_PV_CONSTRAINTS = gl.constexpr(",".join(["=f"] * 16 + ["f"] * 16 + ["r"] * 8))
 """The four output tiles of one V word of one run (:func:`_pv_word`): 4 x 4 accumulators out and in,
-3 x 4 words."""
+2 x 4 words."""
 _PV2_ASM = gl.constexpr(_pv_word_ptx(2))
-_PV2_CONSTRAINTS = gl.constexpr(",".join(["=f"] * 32 + ["f"] * 32 + ["r"] * 16))
-"""The same for two row groups (:func:`_pv_word2`): 2 x 4 x 4 accumulators out and in, 4 x 4 words."""
+_PV2_CONSTRAINTS = gl.constexpr(",".join(["=f"] * 32 + ["f"] * 32 + ["r"] * 12))
+"""The same for two row groups (:func:`_pv_word2`): 2 x 4 x 4 accumulators out and in, 3 x 4 words."""
+
+
+def _pv_frags_ptx(rel: bool) -> str:
+    """PTX of :func:`_pv_frags`: the score layout's probabilities (``$4..$7``: tokens g, g + 8 of lane group
+    g, rows 2t, 2t + 1) as fp16 pairs of the two 8 x 8 token x row blocks, each transposed across the warp
+    by one ``movmatrix`` into the PV B fragments (tokens 2t, 2t + 1 and 2t + 8, 2t + 9 of row g: ``$0``,
+    ``$1``); with ``rel``, the relative scales (``$8..$11``, fp16 bits, by row = the consumer's lane
+    group) the same way into ``$2``, ``$3``."""
+    mov = "movmatrix.sync.aligned.m8n8.trans.b16"
+    lines = ["{ .reg .b32 x0, x1;", "cvt.rn.f16x2.f32 x0, $5, $4; cvt.rn.f16x2.f32 x1, $7, $6;",
+             f"{mov} $0, x0; {mov} $1, x1;"]
+    if rel:
+        lines += ["prmt.b32 x0, $8, $9, 0x5410; prmt.b32 x1, $10, $11, 0x5410;", f"{mov} $2, x0; {mov} $3, x1;"]
+    else:
+        lines += ["mov.b32 $2, 0; mov.b32 $3, 0;"]
+    return " ".join(lines + ["}"])
+
+
+_PVF_ASM = gl.constexpr(_pv_frags_ptx(True))
+_PF_ASM = gl.constexpr(_pv_frags_ptx(False))
 
 
 @gluon.constexpr_function
@@ -395,8 +416,7 @@ def _piece(view, shape: gl.constexpr, layout: gl.constexpr, load: gl.constexpr):
 @gluon.jit
 def _pow2(e):
     """``2**e`` as an exact float32 for int32 ``e`` in [-126, 127] (0.0 below)."""
-    b = e + 127
-    return gl.where(b > 0, b << 23, 0).to(gl.float32, bitcast=True)
+    return (gl.maximum(e + 127, 0) << 23).to(gl.float32, bitcast=True)
 
 
 @gluon.jit
@@ -456,16 +476,16 @@ def _query_frags(q, NW: gl.constexpr, L: gl.constexpr):
 
 
 @gluon.jit
-def _pv_word(acc0, acc1, acc2, acc3, vw, rel, pfr):
+def _pv_word(acc0, acc1, acc2, acc3, vw, fr):
     """``acc += V^T P^T`` for the four output tiles of one V word of one run (MMA accumulator layout
     ``[NW, 16, 8]``): tile row r of lane group g of the tile of byte k of V word w is dim
     ``16 g + 2 (4 w + k) + r // 8``; ``vw`` holds that V word of tokens (a, b, c, d) = (2t, 2t + 1,
-    2t + 8, 2t + 9), ``rel`` their relative scales as fp16 pairs, ``pfr`` the probability fragments
+    2t + 8, 2t + 9), ``fr`` the probability fragments and those tokens' relative scales as fp16 pairs
     (:func:`_pv_operands`)."""
     return gl.inline_asm_elementwise(
         asm=_PV_ASM,
         constraints=_PV_CONSTRAINTS,
-        args=[acc0, acc1, acc2, acc3, vw, rel, pfr],
+        args=[acc0, acc1, acc2, acc3, vw, fr],
         dtype=(gl.float32, gl.float32, gl.float32, gl.float32),
         is_pure=True,
         pack=4,
@@ -487,57 +507,51 @@ def _qk_runs2(ka, kb, kw, q0, q1, q2, q3, q4, q5, q6, q7):
 
 
 @gluon.jit
-def _pv_word2(acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7, vw, rel, pfr, pfr2):
-    """:func:`_pv_word` for two 8-row groups (accumulators ``acc0..3`` with probabilities ``pfr``,
-    ``acc4..7`` with ``pfr2``) over the same V fragments (decoded and scaled once)."""
+def _pv_word2(acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7, vw, fr, fr2):
+    """:func:`_pv_word` for two 8-row groups (accumulators ``acc0..3`` with ``fr``, ``acc4..7`` with the
+    second group's probability fragments ``fr2``) over the same V fragments (decoded and scaled once)."""
     return gl.inline_asm_elementwise(
         asm=_PV2_ASM,
         constraints=_PV2_CONSTRAINTS,
-        args=[acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7, vw, rel, pfr, pfr2],
+        args=[acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7, vw, fr, fr2],
         dtype=(gl.float32, gl.float32, gl.float32, gl.float32, gl.float32, gl.float32, gl.float32, gl.float32),
         is_pure=True,
         pack=4,
     )
 
 
-@gluon.constexpr_function
-def _pair_layout(nw):
-    """The MMA accumulator layout of ``[NW, 16, 8]`` with a trailing size-2 axis in registers (the two
-    16-bit halves of a word, so :func:`_fp16_pairs` splits them in place)."""
-    return gl.DistributedLinearLayout(
-        reg_bases=[[0, 0, 0, 1], [0, 0, 1, 0], [0, 8, 0, 0]],
-        lane_bases=[[0, 0, 2, 0], [0, 0, 4, 0], [0, 1, 0, 0], [0, 2, 0, 0], [0, 4, 0, 0]],
-        warp_bases=[[1 << i, 0, 0, 0] for i in range(nw.bit_length() - 1)], block_bases=[],
-        shape=[nw, 16, 8, 2])
+@gluon.jit
+def _pv_frags(pf, rel, with_rel: gl.constexpr):
+    """The PV operand words of one run from the score layout ``[NW, 16 tokens, 8 rows]`` (the MMA accumulator
+    layout): float32 probabilities ``pf`` and int32 ``rel`` (fp16 bits) become, per thread, the B fragments
+    (words 0, 1) and, ``with_rel``, the relative scales of those tokens (words 2, 3) by ``movmatrix``
+    transposes (:func:`_pv_frags_ptx`): 2 conversions and 2-4 transposes a run instead of a shuffle
+    transposition of packed halves."""
+    return gl.inline_asm_elementwise(
+        asm=_PVF_ASM if with_rel else _PF_ASM,
+        constraints="=r,=r,=r,=r,f,f,f,f,r,r,r,r",
+        args=[pf, rel],
+        dtype=gl.int32,
+        is_pure=True,
+        pack=4,
+    )
 
 
 @gluon.jit
-def _fp16_pairs(x, NW: gl.constexpr, L: gl.constexpr):
-    """Two int32 ``[NW, 16, 8]`` in ``L`` (the MMA accumulator layout) from int32 ``x`` ``[NW, 16 tokens,
-    8 rows]`` (two 16-bit values each): element (i, j) of lane group g = i % 8 pairs tokens
-    (2 (j // 2) + 8 (j % 2)) and the next one of row g (the B fragments of a token k-step), the first
-    result from the low halves of ``x``, the second from the high halves. One transposition for both."""
-    t = gl.reshape(gl.permute(x, [0, 2, 1]), [NW, 8, 2, 4, 2])  # row, hh, t, e: token 8 hh + 2 t + e
-    t = gl.reshape(gl.permute(t, [0, 1, 3, 2, 4]), [NW, 8, 8, 2])  # row, j = 2 t + hh, e
-    t = gl.reshape(gl.permute(gl.join(t, t), [0, 4, 1, 2, 3]), [NW, 16, 8, 2])  # rows again for i >= 8
-    a, b = gl.split(gl.convert_layout(t, _pair_layout(NW)))
-    return (gl.convert_layout((a & 0xFFFF) | (b << 16), L),
-            gl.convert_layout(((a >> 16) & 0xFFFF) | (b & -65536), L))
-
-
-@gluon.jit
-def _pv_operands(p, vsw, vsw1, vtop, nr_t, D: gl.constexpr, NW: gl.constexpr, L: gl.constexpr):
-    """fp16 probability fragments and relative V scales of one run for :func:`_pv_word`, both from the
-    score layout ``[NW, 16 tokens, 8 rows]``: ``p * 2**(top - 127 - nr)`` (the token's largest V scale
-    against the running reference exponent ``nr_t``) and ``2**(scale of group g D / 256 - top + 14)``
+def _pv_operands(p, vsw, vsw1, vtop, nr_t, D: gl.constexpr, with_rel: gl.constexpr, L: gl.constexpr):
+    """Probability fragments and relative V scales of one run for :func:`_pv_word` (:func:`_pv_frags`),
+    both from the score layout ``[NW, 16 tokens, 8 rows]``: ``p * 2**(top - 127 - nr)`` (the token's largest
+    V scale against the running reference exponent ``nr_t``) and ``2**(scale of group g D / 256 - top + 14)``
     (``_rel_scale``; g: the consumer's lane group, which is the row index here; scale words ``vsw``,
     ``vsw1``: groups 0..3, 4..7)."""
-    pf = (p * _pow2(gl.minimum(vtop - 127 - nr_t, 127))).to(gl.float16).to(gl.int16, bitcast=True).to(gl.int32)
-    grp = gl.expand_dims(gl.expand_dims(gl.arange(0, 8, gl.SliceLayout(0, gl.SliceLayout(1, L))), 0), 1) * D // 256
-    if D == 256:
-        vsw = gl.where(grp < 4, vsw, vsw1)
-    rel = _rel_scale(vsw, vtop, grp % 4).to(gl.int16, bitcast=True).to(gl.int32)
-    return _fp16_pairs((pf & 0xFFFF) | (rel << 16), NW, L)
+    pf = p * _pow2(gl.minimum(vtop - 127 - nr_t, 127))
+    rel = pf.to(gl.int32, bitcast=True)
+    if with_rel:
+        grp = gl.expand_dims(gl.expand_dims(gl.arange(0, 8, gl.SliceLayout(0, gl.SliceLayout(1, L))), 0), 1) * D // 256
+        if D == 256:
+            vsw = gl.where(grp < 4, vsw, vsw1)
+        rel = _rel_scale(vsw, vtop, grp % 4).to(gl.int16, bitcast=True).to(gl.int32)
+    return _pv_frags(pf, rel, with_rel)
 
 
 @gluon.constexpr_function
@@ -985,13 +999,11 @@ def _blocks_inside(bt_row, t_lo, t_hi, num_blocks, err_ptr, BLOCK_SIZE: gl.const
 
 @gluon.jit
 def _run_scores(kwa, kwb, kwc, kwd, kc8, kw, kw1, q0, q1, q2, q3, q4, q5, q6, q7, q_e, q_o, kgroup, rowfac, rowbias,
-                ts, t_hi, lo, inside, bt_row, num_blocks, softcap, D: gl.constexpr, NW: gl.constexpr,
-                TW: gl.constexpr, ROWS: gl.constexpr, H: gl.constexpr,
-                ROWS_IN_N: gl.constexpr, HAS_SOFTCAP: gl.constexpr, HAS_WINDOW: gl.constexpr,
-                BLOCK_SIZE: gl.constexpr, MMA: gl.constexpr, KB: gl.constexpr, TK: gl.constexpr,
-                RAX: gl.constexpr, TAX: gl.constexpr):
+                softcap, D: gl.constexpr, NW: gl.constexpr, TW: gl.constexpr, ROWS: gl.constexpr, H: gl.constexpr,
+                ROWS_IN_N: gl.constexpr, HAS_SOFTCAP: gl.constexpr, MMA: gl.constexpr, KB: gl.constexpr,
+                TK: gl.constexpr, RAX: gl.constexpr, TAX: gl.constexpr):
     """log2-domain scores of one 16-token run (ring entry views ``kwa..kwd``/``kc8``, scale words ``kw``,
-    ``kw1``), tokens ``ts`` outside the request, the window or the cache set to -inf. Rows in N: K words
+    ``kw1``), unmasked (:func:`_mask_runs`). Rows in N: K words
     straight into :func:`_qk_runs` (twice at D=256: groups 0..3, 4..7); m16: fp16 halves times relative
     scales (``_fp4_decode``), the token's largest scale on the score column."""
     if ROWS_IN_N:
@@ -1012,9 +1024,23 @@ def _run_scores(kwa, kwb, kwc, kwd, kc8, kw, kw1, q0, q1, q2, q3, q4, q5, q6, q7
         s = mma_v2(q_e, k_lo, gl.zeros([NW, ROWS, TW], gl.float32, MMA))
         s = mma_v2(q_o, k_hi, s)
         s = s * gl.expand_dims(_pow2(gl.convert_layout(ktop, TK) - 127), RAX)
-    s = _scale_scores(s, rowfac, rowbias, softcap, HAS_SOFTCAP, TAX)
-    live = _score_live(ts, t_hi, lo, inside, bt_row, num_blocks, HAS_WINDOW, BLOCK_SIZE)
-    return gl.where(gl.expand_dims(live, RAX), s, float("-inf"))
+    return _scale_scores(s, rowfac, rowbias, softcap, HAS_SOFTCAP, TAX)
+
+
+@gluon.jit
+def _mask_runs(ss, t0, j, ws, ns, t_hi, lo, inside, bt_row, num_blocks, RG: gl.constexpr, PAIR: gl.constexpr,
+               WT: gl.constexpr, TW: gl.constexpr, HAS_WINDOW: gl.constexpr, BLOCK_SIZE: gl.constexpr,
+               RAX: gl.constexpr):
+    """The scores ``ss[i * RG + g]`` of runs ``j .. j + PAIR - 1`` of the stage from token ``t0`` with the
+    tokens outside the request, the window or the cache set to -inf (:func:`_score_live`; the loop calls this
+    only on stages that are not whole: its interior skips the masks)."""
+    masked = ()
+    for i in gl.static_range(PAIR):
+        ts = t0 + (j + i) * (WT * TW) + ws + ns
+        live = gl.expand_dims(_score_live(ts, t_hi, lo, inside, bt_row, num_blocks, HAS_WINDOW, BLOCK_SIZE), RAX)
+        for g in gl.static_range(RG):
+            masked = masked + (gl.where(live, ss[i * RG + g], float("-inf")),)
+    return masked
 
 
 @gluon.jit
@@ -1045,19 +1071,16 @@ def _scale_scores(s, rowfac, rowbias, softcap, HAS_SOFTCAP: gl.constexpr, TAX: g
 
 
 @gluon.jit
-def _run_scores2(kwa, kwb, kw, q0, q1, q2, q3, q4, q5, q6, q7, rowfac, rowfac2, rowbias, rowbias2, ts, t_hi, lo,
-                 inside, bt_row, num_blocks, softcap, NW: gl.constexpr, TW: gl.constexpr, HAS_SOFTCAP: gl.constexpr,
-                 HAS_WINDOW: gl.constexpr, BLOCK_SIZE: gl.constexpr, MMA: gl.constexpr):
+def _run_scores2(kwa, kwb, kw, q0, q1, q2, q3, q4, q5, q6, q7, rowfac, rowfac2, rowbias, rowbias2, softcap,
+                 NW: gl.constexpr, TW: gl.constexpr, HAS_SOFTCAP: gl.constexpr, MMA: gl.constexpr):
     """:func:`_run_scores` with rows in N for two 8-row query groups (D=128; fragments ``q0..q3``, ``q4..q7``):
-    the K words are loaded and decoded once (:func:`_qk_runs2`); the scores of rows 0..7 and 8..15."""
+    the K words are loaded and decoded once (:func:`_qk_runs2`); the scores of rows 0..7 and 8..15, unmasked."""
     ka = _piece(kwa.permute([0, 1, 3, 2]), [NW, TW, 8], MMA, MMA)
     kb = _piece(kwb.permute([0, 1, 3, 2]), [NW, TW, 8], MMA, MMA)
     kw3 = gl.expand_dims(kw, 2) + gl.zeros([NW, TW, 8], gl.int32, MMA)
     s, s2 = _qk_runs2(ka, kb, kw3, q0, q1, q2, q3, q4, q5, q6, q7)
-    s = _scale_scores(s, rowfac, rowbias, softcap, HAS_SOFTCAP, 1)
-    s2 = _scale_scores(s2, rowfac2, rowbias2, softcap, HAS_SOFTCAP, 1)
-    live = gl.expand_dims(_score_live(ts, t_hi, lo, inside, bt_row, num_blocks, HAS_WINDOW, BLOCK_SIZE), 2)
-    return gl.where(live, s, float("-inf")), gl.where(live, s2, float("-inf"))
+    return (_scale_scores(s, rowfac, rowbias, softcap, HAS_SOFTCAP, 1),
+            _scale_scores(s2, rowfac2, rowbias2, softcap, HAS_SOFTCAP, 1))
 
 
 @gluon.jit
@@ -1433,6 +1456,9 @@ def _serve_piece(q_ptr, cache_ptr, bt_ptr, seqlen_ptr, sinks_ptr, out_ptr, part_
         else:
             cur, t0 = _advance_ring(ring, it, cache_ptr, bt_row, t_lo, t_hi, stride_cb, stride_ch, inside,
                                     num_blocks, STAGES, TT, NSUB, NW, WT, SLOT, BLOCK_SIZE)
+        whole = inside & (t0 + TT <= t_hi)  # every token of the stage counts: the loop's interior, no masks
+        if HAS_WINDOW:
+            whole = whole & (t0 >= lo)
         for jp in gl.static_range(NSUB // PAIR):
             j = jp * PAIR
             kw = _piece(ks.index(cur + j), [NW, TW], KWL, KWL)
@@ -1447,18 +1473,18 @@ def _serve_piece(q_ptr, cache_ptr, bt_ptr, seqlen_ptr, sinks_ptr, out_ptr, part_
                 if D == 256:
                     kwi1 = _piece(ks1.index(cur + j + i), [NW, TW], KWL, KWL)
                 e_i = cur + j + i
-                ts = t0 + (j + i) * (WT * TW) + ws + ns
                 if RG == 1:
                     ss = ss + (_run_scores(kwa.index(e_i), kwb.index(e_i), kwc.index(e_i), kwd.index(e_i),
                                            kc8.index(e_i), kwi, kwi1, qf[0], qf[1], qf[2], qf[3], qf[4], qf[5],
-                                           qf[6], qf[7], qf[8], qf[9], kgroup, rowfacs[0], rowbiases[0], ts, t_hi,
-                                           lo, inside, bt_row, num_blocks, softcap, D, NW, TW, RR, H, ROWS_IN_N,
-                                           HAS_SOFTCAP, HAS_WINDOW, BLOCK_SIZE, MMA, KB, TK, RAX, TAX),)
+                                           qf[6], qf[7], qf[8], qf[9], kgroup, rowfacs[0], rowbiases[0], softcap,
+                                           D, NW, TW, RR, H, ROWS_IN_N, HAS_SOFTCAP, MMA, KB, TK, RAX, TAX),)
                 else:
                     ss = ss + _run_scores2(kwa.index(e_i), kwb.index(e_i), kwi, qf[0], qf[1], qf[2], qf[3], qf[10],
                                            qf[11], qf[12], qf[13], rowfacs[0], rowfacs[1], rowbiases[0],
-                                           rowbiases[1], ts, t_hi, lo, inside, bt_row, num_blocks, softcap, NW, TW,
-                                           HAS_SOFTCAP, HAS_WINDOW, BLOCK_SIZE, MMA)
+                                           rowbiases[1], softcap, NW, TW, HAS_SOFTCAP, MMA)
+            if not whole:  # an edge stage: the request's end, the window's start, or a bad block id
+                ss = _mask_runs(ss, t0, j, ws, ns, t_hi, lo, inside, bt_row, num_blocks, RG, PAIR, WT, TW,
+                                HAS_WINDOW, BLOCK_SIZE, RAX)
             ps, alphas, m_i, l_i = _online_update(ss, m_i, l_i, RG, PAIR, TAX)  # ps[g * PAIR + i]
 
             # V: scale word per token, reference exponent from the largest contribution of the runs
@@ -1500,8 +1526,8 @@ def _serve_piece(q_ptr, cache_ptr, bt_ptr, seqlen_ptr, sinks_ptr, out_ptr, part_
             accs = scaled
             for i in gl.static_range(PAIR):
                 if ROWS_IN_N:
-                    pfr, rel = _pv_operands(ps[i], gl.expand_dims(vws[i], 2), gl.expand_dims(vws1[i], 2),
-                                            gl.expand_dims(vtops[i], 2), gl.expand_dims(nr, 2), D, NW, MMA)
+                    fr = _pv_operands(ps[i], gl.expand_dims(vws[i], 2), gl.expand_dims(vws1[i], 2),
+                                      gl.expand_dims(vtops[i], 2), gl.expand_dims(nr, 2), D, True, MMA)
                     vwt = (_piece(vwa.index(cur + j + i), [NW, 16, RR], MMA, MMA),
                            _piece(vwb.index(cur + j + i), [NW, 16, RR], MMA, MMA))
                     if D == 256:
@@ -1511,16 +1537,16 @@ def _serve_piece(q_ptr, cache_ptr, bt_ptr, seqlen_ptr, sinks_ptr, out_ptr, part_
                     if RG == 1:
                         for v in gl.static_range(NT // 4):  # tile 4 v + k: byte k of the thread's V word v
                             t0_, t1_, t2_, t3_ = _pv_word(accs[4 * v], accs[4 * v + 1], accs[4 * v + 2],
-                                                          accs[4 * v + 3], vwt[v], rel, pfr)
+                                                          accs[4 * v + 3], vwt[v], fr)
                             tiles = tiles + (t0_, t1_, t2_, t3_)
                     else:  # the second row group's probabilities (its relative V scales are the first's)
-                        pfr2 = _pv_operands(ps[PAIR + i], gl.expand_dims(vws[i], 2), gl.expand_dims(vws1[i], 2),
-                                            gl.expand_dims(vtops[i], 2), gl.expand_dims(nr, 2), D, NW, MMA)[0]
+                        fr2 = _pv_operands(ps[PAIR + i], gl.expand_dims(vws[i], 2), gl.expand_dims(vws1[i], 2),
+                                           gl.expand_dims(vtops[i], 2), gl.expand_dims(nr, 2), D, False, MMA)
                         tiles2 = ()
                         for v in gl.static_range(NT // 4):
                             o = _pv_word2(accs[4 * v], accs[4 * v + 1], accs[4 * v + 2], accs[4 * v + 3],
                                           accs[NT + 4 * v], accs[NT + 4 * v + 1], accs[NT + 4 * v + 2],
-                                          accs[NT + 4 * v + 3], vwt[v], rel, pfr, pfr2)
+                                          accs[NT + 4 * v + 3], vwt[v], fr, fr2)
                             tiles = tiles + (o[0], o[1], o[2], o[3])
                             tiles2 = tiles2 + (o[4], o[5], o[6], o[7])
                         tiles = tiles + tiles2
