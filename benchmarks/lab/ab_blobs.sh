@@ -1,5 +1,5 @@
 #!/bin/bash
-# Before interior_device.sh (CPU, ~4 min): the two sm_90 blob folders it carries, for the serving rows' shapes
+# Before interior_device.sh (CPU, ~4 min; its patches landed in 3662513, so run both at 4f4e012): the two sm_90 blob folders it carries, for the serving rows' shapes
 # (six llama-style configs: 32/8 and 32/4, 32/2 D128, 16/2 D256, 16/1 and 8/1 D128; whole-page decode, multi-query
 # decode and store at block 16): .new/ from HEAD with PATCHES applied in a scratch copy, .blobs/ from HEAD as it is.
 # Both are ignored (.git/info/exclude). Run in the repo root with the env of `make env`.

@@ -1,5 +1,6 @@
 #!/bin/bash
-# Issue 24/25 (written 2026-12-04, night; no device was lent that session): the whole-page decode's unmasked
+# Issue 24/25 (written 2026-12-04, night; run 2026-12-06 on an H100, then both patches landed in 3662513: to rerun
+# it, check out 4f4e012, where the patch files are): the whole-page decode's unmasked
 # interior and movmatrix PV operands (benchmarks/lab/wholepage_interior_movm.patch) and the multi-query decode's
 # V words (benchmarks/lab/multiquery_vwords.patch, on top of the first), applied here to the device's copy of the
 # tree, against main. Needs two blob folders carried (ignored): .new/ = sm_90 blobs of the patched
@@ -24,7 +25,8 @@ el "spec rc=$?"
 M=gpu__time_duration.sum,smsp__inst_executed.sum,smsp__issue_active.avg.pct_of_peak_sustained_active
 for s in wait math_pipe_throttle long_scoreboard short_scoreboard barrier no_instruction mio_throttle; do
   M=$M,smsp__average_warps_issue_stalled_${s}_per_issue_active.ratio; done
-for row in "A bs16" "GQA16 32/2" "one kv head"; do f=$(echo "$row" | tr " /" "__")  # the patched blobs' stalls
+IFS=, read -ra ROWS <<< "${NCU_ROWS-A bs16,GQA16 32/2,one kv head}"  # NCU_ROWS: the rows to profile, comma-separated
+for row in "${ROWS[@]}"; do f=$(echo "$row" | tr " /" "__")  # the patched blobs' stalls
   ULTRAQUANT_GENERATED=$PWD/.new timeout 50 ncu -k regex:uq_decode_wholepage --launch-skip 1 --launch-count 1 \
     --metrics $M python3 benchmarks/lab/serving_ncu.py "$row" > "$OUT/ncu_$f.log" 2>&1; el "ncu $row rc=$?"; done
 for n in new_1 main new_2; do echo "== serving $n"; grep -E "ceiling| us |no blob" $OUT/serving_$n.log | head -20; done
