@@ -1,5 +1,6 @@
 #!/bin/bash
-# Before interior_device.sh (CPU, ~4 min; its patches landed in 3662513, so run both at 4f4e012): the two sm_90 blob folders it carries, for the serving rows' shapes
+# Before patch_ab_device.sh (CPU, ~5 min), with the same PATCHES (required): the two sm_90 blob folders it carries,
+# for the serving rows' shapes
 # (six llama-style configs: 32/8 and 32/4, 32/2 D128, 16/2 D256, 16/1 and 8/1 D128; whole-page decode, multi-query
 # decode and store at block 16): .new/ from HEAD with PATCHES applied in a scratch copy, .blobs/ from HEAD as it is.
 # Both are ignored (.git/info/exclude). Run in the repo root with the env of `make env`.
@@ -18,7 +19,8 @@ MODELS=$(ls "$M"/*.json | paste -sd,)
 build() { (cd "$1" && "$PY" -c "from ultraquant.cli import main; main()" build --arch sm_90 --model "$MODELS" --tp 1 \
   --block-sizes 16 --ops decode_attention_wholepage,store_kv,spec_decode_attention --out "$2" --no-cache -j 2); }
 git archive HEAD | tar -x -C "$T"
-for p in ${PATCHES:-benchmarks/lab/wholepage_interior_movm.patch benchmarks/lab/multiquery_vwords.patch}; do
+: "${PATCHES:?set PATCHES to the patch files to apply}"
+for p in $PATCHES; do
   patch -d "$T" -p1 -s < "$p"; done
 rm -rf .new .blobs
 build "$T" "$ROOT/.new"

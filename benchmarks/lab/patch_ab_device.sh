@@ -1,19 +1,19 @@
 #!/bin/bash
-# Issue 24/25 (written 2026-12-04, night; run 2026-12-06 on an H100, then both patches landed in 3662513: to rerun
-# it, check out 4f4e012, where the patch files are): the whole-page decode's unmasked
-# interior and movmatrix PV operands (benchmarks/lab/wholepage_interior_movm.patch) and the multi-query decode's
-# V words (benchmarks/lab/multiquery_vwords.patch, on top of the first), applied here to the device's copy of the
-# tree, against main. Needs two blob folders carried (ignored): .new/ = sm_90 blobs of the patched
-# tree, .blobs/ = blobs of main (64 each: whole-page, multi-query, store; block 16; both built by
-# benchmarks/lab/ab_blobs.sh, NOTES "Session of 2026-12-04, night"). (1) GPU suites (whole-page incl. the movmatrix map test, multi-query,
-# bounds, attention) and sanitizers of the patched tree, A-D at block 64 compiled meanwhile; (2) alone on the
-# GPU: `bench --serving --no-aot` through the patched blobs, main's, the patched again (A/B/A in one run),
-# A-D at block 64 (JIT), `bench --spec-decode` through the patched blobs, ncu stall counters of three rows.
+# A/B of kernel patches on the device (issues 24/25): applies PATCHES (space-separated patch files, required) to
+# the device's copy of the tree and runs, against main: (1) the GPU suites (whole-page, multi-query, bounds,
+# attention) and sanitizers of the patched tree, A-D at block 64 compiled meanwhile; (2) alone on the GPU: `bench
+# --serving --no-aot` through the patched blobs, main's, the patched again (A/B/A in one run), A-D at block 64
+# (JIT), `bench --spec-decode` through the patched blobs, ncu stall counters of NCU_ROWS (comma-separated rows of
+# benchmarks/lab/serving_ncu.py; default three, empty: none). Needs two blob folders carried (ignored): .new/ =
+# sm_90 blobs of the patched tree, .blobs/ = main's (both from benchmarks/lab/ab_blobs.sh with the same PATCHES).
+# First used as interior_device.sh for the unmasked interior and movmatrix patches (landed in 3662513; NOTES,
+# "Session of 2026-12-06").
 set -u
 export PYTHONUNBUFFERED=1 ULTRAQUANT_CACHE_DIR=/tmp/uq_c TRITON_CACHE_DIR=/tmp/tc PYTHONPATH=$PWD
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"; t0=$(date +%s)
 el() { echo "[+$(( $(date +%s) - t0 ))s] $*"; }
-for p in ${PATCHES:-benchmarks/lab/wholepage_interior_movm.patch benchmarks/lab/multiquery_vwords.patch}; do
+: "${PATCHES:?set PATCHES to the patch files to apply}"
+for p in $PATCHES; do
   { git apply "$p" 2>/dev/null || patch -p1 -s < "$p"; } && el "applied $p" || exit 3; done
 . benchmarks/lab/gpu_suites.sh
 for r in new_1:.new main:.blobs new_2:.new; do n=${r%%:*}; ULTRAQUANT_GENERATED=$PWD/${r#*:} timeout 100 python3 -m ultraquant.cli \
