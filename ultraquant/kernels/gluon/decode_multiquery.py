@@ -56,6 +56,7 @@ from .decode_wholepage import (
     _token_top,
     _units,
     _vword_layout,
+    _vword_pairs_ptx,
     _word_pairs,
 )
 
@@ -201,10 +202,7 @@ def _pv_half_ptx(tiles: int, half: int) -> str:
     same order from $16T, then the V words (4), the A fragments (4 per tile), the relative scales (2 of 4)."""
     n = 16 * tiles
     vw, pf, rel = 2 * n, 2 * n + 4, 2 * n + 4 + 4 * tiles
-    sel = "0x5410" if half == 0 else "0x7632"
-    lines = ["{ .reg .b32 t1, t2, t3, z0, z1, p0, p1, p2, p3, r0, r1, r2, r3;",
-             f"prmt.b32 z0, ${vw}, ${vw + 1}, {sel}; prmt.b32 z1, ${vw + 2}, ${vw + 3}, {sel};",
-             _word_pairs(["p0", "p1", "p2", "p3"], "z0"), _word_pairs(["r0", "r1", "r2", "r3"], "z1")]
+    lines = ["{ .reg .b32 t1, t2, t3, z0, z1, p0, p1, p2, p3, r0, r1, r2, r3;", *_vword_pairs_ptx(vw, half)]
     for i in range(4):
         lines += [f"mul.rn.f16x2 p{i}, p{i}, ${rel}; mul.rn.f16x2 r{i}, r{i}, ${rel + 1};"]
         for t in range(tiles):
@@ -288,14 +286,12 @@ def _pv_words(accs, vwa, vwb, vsw, vtop, vexp, ps, RUN: gl.constexpr, nr, TILES:
     fac = gl.expand_dims(_pow2(gl.minimum(vexp - nr, 127)), 1)
     grp = (_iota3(16, 1, MMA) % 8) // 2  # the row's lane group g: its V words' scale group (D=128)
     rel = _rel_scale(gl.expand_dims(vsw, 1), gl.expand_dims(vtop, 1), grp).to(gl.int16, bitcast=True).to(gl.int32)
-    frs = ()
-    rels = ()
-    for t in gl.static_range(TILES):
-        a, r = _frags(ps[t * NSUB + RUN] * fac, rel, t == 0, NW, MMA)
-        frs = frs + (a,)
-        rels = rels + (r,)
-    return _pv_quarter(accs, words[0], frs, rels[0], 0, TILES) + _pv_quarter(accs, words[0], frs, rels[0], 1, TILES) \
-        + _pv_quarter(accs, words[1], frs, rels[0], 2, TILES) + _pv_quarter(accs, words[1], frs, rels[0], 3, TILES)
+    frs, rels = _frags(ps[RUN] * fac, rel, True, NW, MMA)  # the scale pairs once, with the first tile's fragment
+    frs = (frs,)
+    for t in gl.static_range(1, TILES):
+        frs = frs + (_frags(ps[t * NSUB + RUN] * fac, rel, False, NW, MMA)[0],)
+    return _pv_quarter(accs, words[0], frs, rels, 0, TILES) + _pv_quarter(accs, words[0], frs, rels, 1, TILES) \
+        + _pv_quarter(accs, words[1], frs, rels, 2, TILES) + _pv_quarter(accs, words[1], frs, rels, 3, TILES)
 
 
 @gluon.constexpr_function

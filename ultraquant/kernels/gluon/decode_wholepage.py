@@ -129,6 +129,15 @@ _QK2_CONSTRAINTS = gl.constexpr(",".join(["=f"] * 8 + ["r"] * 44))
 """The same for two row groups (:func:`_qk_runs2`): 2 x 4 scores out, 3 x 4 + 2 x 4 x 4 words in."""
 
 
+def _vword_pairs_ptx(vw: int, half: int) -> list[str]:
+    """PTX: bytes ``2 half``, ``2 half + 1`` of the V words ``$vw..$vw + 3`` of tokens (a, b, c, d), tokens a, b
+    (c, d) put in the two 16-bit lanes by PRMT, as the nibble pairs ``p0..p3`` (``r0..r3``) of
+    :func:`_word_pairs`: the fp16 operands of both decodes' PV MMAs (registers t1..t3, z0, z1 scratch)."""
+    sel = "0x5410" if half == 0 else "0x7632"
+    return [f"prmt.b32 z0, ${vw}, ${vw + 1}, {sel}; prmt.b32 z1, ${vw + 2}, ${vw + 3}, {sel};",
+            _word_pairs(["p0", "p1", "p2", "p3"], "z0"), _word_pairs(["r0", "r1", "r2", "r3"], "z1")]
+
+
 def _pv_word_ptx(groups: int = 1) -> str:
     """PTX of :func:`_pv_word` (``groups`` = 2: :func:`_pv_word2`, two 8-row groups of probabilities
     over the same V fragments): the four 16-dim output tiles whose V codes are the four bytes of one V
@@ -144,9 +153,7 @@ def _pv_word_ptx(groups: int = 1) -> str:
     vw, rel = 2 * n, 2 * n + 6
     lines = ["{ .reg .b32 t1, t2, t3, z0, z1, p0, p1, p2, p3, r0, r1, r2, r3;"]
     for half in range(2):
-        sel = "0x5410" if half == 0 else "0x7632"
-        lines += [f"prmt.b32 z0, ${vw}, ${vw + 1}, {sel}; prmt.b32 z1, ${vw + 2}, ${vw + 3}, {sel};",
-                  _word_pairs(["p0", "p1", "p2", "p3"], "z0"), _word_pairs(["r0", "r1", "r2", "r3"], "z1")]
+        lines += _vword_pairs_ptx(vw, half)
         for b in range(2):  # tile k = 2 half + b: pairs 2b, 2b + 1
             k = 2 * half + b
             a0, a1, a2, a3 = f"p{2 * b}", f"p{2 * b + 1}", f"r{2 * b}", f"r{2 * b + 1}"
