@@ -12,6 +12,7 @@ import pytest
 
 from ultraquant.kernels.families.decode_wholepage import (
     WHOLEPAGE_MIN_SPLIT_TOKENS,
+    WHOLEPAGE_PIECE_UNITS,
     stage_tokens,
     wholepage_schedule,
 )
@@ -37,17 +38,23 @@ def _check(lens: list[int], programs: int, stage: int, cap: int, window: int | N
     slots = [p.slot for p in pieces]
     assert len(set(slots)) == len(slots) and max(slots) < programs + len(lens)
     units: dict[int, int] = {}
-    for p in pieces:  # a piece's units: its stages, an empty request's 1
-        units[p.program] = units.get(p.program, 0) + max(1, -(-(p.t_hi - p.t_lo) // stage))
-    total = sum(max(1, -(-(min(max(n, 0), cap) - (max(min(max(n, 0), cap) - window, 0) if window is not None
-                                                  else 0) // stage * stage) // stage)) for n in lens)
+    cost: dict[int, int] = {}
+    per_request = [max(1, -(-(min(max(n, 0), cap) - (max(min(max(n, 0), cap) - window, 0) if window is not None
+                                                      else 0) // stage * stage) // stage)) for n in lens]
+    equal = len(set(per_request)) == 1 and len(lens) <= programs
+    pc = 0 if equal else WHOLEPAGE_PIECE_UNITS
+    for p in pieces:  # a piece's units: its stages, an empty request's 1; its cost: its units and the overhead
+        u = max(1, -(-(p.t_hi - p.t_lo) // stage))
+        units[p.program] = units.get(p.program, 0) + u
+        cost[p.program] = cost.get(p.program, 0) + u + pc
+    total = sum(per_request) + pc * len(lens)
     active = min(programs, -(-total // min_units))
-    per_request = {max(1, -(-(min(max(n, 0), cap) - (max(min(max(n, 0), cap) - window, 0) if window is not None
-                                                     else 0) // stage * stage) // stage)) for n in lens}
-    if len(per_request) == 1 and len(lens) <= programs:
-        active = len(lens) * max(1, min(programs // len(lens), -(-per_request.pop() // min_units)))
+    if equal:
+        active = len(lens) * max(1, min(programs // len(lens), -(-per_request[0] // min_units)))
     assert len(units) <= active
     assert max(units.values()) <= -(-total // active) + len(lens)  # edge pieces round up per request
+    # the shares balance cost: a program pays at most one piece (the request it continues) beyond its share
+    assert max(cost.values()) <= -(-total // active) + pc + (len(lens) if equal else 0)
     assert sum(1 for p in pieces) <= active + len(lens)
 
 
@@ -65,16 +72,23 @@ def test_schedule_random_batches(seed):
 
 
 def test_schedule_balances_a_ragged_batch():
-    """64 requests spread 128..16384 over 132 programs: no program holds more than the average plus one
-    stage per request it touches (at most 2 here), where one split per request holds 16384 tokens."""
+    """64 requests spread 128..16384 over 132 programs: counted as stages plus ``WHOLEPAGE_PIECE_UNITS`` per
+    piece (the cost model fitted on the GPU), no program holds more than the average plus one piece, and the
+    busiest program costs less than when the shares count stages alone (``piece_units=0``), where the
+    programs that serve several short requests pay their pieces on top of a full share."""
     rng = random.Random(3)
     lens = [128, 16384] + [int(128 * 128 ** rng.random()) for _ in range(62)]
-    pieces = wholepage_schedule(lens, 132, 64, 16384)
-    per: dict[int, int] = {}
-    for p in pieces:
-        per[p.program] = per.get(p.program, 0) + (p.t_hi - p.t_lo)
-    average = sum(lens) / 132
-    assert max(per.values()) <= average + 2 * 64
+
+    def costs(piece_units: int) -> dict[int, int]:
+        per: dict[int, int] = {}
+        for p in wholepage_schedule(lens, 132, 64, 16384, piece_units=piece_units):
+            per[p.program] = per.get(p.program, 0) + -(-(p.t_hi - p.t_lo) // 64) + WHOLEPAGE_PIECE_UNITS
+        return per
+
+    balanced, stages_only = costs(WHOLEPAGE_PIECE_UNITS), costs(0)
+    average = sum(balanced.values()) / 132
+    assert max(balanced.values()) <= average + WHOLEPAGE_PIECE_UNITS + 1
+    assert max(balanced.values()) < max(stages_only.values()) - WHOLEPAGE_PIECE_UNITS
 
 
 def test_schedule_clamps_lengths_and_uniform_matches_static_splits():

@@ -7,17 +7,20 @@
 # benchmarks/lab/serving_ncu.py; default three, empty: none). Needs two blob folders carried (ignored): .new/ =
 # sm_90 blobs of the patched tree, .blobs/ = main's (both from benchmarks/lab/ab_blobs.sh with the same PATCHES).
 # First used as interior_device.sh for the unmasked interior and movmatrix patches (landed in 3662513; NOTES,
-# "Session of 2026-12-06").
+# "Session of 2026-12-06"). Main's rows run in a pristine copy of the tree (/tmp/main_tree): a patch that changes a
+# kernel's parameters changes its blob keys, so main's blobs only match main's code.
 set -u
 export PYTHONUNBUFFERED=1 ULTRAQUANT_CACHE_DIR=/tmp/uq_c TRITON_CACHE_DIR=/tmp/tc PYTHONPATH=$PWD
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"; t0=$(date +%s)
 el() { echo "[+$(( $(date +%s) - t0 ))s] $*"; }
 : "${PATCHES:?set PATCHES to the patch files to apply}"
+MT=/tmp/main_tree; rm -rf $MT && mkdir $MT && cp -r ultraquant runtime codegen benchmarks pyproject.toml .blobs $MT/
 for p in $PATCHES; do
   { git apply "$p" 2>/dev/null || patch -p1 -s < "$p"; } && el "applied $p" || exit 3; done
 . benchmarks/lab/gpu_suites.sh
-for r in new_1:.new main:.blobs new_2:.new; do n=${r%%:*}; ULTRAQUANT_GENERATED=$PWD/${r#*:} timeout 100 python3 -m ultraquant.cli \
-  bench --serving --no-aot --json $OUT/serving_$n.json > $OUT/serving_$n.log 2>&1; el "serving $n rc=$?"; done
+for r in new_1:$PWD main:$MT new_2:$PWD; do n=${r%%:*}; d=${r#*:}; g=$d/.new; [ $n = main ] && g=$MT/.blobs
+  (cd $d && PYTHONPATH=$d ULTRAQUANT_GENERATED=$g timeout 100 python3 -m ultraquant.cli bench --serving --no-aot \
+    --json $OUT/serving_$n.json > $OUT/serving_$n.log 2>&1); el "serving $n rc=$?"; done
 ULTRAQUANT_BACKEND=triton timeout 80 python3 -m ultraquant.cli bench --shapes A,B,C,D --layouts head --no-stream \
   --json $OUT/bs64.json > $OUT/bs64.log 2>&1; el "bs64 rc=$?"
 ULTRAQUANT_GENERATED=$PWD/.new timeout 90 python3 -m ultraquant.cli bench --spec-decode --json $OUT/spec.json > $OUT/spec.log 2>&1

@@ -26,7 +26,7 @@ from ..flags import error_words
 from ..heuristics import cdiv
 from ..specialization import LaunchPlan, Specialization, fit_divisible, signature_of, type_name
 from ..workspace import decode_workspace, dummy_f32
-from .decode_wholepage import WHOLEPAGE_MIN_SPLIT_TOKENS, wholepage_call, wholepage_programs
+from .decode_wholepage import WHOLEPAGE_MIN_SPLIT_TOKENS, WHOLEPAGE_PIECE_UNITS, wholepage_call, wholepage_programs
 from .decode_wholepage import unsupported as wholepage_unsupported
 
 MULTIQUERY_ROWS = 16
@@ -132,6 +132,7 @@ def decode_multiquery_spec(
             "HAS_SOFTCAP": bool(has_softcap),
             "TILES": int(tiles),
             "MIN_TOKENS": WHOLEPAGE_MIN_SPLIT_TOKENS,
+            "PIECE_UNITS": WHOLEPAGE_PIECE_UNITS,
         },
         num_warps=hk * max(1, MULTIQUERY_WARPS // hk),
         num_stages=1,

@@ -39,6 +39,12 @@ WHOLEPAGE_MIN_SPLIT_TOKENS = 512
 """The schedule never deals a program fewer tokens than this at the batch's average (fewer, larger
 pieces won in every prototype): ``active = min(programs, cdiv(total, MIN_UNITS))``."""
 
+WHOLEPAGE_PIECE_UNITS = 2
+"""What one piece costs beyond its stages, in stages (the query's rotation, the ring's fill, the partial's
+write): the schedule counts it once per request, so a program that serves many short requests gets fewer
+stages. Fitted on the H100 (benchmarks/NOTES.md, "Session of 2026-12-06"): 256 x 1k against A, and the
+96-request ragged batch, both match ``max over programs of (stages + 2 x pieces)``."""
+
 WHOLEPAGE_PARAMS: tuple[tuple[str, str], ...] = tuple(
     ("num_requests", t) if n == "num_splits" else (n, t) for n, t in DECODE_PARAMS
 )
@@ -216,6 +222,7 @@ def decode_wholepage_spec(
             "HAS_SOFTCAP": bool(has_softcap),
             "ROWS_IN_N": rows_in_n,
             "MIN_TOKENS": WHOLEPAGE_MIN_SPLIT_TOKENS,
+            "PIECE_UNITS": WHOLEPAGE_PIECE_UNITS,
             # only where set, so head-major keys (and blobs) stay what they were
             **({"TOKEN_MAJOR": True} if token_major and hk > 1 else {}),
         },
@@ -254,15 +261,17 @@ class Piece:
 
 
 def wholepage_schedule(seq_lens: list[int], programs: int, stage: int, cap: int, window: int | None = None,
-                       min_tokens: int = WHOLEPAGE_MIN_SPLIT_TOKENS) -> list[Piece]:
+                       min_tokens: int = WHOLEPAGE_MIN_SPLIT_TOKENS,
+                       piece_units: int = WHOLEPAGE_PIECE_UNITS) -> list[Piece]:
     """A pure-Python model of the kernel's balanced schedule (``_schedule``/``_units``/``_owner`` in
     gluon/decode_wholepage.py), for tests: every request has ``max(1, cdiv(len - lo_run, stage))``
-    units (``lo_run``: the window's first token rounded down to a stage), the batch's ``total`` units
-    go in equal contiguous shares to ``active = min(programs, cdiv(total, min_units))`` programs (equal
-    requests, at most ``programs`` of them: ``k = min(programs // B, cdiv(units, min_units))`` whole
-    programs each, the static split of a uniform batch), and a
-    request's piece on program p has workspace slot ``p + request`` (unique: the pieces form a
-    staircase). Lengths are clamped to ``[0, cap]`` as the kernel does."""
+    units (``lo_run``: the window's first token rounded down to a stage) and costs ``piece_units`` more
+    (its piece's overhead); the batch's ``total`` cost goes in equal contiguous shares to ``active =
+    min(programs, cdiv(total, min_units))`` programs, request b's units lying at ``[C_b + piece_units,
+    C_b + piece_units + units_b)`` of that cost line (equal requests, at most ``programs`` of them: no
+    overhead, ``k = min(programs // B, cdiv(units, min_units))`` whole programs each, the static split of
+    a uniform batch). A request's piece on program p has workspace slot ``p + request`` (unique: the
+    pieces form a staircase). Lengths are clamped to ``[0, cap]`` as the kernel does."""
     min_units = max(1, min_tokens // stage)
     units, lows = [], []
     for n in seq_lens:
@@ -271,16 +280,18 @@ def wholepage_schedule(seq_lens: list[int], programs: int, stage: int, cap: int,
         lo_run = lo // stage * stage
         units.append(max(cdiv(n - lo_run, stage), 1))
         lows.append((lo_run, n))
-    total = max(sum(units), 1)
+    equal = bool(units) and min(units) == max(units) and len(units) <= programs
+    pc = 0 if equal else piece_units
+    total = max(sum(units) + pc * len(units), 1)
     active = min(programs, cdiv(total, min_units))
-    if units and min(units) == max(units) and len(units) <= programs:  # equal requests: whole programs each
+    if equal:  # equal requests: whole programs each
         active = len(units) * max(1, min(programs // len(units), cdiv(units[0], min_units)))
 
     def owner(u: int) -> int:
         return ((u + 1) * active - 1) // total
 
     pieces = []
-    cs = 0
+    cs = pc
     for b, u in enumerate(units):
         ce = cs + u
         first, last = owner(cs), owner(ce - 1)
@@ -290,7 +301,7 @@ def wholepage_schedule(seq_lens: list[int], programs: int, stage: int, cap: int,
             t_lo = lo_run + (max(cs, w0) - cs) * stage
             t_hi = min(lo_run + (min(ce, w1) - cs) * stage, n)
             pieces.append(Piece(p, b, t_lo, t_hi, p + b, first, last - first + 1))
-        cs = ce
+        cs = ce + pc
     return pieces
 
 

@@ -619,7 +619,8 @@ def uq_decode_multiquery(q_ptr, cache_ptr, bt_ptr, seqlen_ptr, qsl_ptr, sinks_pt
                          D: gl.constexpr, LOG2D: gl.constexpr, GQA: gl.constexpr, HK: gl.constexpr,
                          WT: gl.constexpr, NSUB: gl.constexpr, STAGES: gl.constexpr, TW: gl.constexpr,
                          BLOCK_SIZE: gl.constexpr, HAS_SINKS: gl.constexpr, HAS_WINDOW: gl.constexpr,
-                         HAS_SOFTCAP: gl.constexpr, TILES: gl.constexpr, MIN_TOKENS: gl.constexpr):
+                         HAS_SOFTCAP: gl.constexpr, TILES: gl.constexpr, MIN_TOKENS: gl.constexpr,
+                         PIECE_UNITS: gl.constexpr):
     """Multi-query whole-page decode, grid ``(tile groups, programs)``: ``TILES`` M tiles per program (each
     run's codes decoded once for all of them) over the whole-page decode's balanced schedule of the batch
     (:func:`~.decode_wholepage._schedule`, per tile group); see the module docstring."""
@@ -632,8 +633,8 @@ def uq_decode_multiquery(q_ptr, cache_ptr, bt_ptr, seqlen_ptr, qsl_ptr, sinks_pt
     reach = 0  # how far below a request's length its rows' windows reach: every row's window start is inside
     if HAS_WINDOW:
         reach = gl.minimum(window, cap) + max_tokens
-    total, active, w0, w1, b_first, cs, b_last = _schedule(seqlen_ptr, num_requests, reach, cap, pid, progs, TT,
-                                                           HAS_WINDOW, MIN_UNITS, HK * WT)
+    total, active, w0, w1, b_first, cs, b_last, pc = _schedule(seqlen_ptr, num_requests, reach, cap, pid, progs, TT,
+                                                               HAS_WINDOW, MIN_UNITS, PIECE_UNITS, HK * WT)
     # one noinline call per piece, as the whole-page decode (ptxas schedules the stage loop as in a one-piece kernel)
     for b in range(b_first, b_last + 1):
         cs = _serve_piece(q_ptr, cache_ptr, bt_ptr, seqlen_ptr, qsl_ptr, sinks_ptr, out_ptr, part_ptr, ml_ptr,
@@ -641,4 +642,4 @@ def uq_decode_multiquery(q_ptr, cache_ptr, bt_ptr, seqlen_ptr, qsl_ptr, sinks_pt
                           cap, stride_qn, stride_qh, stride_on, stride_oh, stride_cb, stride_ch, stride_btb,
                           b, cs, w0, w1, total, active, pid, progs, tg,
                           D, LOG2D, GQA, HK, WT, NSUB, STAGES, TW, BLOCK_SIZE, HAS_SINKS, HAS_WINDOW, HAS_SOFTCAP,
-                          TILES)
+                          TILES) + pc

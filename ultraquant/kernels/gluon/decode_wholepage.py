@@ -4,9 +4,10 @@ NVIDIA sm_90, in Gluon.
 Schedule (graph-safe, no host plan): the grid is fixed per device (``(programs, 1, 1)``, one program
 per SM); every call, each program reads ``seq_lens`` and computes the same schedule (:func:`_schedule`):
 a request has ``max(1, cdiv(len - lo_run, TT))`` units (``TT``-token ring stages from its window's first
-stage), the batch's ``total`` units are dealt in equal contiguous shares ``[p total // active, (p + 1)
-total // active)`` to ``active = min(programs, cdiv(total, MIN_UNITS))`` programs, so a request's tokens
-may span programs and a program may serve several requests in turn (one piece each). A piece leaves one
+stage) and costs ``PIECE_UNITS`` more (a piece's overhead; none for equal requests), the batch's ``total``
+cost is dealt in equal contiguous shares ``[p total // active, (p + 1) total // active)`` to ``active =
+min(programs, cdiv(total, MIN_UNITS))`` programs, so a request's tokens may span programs and a program may
+serve several requests in turn (one piece each; a program of many short requests gets fewer stages). A piece leaves one
 partial per kv head in workspace slot ``program + request`` (unique: the pieces form a staircase); every
 program derives from the same arithmetic which programs hold a request's pieces (:func:`_owner`), so
 the one that takes the request's last ticket merges them in the same launch and writes ``out``. The
@@ -1178,14 +1179,17 @@ def _owner(unit, progs, total):
 
 @gluon.jit
 def _schedule(seqlen_ptr, num_requests, window, cap, pid, progs, TT: gl.constexpr, HAS_WINDOW: gl.constexpr,
-              MIN_UNITS: gl.constexpr, NW: gl.constexpr):
-    """The balanced schedule from ``seq_lens`` on the device: the batch's ``total`` units
-    (:func:`_units`) over ``active = min(progs, cdiv(total, MIN_UNITS))`` programs (a piece is never
-    shorter than ``MIN_UNITS`` at the batch's average; equal requests, at most ``progs`` of them: ``k``
-    whole programs each, ``k = min(progs // B, cdiv(units, MIN_UNITS))``), program ``pid``'s share ``[w0, w1) =
-    [pid total // active, (pid + 1) total // active)`` (empty from ``active`` on), the first and last
-    request it touches and the first one's first unit ``cs`` (``b_last < b_first``: no work). Two
-    passes over ``seq_lens`` (the second hits L1)."""
+              MIN_UNITS: gl.constexpr, PIECE_UNITS: gl.constexpr, NW: gl.constexpr):
+    """The balanced schedule from ``seq_lens`` on the device: each request costs its units (:func:`_units`)
+    plus ``pc = PIECE_UNITS`` (its piece's overhead; 0 for equal requests), and the batch's ``total`` cost
+    goes over ``active = min(progs, cdiv(total, MIN_UNITS))`` programs (a piece is never shorter than
+    ``MIN_UNITS`` at the batch's average; equal requests, at most ``progs`` of them: ``k`` whole programs
+    each, ``k = min(progs // B, cdiv(units, MIN_UNITS))``), program ``pid``'s share ``[w0, w1) = [pid total //
+    active, (pid + 1) total // active)`` (empty from ``active`` on). Request b's units lie at ``[C_b + pc,
+    C_b + pc + units_b)`` of the cost line; the program serves the requests whose units meet its share, from
+    ``b_first`` (its units starting at ``cs``) to ``b_last`` (``b_last < b_first``: no work), and returns
+    ``pc`` (the next request's units start ``pc`` after a piece's end). Two passes over ``seq_lens`` (the
+    second hits L1). Modelled by ``families.decode_wholepage.wholepage_schedule``."""
     L: gl.constexpr = gl.BlockedLayout([4], [32], [NW], [0])
     CH: gl.constexpr = 128 * NW
     zero = gl.sum(gl.zeros([CH], gl.int32, L), axis=0)
@@ -1200,30 +1204,32 @@ def _schedule(seqlen_ptr, num_requests, window, cap, pid, progs, TT: gl.constexp
         total += gl.sum(gl.where(ok, u, 0), axis=0)
         umax = gl.maximum(umax, gl.max(gl.where(ok, u, 0), axis=0))
         umin = gl.minimum(umin, gl.min(gl.where(ok, u, 2147483647), axis=0))
-    total = gl.maximum(total, 1)
-    active = gl.minimum(progs, gl.cdiv(total, MIN_UNITS))
     # equal requests: k whole programs each (shares end on request ends: no program pays two pieces)
+    equal = (umax == umin) & (num_requests <= progs)
+    pc = gl.where(equal, 0, PIECE_UNITS)
+    total = gl.maximum(total + pc * num_requests, 1)
+    active = gl.minimum(progs, gl.cdiv(total, MIN_UNITS))
     k = gl.maximum(gl.minimum(progs // gl.maximum(num_requests, 1), gl.cdiv(umax, MIN_UNITS)), 1)
-    active = gl.where((umax == umin) & (num_requests <= progs), k * num_requests, active)
+    active = gl.where(equal, k * num_requests, active)
     w0 = gl.minimum(pid.to(gl.int64) * total // active, total).to(gl.int32)
     w1 = gl.minimum((pid + 1).to(gl.int64) * total // active, total).to(gl.int32)
-    b_first = zero  # requests that end at or before w0, and their units
-    cs = zero
-    b_last = zero  # requests that end before w1: the index of the one holding unit w1 - 1
+    b_first = zero  # requests whose units end at or before w0, and their cost
+    cs = pc
+    b_last = zero - 1  # requests whose units start before w1, less one: the last one this program serves
     done = zero
     for c0 in range(0, num_requests, CH):
         j = c0 + gl.arange(0, CH, L)
         ok = j < num_requests
         ln = gl.load(seqlen_ptr + j, mask=ok, other=0)
-        u = gl.where(ok, _units(ln, window, cap, TT, HAS_WINDOW), 0)
+        u = gl.where(ok, _units(ln, window, cap, TT, HAS_WINDOW) + pc, 0)  # each request's cost
         end = gl.associative_scan(u, 0, _add) + done
         before = ok & (end <= w0)
         b_first += gl.sum(before.to(gl.int32), axis=0)
         cs += gl.sum(gl.where(before, u, 0), axis=0)
-        b_last += gl.sum((ok & (end < w1)).to(gl.int32), axis=0)
+        b_last += gl.sum((ok & (end - u + pc < w1)).to(gl.int32), axis=0)
         done += gl.sum(u, axis=0)
     b_last = gl.where(w1 > w0, b_last, b_first - 1)
-    return total, active, w0, w1, b_first, cs, b_last
+    return total, active, w0, w1, b_first, cs, b_last, pc
 
 
 @gluon.jit(noinline=True)
@@ -1649,7 +1655,8 @@ def uq_decode_wholepage(q_ptr, cache_ptr, bt_ptr, seqlen_ptr, sinks_ptr, out_ptr
                         GQA_PAD: gl.constexpr, HK: gl.constexpr, WT: gl.constexpr, NSUB: gl.constexpr,
                         STAGES: gl.constexpr, TW: gl.constexpr, BLOCK_SIZE: gl.constexpr, HAS_SINKS: gl.constexpr,
                         HAS_WINDOW: gl.constexpr, HAS_SOFTCAP: gl.constexpr,
-                        ROWS_IN_N: gl.constexpr, MIN_TOKENS: gl.constexpr, TOKEN_MAJOR: gl.constexpr = False):
+                        ROWS_IN_N: gl.constexpr, MIN_TOKENS: gl.constexpr, PIECE_UNITS: gl.constexpr,
+                        TOKEN_MAJOR: gl.constexpr = False):
     """Whole-page paged decode over a persistent grid ``(programs, 1, 1)`` balanced from ``seq_lens`` on
     the device (``num_requests``: the batch size); see the module docstring.
     ``ROWS_IN_N``: the query rows are the MMA N dimension (S^T = K Q^T, O^T = V^T P^T; 8 rows per MMA, ROWS =
@@ -1666,12 +1673,12 @@ def uq_decode_wholepage(q_ptr, cache_ptr, bt_ptr, seqlen_ptr, sinks_ptr, out_ptr
     TT: gl.constexpr = NSUB * WT * TW
     MIN_UNITS: gl.constexpr = max(1, MIN_TOKENS // TT)  # the schedule's shortest piece at the average
 
-    # ---- the balanced schedule (module docstring): this program's units [w0, w1) of the batch's total
+    # ---- the balanced schedule (module docstring): this program's share [w0, w1) of the batch's total cost
     pid = gl.program_id(0)
     progs = gl.num_programs(0)
     cap = bt_cols * BLOCK_SIZE  # bounds: a length outside [0, the row's capacity] is clamped, error word set
-    total, active, w0, w1, b_first, cs, b_last = _schedule(seqlen_ptr, num_requests, window, cap, pid, progs,
-                                                           TT, HAS_WINDOW, MIN_UNITS, NW)
+    total, active, w0, w1, b_first, cs, b_last, pc = _schedule(seqlen_ptr, num_requests, window, cap, pid, progs,
+                                                               TT, HAS_WINDOW, MIN_UNITS, PIECE_UNITS, NW)
     # each piece is one call of a noinline function: ptxas then schedules the stage loop as in a kernel
     # without the piece loop around it (inlined, it issued the shared loads closer to their uses and the
     # uniform shapes ran 12-19% slower than the static split: benchmarks/NOTES.md, "Serving decode")
@@ -1680,4 +1687,4 @@ def uq_decode_wholepage(q_ptr, cache_ptr, bt_ptr, seqlen_ptr, sinks_ptr, out_ptr
                           err_ptr, scale, softcap, window, num_blocks, cap, stride_qb, stride_qh, stride_ob, stride_oh,
                           stride_cb, stride_ch, stride_btb, b, cs, w0, w1, total, active, pid,
                           D, LOG2D, GQA, ROWS, GQA_PAD, HK, WT, NSUB, STAGES, TW, BLOCK_SIZE,
-                          HAS_SINKS, HAS_WINDOW, HAS_SOFTCAP, ROWS_IN_N, TOKEN_MAJOR)
+                          HAS_SINKS, HAS_WINDOW, HAS_SOFTCAP, ROWS_IN_N, TOKEN_MAJOR) + pc
