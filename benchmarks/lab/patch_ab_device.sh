@@ -3,7 +3,7 @@
 # the device's copy of the tree and runs, against main: (1) the GPU suites (whole-page, multi-query, bounds,
 # attention) and sanitizers of the patched tree, A-D at block 64 compiled meanwhile; (2) alone on the GPU: `bench
 # --serving --no-aot` through the patched blobs, main's, the patched again (A/B/A in one run), A-D at block 64
-# (JIT), `bench --spec-decode` through the patched blobs, ncu stall counters of NCU_ROWS (comma-separated rows of
+# (JIT), `bench --spec-decode` through the patched blobs and main's, ncu stall counters of NCU_ROWS (comma-separated rows of
 # benchmarks/lab/serving_ncu.py; default three, empty: none). Needs two blob folders carried (ignored): .new/ =
 # sm_90 blobs of the patched tree, .blobs/ = main's (both from benchmarks/lab/ab_blobs.sh with the same PATCHES).
 # First used as interior_device.sh for the unmasked interior and movmatrix patches (landed in 3662513; NOTES,
@@ -25,6 +25,8 @@ ULTRAQUANT_BACKEND=triton timeout 80 python3 -m ultraquant.cli bench --shapes A,
   --json $OUT/bs64.json > $OUT/bs64.log 2>&1; el "bs64 rc=$?"
 ULTRAQUANT_GENERATED=$PWD/.new timeout 90 python3 -m ultraquant.cli bench --spec-decode --json $OUT/spec.json > $OUT/spec.log 2>&1
 el "spec rc=$?"
+(cd $MT && PYTHONPATH=$MT ULTRAQUANT_GENERATED=$MT/.blobs timeout 90 python3 -m ultraquant.cli bench --spec-decode \
+  --json $OUT/spec_main.json > $OUT/spec_main.log 2>&1); el "spec main rc=$?"
 M=gpu__time_duration.sum,smsp__inst_executed.sum,smsp__issue_active.avg.pct_of_peak_sustained_active
 for s in wait math_pipe_throttle long_scoreboard short_scoreboard barrier no_instruction mio_throttle; do
   M=$M,smsp__average_warps_issue_stalled_${s}_per_issue_active.ratio; done
@@ -34,6 +36,6 @@ for row in "${ROWS[@]}"; do f=$(echo "$row" | tr " /" "__")  # the patched blobs
     --metrics $M python3 benchmarks/lab/serving_ncu.py "$row" > "$OUT/ncu_$f.log" 2>&1; el "ncu $row rc=$?"; done
 for n in new_1 main new_2; do echo "== serving $n"; grep -E "ceiling| us |no blob" $OUT/serving_$n.log | head -20; done
 echo "== bs64"; grep -E "ceiling|uq-head \(" $OUT/bs64.log | tail -5
-echo "== spec"; grep -E "decode|spec" $OUT/spec.log | grep -v prefill | tail -8
+for f in spec spec_main; do echo "== $f"; grep -E "decode|spec" $OUT/$f.log | grep -v prefill | tail -8; done
 echo "== ncu"; grep -hE "^\s+(smsp|gpu__)" $OUT/ncu_*.log
 cd $OUT && tar czf logs.tgz $(ls *.log | grep -v '^call.log$') && rm -f $(ls *.log | grep -v '^call.log$')
