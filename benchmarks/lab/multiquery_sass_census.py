@@ -104,7 +104,7 @@ def census(config: dict) -> dict:
     if merge:
         mb = body[merge]
         ldg = collections.Counter(opcode(t) for t in mb if opcode(t).startswith("LDG"))
-        per_step = re.search(r"MERGE: gl.constexpr = _merge_step\(([^\n]*)\)", open(
+        per_step = re.search(r"MERGE: gl.constexpr = ([^\n]*)", open(
             "ultraquant/kernels/gluon/decode_multiquery.py").read())
         out["merge_loop"] = {"instructions": len(mb), "ldg": dict(ldg), "ldg_total": sum(ldg.values()),
                              "local": sum(opcode(t).startswith(("LDL", "STL")) for t in mb),
