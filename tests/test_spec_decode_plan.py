@@ -262,3 +262,21 @@ def test_model_specializations_plan_the_multiquery_decode(monkeypatch):
     assert policy.model_specializations(model) == []  # no cache strides: no rule to apply
     assert policy.model_specializations({**model, "head_size": 256, "cache_strides": [16 * 8 * 272, 272, 16 * 272]}) \
         == []
+
+
+@pytest.mark.parametrize("hk,wt", [(1, 8), (2, 4), (4, 2), (8, 1), (16, 1)])
+def test_row_merge_layout_loads_each_element_once(hk, wt):
+    """The multi-query merge layout of [HK, 16, 128] partials tiles the tensor without repeats (no warp or lane
+    loads another's elements), holds 16-byte runs of dims, and keeps a thread's row scalars (maxima, sums) to
+    at most 2 rows, so two 64-value partials fit in flight at 8 kv heads."""
+    pytest.importorskip("triton.experimental.gluon")
+    from ultraquant.kernels.gluon.decode_multiquery import MQ_ROWS, _row_merge_layout
+
+    nw, rows, d = hk * wt, MQ_ROWS.value, 128
+    lay = _row_merge_layout(hk, rows, d, nw)
+    (wh, wr, wd), (_, lr, ld), vec = lay.warps_per_cta, lay.threads_per_warp, lay.size_per_thread[2]
+    assert wh * wr * wd == nw and lr * ld == 32 and lay.order == [2, 1, 0] and vec == 4
+    assert wh <= hk and wr * lr <= rows and wd * ld * vec <= d  # one layout tile inside the tensor
+    per_thread = hk * rows * d // (32 * nw)
+    assert (hk // wh) * (rows // (wr * lr)) * (d // (wd * ld)) == per_thread
+    assert rows // (wr * lr) <= 2

@@ -38,11 +38,9 @@ from .decode_wholepage import (
     _floor_log2,
     _fold_partials,
     _fold_sink,
-    _fwht_rows,
+    _fwht_split,
     _iota3,
     _issue_stage,
-    _merge_layout,
-    _merge_step,
     _normalized,
     _online_start,
     _online_update,
@@ -91,6 +89,22 @@ def _groups4(x, NW: gl.constexpr, R: gl.constexpr, AXIS: gl.constexpr, L: gl.con
     g1, g3 = gl.split(e1)
     return (gl.convert_layout(g0, L), gl.convert_layout(g1, L), gl.convert_layout(g2, L),
             gl.convert_layout(g3, L))
+
+
+@gluon.constexpr_function
+def _row_merge_layout(hk, rows, d, nw):
+    """The last program's layout of ``[HK, 16, D]`` partials: warps over the kv heads, then the rows; lanes over
+    up to 8 rows and the dims (up to 4 consecutive a thread: 16-byte loads), so no two threads load the same
+    element and a thread holds 2 rows' running maxima and sums at 8 kv heads, not all 16 (the decode's
+    :func:`~.decode_wholepage._merge_layout` puts the lanes on the dims only): the fold's row work
+    shrinks 8x and two 64-value partials fit in flight."""
+    wh = min(hk, nw)
+    wr = min(rows, nw // wh)
+    wd = nw // (wh * wr)
+    lr = min(rows // wr, 8)
+    ld = 32 // lr
+    vec = max(1, min(4, d // (ld * wd)))
+    return gl.BlockedLayout([1, 1, vec], [1, lr, ld], [wh, wr, wd], [2, 1, 0])
 
 
 K_ORDER = gl.constexpr([1, 8, 2, 4, 16, 32])
@@ -370,8 +384,9 @@ def _serve_piece(q_ptr, cache_ptr, bt_ptr, seqlen_ptr, qsl_ptr, sinks_ptr, out_p
     H: gl.constexpr = D // 2
     G: gl.constexpr = D // 32
     TT: gl.constexpr = NSUB * WT * TW
-    # partials per merge step: _merge_layout holds distinct elements, so the 64-value budget holds at any Hk
-    MERGE: gl.constexpr = _merge_step(HK * ROWS * D // (32 * NW), 8)
+    # partials per merge step (their loads overlap): 128 values a thread in flight, _row_merge_layout holding
+    # distinct elements and few row scalars
+    MERGE: gl.constexpr = max(1, min(8, 128 // (HK * ROWS * D // (32 * NW))))
 
     # ---- layouts (the whole-page decode's 16-M-row path): warp = MMA batch
     MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[NW, 1, 1],
@@ -381,7 +396,10 @@ def _serve_piece(q_ptr, cache_ptr, bt_ptr, seqlen_ptr, qsl_ptr, sinks_ptr, out_p
     QR: gl.constexpr = gl.SliceLayout(2, MMA)           # [NW, ROWS]
     QW: gl.constexpr = gl.SliceLayout(1, QR)            # [NW]
     TK: gl.constexpr = gl.SliceLayout(1, MMA)           # [NW, TW] score columns
-    QL: gl.constexpr = gl.BlockedLayout([1, 1, D], [1, 32, 1], [NW, 1, 1], [2, 1, 0])
+    # the query rows in 4 lane chunks of D / 4 (the decode's QL: whole rows per thread repeat each of the 16
+    # rows on 2 lanes and cost 7 x 128 adds per row per tile, once per piece)
+    QL: gl.constexpr = gl.BlockedLayout([1, 1, D // 4], [1, 8, 4], [NW, 1, 1], [2, 1, 0])
+    QL2: gl.constexpr = gl.BlockedLayout([1, 1, D // 16, 4], [1, 8, 4, 1], [NW, 1, 1, 1], [3, 2, 1, 0])
     # ---- the ring, as the whole-page decode's (STAGES x NR runs of 16 whole 136-byte slots)
     NR: gl.constexpr = NSUB * NW
     SLOT: gl.constexpr = 2 * (H + G)
@@ -469,7 +487,7 @@ def _serve_piece(q_ptr, cache_ptr, bt_ptr, seqlen_ptr, qsl_ptr, sinks_ptr, out_p
     lim_lo = length
     first_hi = length * 0
     for t in gl.static_range(TILES):
-        q = _fwht_rows(q_ins[t].to(gl.float32), NW, ROWS, D, LOG2D)
+        q = _fwht_split(q_ins[t].to(gl.float32), NW, ROWS, D, LOG2D, QL2)
         if HAS_SOFTCAP:
             q = q * scale
         else:
@@ -542,7 +560,7 @@ def _serve_piece(q_ptr, cache_ptr, bt_ptr, seqlen_ptr, qsl_ptr, sinks_ptr, out_p
     E3: gl.constexpr = gl.SliceLayout(3, EP)
     P3: gl.constexpr = gl.SliceLayout(1, EP)
     P2: gl.constexpr = gl.SliceLayout(1, E3)
-    ML: gl.constexpr = _merge_layout(HK, ROWS, D, NW)  # no two threads load the same element (at any Hk)
+    ML: gl.constexpr = _row_merge_layout(HK, ROWS, D, NW)
     M2: gl.constexpr = gl.SliceLayout(2, ML)
     for t in gl.static_range(TILES):
         tile = tg * TILES + t
