@@ -51,6 +51,8 @@ from .decode_wholepage import (
     _rel_scale,
     _schedule,
     _slot_layout,
+    _stage_blocks,
+    _stage_ids,
     _token_top,
     _units,
     _vword_layout,
@@ -384,6 +386,7 @@ def _serve_piece(q_ptr, cache_ptr, bt_ptr, seqlen_ptr, qsl_ptr, sinks_ptr, out_p
     H: gl.constexpr = D // 2
     G: gl.constexpr = D // 32
     TT: gl.constexpr = NSUB * WT * TW
+    NBL: gl.constexpr = _stage_blocks(TT, BLOCK_SIZE)  # block ids loaded per stage (_stage_ids)
     # partials per merge step (their loads overlap): 128 values a thread in flight, _row_merge_layout holding
     # distinct elements and few row scalars
     MERGE: gl.constexpr = max(1, min(8, 128 // (HK * ROWS * D // (32 * NW))))
@@ -472,8 +475,9 @@ def _serve_piece(q_ptr, cache_ptr, bt_ptr, seqlen_ptr, qsl_ptr, sinks_ptr, out_p
 
     for i in gl.static_range(STAGES - 1):
         _issue_stage(ring, i, cache_ptr, bt_row, t_lo + i * TT, t_hi, stride_cb, stride_ch, inside, num_blocks,
-                     NSUB, NW, WT, SLOT, BLOCK_SIZE)
+                     _stage_ids(bt_row, t_lo + i * TT, t_hi, NBL, BLOCK_SIZE), NSUB, NW, WT, SLOT, BLOCK_SIZE)
         async_copy.commit_group()
+    ids = _stage_ids(bt_row, t_lo + (STAGES - 1) * TT, t_hi, NBL, BLOCK_SIZE)
 
     # ---- queries: rotate, scale, fp16 with the row's largest element in [2**14, 2**15) (K's fp16 codes are
     # fp4 * 2**-14), per scale group in the K codes' k order; each row's factor back and causal limits
@@ -514,8 +518,8 @@ def _serve_piece(q_ptr, cache_ptr, bt_ptr, seqlen_ptr, qsl_ptr, sinks_ptr, out_p
         accs = accs + (gl.zeros([NW, ROWS, 8], gl.float32, MMA),)
     m_is, l_is, run = _online_start(TILES, [NW, ROWS], QR, QW)
     for it in range(n_it):
-        cur, t0 = _advance_ring(ring, it, cache_ptr, bt_row, t_lo, t_hi, stride_cb, stride_ch, inside, num_blocks,
-                                STAGES, TT, NSUB, NW, WT, SLOT, BLOCK_SIZE)
+        cur, t0, ids = _advance_ring(ring, it, cache_ptr, bt_row, t_lo, t_hi, stride_cb, stride_ch, inside,
+                                     num_blocks, ids, STAGES, TT, NSUB, NW, WT, SLOT, BLOCK_SIZE)
         whole = inside & (t0 >= first_hi) & (t0 + TT <= gl.minimum(lim_lo, t_hi))
         ss = _stage_scores(kc8, ks, q_smem, cur, t0, t_hi, ws, ns, inside, bt_row, num_blocks, rfs, lims,
                            firsts, softcap, whole, TILES, NSUB, NW, WT, TW, ROWS, H, BLOCK_SIZE, HAS_SOFTCAP,

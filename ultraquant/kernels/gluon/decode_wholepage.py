@@ -641,7 +641,7 @@ def _halves_layout(nw, rows):
 
 
 @gluon.jit
-def _issue_stage(ring, stage, cache_ptr, bt_row, t0, t_hi, stride_cb, stride_ch, inside, num_blocks,
+def _issue_stage(ring, stage, cache_ptr, bt_row, t0, t_hi, stride_cb, stride_ch, inside, num_blocks, ids,
                  NSUB: gl.constexpr, NW: gl.constexpr, WT: gl.constexpr, SLOT: gl.constexpr,
                  BLOCK_SIZE: gl.constexpr):
     """Start the async copies of tokens ``[t0, t0 + NSUB*WT*16)`` of every kv head into ring stage
@@ -662,10 +662,7 @@ def _issue_stage(ring, stage, cache_ptr, bt_row, t0, t_hi, stride_cb, stride_ch,
     V: gl.constexpr = 4 if NSUB * RS >= 4 else NSUB * RS  # words per copy of the last rows
     ROWS: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [1, 0])
     rows = ring.index(stage)._reinterpret(gl.int32, [NR * 2 * RB, 32], ROWS)
-    NBL: gl.constexpr = _stage_blocks(NSUB * WT * 16, BLOCK_SIZE)
-    ids = ()
-    for j in gl.static_range(NBL):  # the stage's block ids, once per stage (not per row)
-        ids = ids + (gl.load(bt_row + t0 // BLOCK_SIZE + j, mask=t0 + j * BLOCK_SIZE < t_hi, other=0),)
+    NBL: gl.constexpr = _stage_blocks(NSUB * WT * 16, BLOCK_SIZE)  # ids: the stage's block ids (_stage_ids)
     K1: gl.constexpr = NSUB * RB // 4                # rows per thread of the per-run copy's two copies
     K2: gl.constexpr = NSUB * RS // V
     if not _per_run_copy(WT, K1, K2, RUN):  # flat rows, 4 adjacent rows (512 B) per warp and copy instruction
@@ -891,19 +888,21 @@ def _advance_ring_tm(stages, it, cache_ptr, bt_row, t_lo, t_hi, stride_cb, insid
 
 
 @gluon.jit
-def _advance_ring(ring, it, cache_ptr, bt_row, t_lo, t_hi, stride_cb, stride_ch, inside, num_blocks,
+def _advance_ring(ring, it, cache_ptr, bt_row, t_lo, t_hi, stride_cb, stride_ch, inside, num_blocks, ids,
                   STAGES: gl.constexpr, TT: gl.constexpr, NSUB: gl.constexpr, NW: gl.constexpr,
                   WT: gl.constexpr, SLOT: gl.constexpr, BLOCK_SIZE: gl.constexpr):
     """Top of stage loop iteration ``it``: wait until stage ``it`` landed (at most ``STAGES - 2`` younger
     copy groups pending; the barrier also retires every warp's reads of the buffer about to be
-    overwritten), then issue the stage ``STAGES - 1`` ahead as one commit group. Returns stage ``it``'s
-    first run in the ring and its first token."""
+    overwritten), then issue the stage ``STAGES - 1`` ahead as one commit group, from its block ids ``ids``
+    (loaded one iteration earlier, so the copies never wait on the block table). Returns stage ``it``'s
+    first run in the ring, its first token and the block ids of the stage after the one issued."""
     async_copy.wait_group(STAGES - 2)
     gl.thread_barrier()
     _issue_stage(ring, (it + STAGES - 1) % STAGES, cache_ptr, bt_row, t_lo + (it + STAGES - 1) * TT, t_hi,
-                 stride_cb, stride_ch, inside, num_blocks, NSUB, NW, WT, SLOT, BLOCK_SIZE)
+                 stride_cb, stride_ch, inside, num_blocks, ids, NSUB, NW, WT, SLOT, BLOCK_SIZE)
     async_copy.commit_group()
-    return (it % STAGES) * NSUB, t_lo + it * TT
+    nxt = _stage_ids(bt_row, t_lo + (it + STAGES) * TT, t_hi, _stage_blocks(TT, BLOCK_SIZE), BLOCK_SIZE)
+    return (it % STAGES) * NSUB, t_lo + it * TT, nxt
 
 
 @gluon.jit
@@ -974,6 +973,16 @@ def _stage_blocks(tt, block_size):
     if tt == 2 * block_size:
         return tt // block_size
     return 0
+
+
+@gluon.jit
+def _stage_ids(bt_row, t0, t_hi, NBL: gl.constexpr, BLOCK_SIZE: gl.constexpr):
+    """The ``NBL`` block ids (:func:`_stage_blocks`) of the stage from token ``t0``, 0 past ``t_hi``: loaded
+    once per stage (not per copy row), a stage before its copies (:func:`_advance_ring`)."""
+    ids = ()
+    for j in gl.static_range(NBL):
+        ids = ids + (gl.load(bt_row + t0 // BLOCK_SIZE + j, mask=t0 + j * BLOCK_SIZE < t_hi, other=0),)
+    return ids
 
 
 @gluon.jit
@@ -1248,6 +1257,7 @@ def _serve_piece(q_ptr, cache_ptr, bt_ptr, seqlen_ptr, sinks_ptr, out_ptr, part_
     H: gl.constexpr = D // 2
     G: gl.constexpr = D // 32
     TT: gl.constexpr = NSUB * WT * TW
+    NBL: gl.constexpr = _stage_blocks(TT, BLOCK_SIZE)  # block ids loaded per stage (_stage_ids)
     PAIR: gl.constexpr = NSUB  # runs per online-softmax update: the whole stage
     # partials per merge step: _merge_layout holds distinct elements, so the 64-value budget holds at any Hk
     MERGE: gl.constexpr = _merge_step(HK * GQA_PAD * D // (32 * NW), 8)
@@ -1374,8 +1384,9 @@ def _serve_piece(q_ptr, cache_ptr, bt_ptr, seqlen_ptr, sinks_ptr, out_ptr, part_
                             TT, NW, HK, SLOT, XP, BLOCK_SIZE)
         else:
             _issue_stage(ring, i, cache_ptr, bt_row, t_lo + i * TT, t_hi, stride_cb, stride_ch, False, num_blocks,
-                         NSUB, NW, WT, SLOT, BLOCK_SIZE)
+                         _stage_ids(bt_row, t_lo + i * TT, t_hi, NBL, BLOCK_SIZE), NSUB, NW, WT, SLOT, BLOCK_SIZE)
         async_copy.commit_group()
+    ids = _stage_ids(bt_row, t_lo + (STAGES - 1) * TT, t_hi, _pick(TOKEN_MAJOR, 0, NBL), BLOCK_SIZE)
     inside = _blocks_inside(bt_row, t_lo, t_hi, num_blocks, err_ptr, BLOCK_SIZE, NW)
 
     # score axes: rows (query rows) and tokens; QR/QW/TK: per-row, per-warp, per-token state layouts
@@ -1467,8 +1478,8 @@ def _serve_piece(q_ptr, cache_ptr, bt_ptr, seqlen_ptr, sinks_ptr, out_ptr, part_
             cur, t0 = _advance_ring_tm(stages, it, cache_ptr, bt_row, t_lo, t_hi, stride_cb, inside, num_blocks,
                                        STAGES, TT, NSUB, NW, HK, SLOT, XP, BLOCK_SIZE)
         else:
-            cur, t0 = _advance_ring(ring, it, cache_ptr, bt_row, t_lo, t_hi, stride_cb, stride_ch, inside,
-                                    num_blocks, STAGES, TT, NSUB, NW, WT, SLOT, BLOCK_SIZE)
+            cur, t0, ids = _advance_ring(ring, it, cache_ptr, bt_row, t_lo, t_hi, stride_cb, stride_ch, inside,
+                                         num_blocks, ids, STAGES, TT, NSUB, NW, WT, SLOT, BLOCK_SIZE)
         whole = inside & (t0 + TT <= t_hi)  # every token of the stage counts: the loop's interior, no masks
         if HAS_WINDOW:
             whole = whole & (t0 >= lo)
