@@ -9,14 +9,7 @@
 # First used as interior_device.sh for the unmasked interior and movmatrix patches (landed in 3662513; NOTES,
 # "Session of 2026-12-06"). Main's rows run in a pristine copy of the tree (/tmp/main_tree): a patch that changes a
 # kernel's parameters changes its blob keys, so main's blobs only match main's code.
-set -u
-export PYTHONUNBUFFERED=1 ULTRAQUANT_CACHE_DIR=/tmp/uq_c TRITON_CACHE_DIR=/tmp/tc PYTHONPATH=$PWD
-OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"; t0=$(date +%s)
-el() { echo "[+$(( $(date +%s) - t0 ))s] $*"; }
-: "${PATCHES:?set PATCHES to the patch files to apply}"
-MT=/tmp/main_tree; rm -rf $MT && mkdir $MT && cp -r ultraquant runtime codegen benchmarks pyproject.toml .blobs $MT/
-for p in $PATCHES; do
-  { git apply "$p" 2>/dev/null || patch -p1 -s < "$p"; } && el "applied $p" || exit 3; done
+. benchmarks/lab/ab_setup.sh
 . benchmarks/lab/gpu_suites.sh
 for r in new_1:$PWD main:$MT new_2:$PWD; do n=${r%%:*}; d=${r#*:}; g=$d/.new; [ $n = main ] && g=$MT/.blobs
   (cd $d && PYTHONPATH=$d ULTRAQUANT_GENERATED=$g timeout 100 python3 -m ultraquant.cli bench --serving --no-aot \
@@ -38,4 +31,5 @@ for n in new_1 main new_2; do echo "== serving $n"; grep -E "ceiling| us |no blo
 echo "== bs64"; grep -E "ceiling|uq-head \(" $OUT/bs64.log | tail -5
 for f in spec spec_main; do echo "== $f"; grep -E "decode|spec" $OUT/$f.log | grep -v prefill | tail -8; done
 echo "== ncu"; grep -hE "^\s+(smsp|gpu__)" $OUT/ncu_*.log
-cd $OUT && tar czf logs.tgz $(ls *.log | grep -v '^call.log$') && rm -f $(ls *.log | grep -v '^call.log$')
+# one archive back: the device returns at most 8 files (2026-12-06 night lost a call's JSON files that way)
+cd $OUT && tar czf all.tgz --exclude=all.tgz --exclude=call.log * && find . -type f ! -name all.tgz ! -name call.log -delete

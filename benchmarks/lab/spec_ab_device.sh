@@ -3,13 +3,7 @@
 # times `bench --spec-decode` through the patched blobs (.new/), main's (pristine copy in /tmp/main_tree with .blobs/)
 # and the patched again first, then runs the GPU suites and sanitizers of the patched tree (gpu_suites.sh), and
 # packs every output into $OUT/all.tgz (the device returns few files). Blobs from benchmarks/lab/ab_blobs.sh.
-set -u
-export PYTHONUNBUFFERED=1 ULTRAQUANT_CACHE_DIR=/tmp/uq_c TRITON_CACHE_DIR=/tmp/tc PYTHONPATH=$PWD
-OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"; t0=$(date +%s)
-el() { echo "[+$(( $(date +%s) - t0 ))s] $*"; }
-: "${PATCHES:?set PATCHES to the patch files to apply}"
-MT=/tmp/main_tree; rm -rf $MT && mkdir $MT && cp -r ultraquant runtime codegen benchmarks pyproject.toml .blobs $MT/
-for p in $PATCHES; do { git apply "$p" 2>/dev/null || patch -p1 -s < "$p"; } && el "applied $p" || exit 3; done
+. benchmarks/lab/ab_setup.sh
 for r in new_1:$PWD:$PWD/.new main:$MT:$MT/.blobs new_2:$PWD:$PWD/.new; do IFS=: read -r n d g <<< "$r"
   (cd $d && PYTHONPATH=$d ULTRAQUANT_GENERATED=$g timeout 90 python3 -m ultraquant.cli bench --spec-decode \
     --json $OUT/spec_$n.json > $OUT/spec_$n.log 2>&1); el "spec $n rc=$?"

@@ -1,0 +1,9 @@
+# Sourced by the device A/B scripts (patch_ab_device.sh, spec_ab_device.sh): environment, OUT and el, a pristine copy
+# of main's tree with its blobs in /tmp/main_tree (MT), then PATCHES applied to this tree (exit 3 if one fails).
+set -u
+export PYTHONUNBUFFERED=1 ULTRAQUANT_CACHE_DIR=/tmp/uq_c TRITON_CACHE_DIR=/tmp/tc PYTHONPATH=$PWD
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"; t0=$(date +%s)
+el() { echo "[+$(( $(date +%s) - t0 ))s] $*"; }
+: "${PATCHES:?set PATCHES to the patch files to apply}"
+MT=/tmp/main_tree; rm -rf $MT && mkdir $MT && cp -r ultraquant runtime codegen benchmarks pyproject.toml .blobs $MT/
+for p in $PATCHES; do { git apply "$p" 2>/dev/null || patch -p1 -s < "$p"; } && el "applied $p" || exit 3; done
