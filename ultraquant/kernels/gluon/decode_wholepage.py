@@ -654,7 +654,8 @@ def _issue_stage(ring, stage, cache_ptr, bt_row, t0, t_hi, stride_cb, stride_ch,
     consecutive rows (:func:`_copy_rows`), in at most two runs whose block ids and addresses it computes
     once (H200: 4-6% faster there, 3-12% slower at ``WT`` = 1; benchmarks/NOTES.md). Runs starting at or past
     ``t_hi`` are zero-filled (no read); unless ``inside`` (:func:`_blocks_inside` of the program's
-    range), so are runs of block ids outside ``[0, num_blocks)``."""
+    range), so are runs of block ids outside ``[0, num_blocks)``. ``ids``: the stage's block ids
+    (:func:`_stage_ids`; empty where each copy row loads its own, :func:`_stage_blocks` = 0)."""
     NR: gl.constexpr = NSUB * NW
     RUN: gl.constexpr = SLOT // 8                     # 128-byte rows per run (17 / 34 at SLOT = 136 / 272)
     RB: gl.constexpr = 16 * (SLOT // 136)             # rows per run in the first copy (a power of two)
@@ -662,7 +663,7 @@ def _issue_stage(ring, stage, cache_ptr, bt_row, t0, t_hi, stride_cb, stride_ch,
     V: gl.constexpr = 4 if NSUB * RS >= 4 else NSUB * RS  # words per copy of the last rows
     ROWS: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [1, 0])
     rows = ring.index(stage)._reinterpret(gl.int32, [NR * 2 * RB, 32], ROWS)
-    NBL: gl.constexpr = _stage_blocks(NSUB * WT * 16, BLOCK_SIZE)  # ids: the stage's block ids (_stage_ids)
+    NBL: gl.constexpr = _stage_blocks(NSUB * WT * 16, BLOCK_SIZE)
     K1: gl.constexpr = NSUB * RB // 4                # rows per thread of the per-run copy's two copies
     K2: gl.constexpr = NSUB * RS // V
     if not _per_run_copy(WT, K1, K2, RUN):  # flat rows, 4 adjacent rows (512 B) per warp and copy instruction
