@@ -41,6 +41,7 @@ from .decode_wholepage import (
     _fwht_split,
     _iota3,
     _issue_stage,
+    _merge_step,
     _normalized,
     _online_start,
     _online_update,
@@ -389,7 +390,7 @@ def _serve_piece(q_ptr, cache_ptr, bt_ptr, seqlen_ptr, qsl_ptr, sinks_ptr, out_p
     NBL: gl.constexpr = _stage_blocks(TT, BLOCK_SIZE)  # block ids loaded per stage (_stage_ids)
     # partials per merge step (their loads overlap): 128 values a thread in flight, _row_merge_layout holding
     # distinct elements and few row scalars
-    MERGE: gl.constexpr = max(1, min(8, 128 // (HK * ROWS * D // (32 * NW))))
+    MERGE: gl.constexpr = _merge_step(HK * ROWS * D // (32 * NW), 128)
 
     # ---- layouts (the whole-page decode's 16-M-row path): warp = MMA batch
     MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[NW, 1, 1],

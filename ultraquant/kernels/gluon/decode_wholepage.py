@@ -328,11 +328,11 @@ def _prod(shape):
 
 
 @gluon.constexpr_function
-def _merge_step(per_thread, hk):
-    """Partials per step of the last program's merge: their loads overlap, up to 64 values per thread
-    (``per_thread`` of each partial) at 8 kv heads, 32 below (ptxas spilled 8-300 B there with 64), so
-    the merge does not spill."""
-    return max(1, min(8, (64 if hk >= 8 else 32) // max(1, per_thread)))
+def _merge_step(per_thread, budget):
+    """Partials per step of the last program's merge: their loads overlap, up to ``budget`` values per thread
+    (``per_thread`` of each partial) and 8 partials, so the merge does not spill (the decode: 64 in
+    :func:`_merge_layout`; the multi-query decode: 128, its layout holding few row scalars)."""
+    return max(1, min(8, budget // max(1, per_thread)))
 
 
 @gluon.constexpr_function
@@ -1261,7 +1261,7 @@ def _serve_piece(q_ptr, cache_ptr, bt_ptr, seqlen_ptr, sinks_ptr, out_ptr, part_
     NBL: gl.constexpr = _stage_blocks(TT, BLOCK_SIZE)  # block ids loaded per stage (_stage_ids)
     PAIR: gl.constexpr = NSUB  # runs per online-softmax update: the whole stage
     # partials per merge step: _merge_layout holds distinct elements, so the 64-value budget holds at any Hk
-    MERGE: gl.constexpr = _merge_step(HK * GQA_PAD * D // (32 * NW), 8)
+    MERGE: gl.constexpr = _merge_step(HK * GQA_PAD * D // (32 * NW), 64)
     RG: gl.constexpr = ROWS // 8 if ROWS_IN_N else 1  # row groups: 8 query rows each in N (GQA 9..16: 2)
     RR: gl.constexpr = ROWS // RG                     # rows of a group
 
