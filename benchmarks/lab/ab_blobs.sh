@@ -1,8 +1,9 @@
 #!/bin/bash
-# Before patch_ab_device.sh (CPU, ~5 min), with the same PATCHES (required): the two sm_90 blob folders it carries,
+# Before patch_ab_device.sh (CPU, ~5 min), with the same PATCHES: the two sm_90 blob folders it carries,
 # for the serving rows' shapes
 # (six llama-style configs: 32/8 and 32/4, 32/2 D128, 16/2 D256, 16/1 and 8/1 D128; whole-page decode, multi-query
-# decode and store at block 16): .new/ from HEAD with PATCHES applied in a scratch copy, .blobs/ from HEAD as it is.
+# decode and store at block 16): .new/ from HEAD with PATCHES applied in a scratch copy (skipped when PATCHES is
+# empty), .blobs/ from HEAD as it is.
 # Both are ignored (.git/info/exclude). Run in the repo root with the env of `make env`.
 set -eu
 ROOT=$PWD; PY=$ROOT/.venv/bin/python; M=$(mktemp -d); T=$(mktemp -d)
@@ -19,11 +20,10 @@ MODELS=$(ls "$M"/*.json | paste -sd,)
 build() { (cd "$1" && "$PY" -c "from ultraquant.cli import main; main()" build --arch sm_90 --model "$MODELS" --tp 1 \
   --block-sizes 16 --ops decode_attention_wholepage,store_kv,spec_decode_attention --out "$2" --no-cache -j 2); }
 git archive HEAD | tar -x -C "$T"
-: "${PATCHES:?set PATCHES to the patch files to apply}"
-for p in $PATCHES; do
+for p in ${PATCHES:-}; do
   patch -d "$T" -p1 -s < "$p"; done
 rm -rf .new .blobs
-build "$T" "$ROOT/.new"
+[ -z "${PATCHES:-}" ] || build "$T" "$ROOT/.new"
 build "$ROOT" "$ROOT/.blobs"
 for d in .new/ .blobs/; do grep -qx "$d" .git/info/exclude || echo "$d" >> .git/info/exclude; done
-ls .new/sm_90 | wc -l; ls .blobs/sm_90 | wc -l; rm -rf "$M" "$T"
+ls .blobs/sm_90 | wc -l; rm -rf "$M" "$T"
