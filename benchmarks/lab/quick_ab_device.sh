@@ -1,14 +1,14 @@
 #!/bin/bash
 # A/B of PATCHES when little device time is left: the most needed result first, everything packed into
 # $OUT/all.tgz after each phase (a call cut short keeps what ran). (1) `bench --spec-decode` through main's blobs
-# twice (issue 25's gate on main), (2) `bench --serving --no-aot` patched / main / patched through their blobs,
+# and the patched ones, alternating twice (issue 25's gate on main), (2) `bench --serving --no-aot` patched / main / patched through their blobs,
 # (3) the patched tree's GPU suites and sanitizers (gpu_suites.sh). Blobs from benchmarks/lab/ab_blobs.sh.
 . benchmarks/lab/ab_setup.sh
 pack() { (cd $OUT && tar czf all.tgz --exclude=all.tgz --exclude=call.log $(ls | grep -v '^all.tgz$\|^call.log$')); }
 nvidia-smi --query-gpu=name,clocks.max.sm --format=csv,noheader
-for i in 1 2; do (cd $MT && PYTHONPATH=$MT ULTRAQUANT_GENERATED=$MT/.blobs timeout 90 python3 -m ultraquant.cli bench \
-  --spec-decode --json $OUT/spec_main_$i.json > $OUT/spec_main_$i.log 2>&1); el "spec main $i rc=$?"
-  grep -E "spec k|decode " $OUT/spec_main_$i.log; done; pack
+for r in main_1:$MT new_1:$PWD main_2:$MT new_2:$PWD; do n=${r%%:*}; d=${r#*:}; g=$d/.new; [ $d = $MT ] && g=$MT/.blobs
+  (cd $d && PYTHONPATH=$d ULTRAQUANT_GENERATED=$g timeout 90 python3 -m ultraquant.cli bench --spec-decode \
+    --json $OUT/spec_$n.json > $OUT/spec_$n.log 2>&1); el "spec $n rc=$?"; grep -E "spec k|decode " $OUT/spec_$n.log; done; pack
 for r in new_1:$PWD main:$MT new_2:$PWD; do n=${r%%:*}; d=${r#*:}; g=$d/.new; [ $n = main ] && g=$MT/.blobs
   (cd $d && PYTHONPATH=$d ULTRAQUANT_GENERATED=$g timeout 100 python3 -m ultraquant.cli bench --serving --no-aot \
     --json $OUT/serving_$n.json > $OUT/serving_$n.log 2>&1); el "serving $n rc=$?"
