@@ -51,6 +51,8 @@ CASES = {
     "ragged-gqa16-hk2-b16-sinks-window-softcap": ([(i * 3571) % 6000 for i in range(70)] + [40000],
                                                   32, 2, 16, True, 3000, 40.0),
     "ragged-gqa8-hk1-b16-sinks": ([(i * 12289) % 20000 + 1 for i in range(66)], 8, 1, 16, True, None, None),
+    # more requests than the schedule reads per chunk (256): three chunks, empty and one-token requests among them
+    "ragged-gqa4-hk4-b16-600-requests": ([(i * 7919) % 700 for i in range(600)], 16, 4, 16, True, None, None),
 }
 CASES_256 = {
     # D=256 (rows in N only): shape C's config, and the edges of the others

@@ -42,6 +42,9 @@ CASES = {
                               16, True, 500, None, torch.bfloat16),
     "gqa16-hk8-b32-long": ([131072, 700], [3, 16], 128, 8, 32, False, None, None, torch.float16),
     "gqa2-hk8-b16-window16": ([3000, 40], [8, 16], 16, 8, 16, True, 16, None, torch.bfloat16),
+    # more requests than the schedule reads per chunk (256)
+    "gqa4-hk8-b16-300-requests": ([(i * 389) % 1500 + 4 for i in range(300)], [1 + i % 4 for i in range(300)], 32,
+                                  8, 16, False, None, None, torch.bfloat16),
 }
 
 

@@ -1200,8 +1200,10 @@ def _schedule(seqlen_ptr, num_requests, window, cap, pid, progs, TT: gl.constexp
     ``b_first`` (its units starting at ``cs``) to ``b_last`` (``b_last < b_first``: no work), and returns
     ``pc`` (the next request's units start ``pc`` after a piece's end). Two passes over ``seq_lens`` (the
     second hits L1). Modelled by ``families.decode_wholepage.wholepage_schedule``."""
-    L: gl.constexpr = gl.BlockedLayout([4], [32], [NW], [0])
-    CH: gl.constexpr = 128 * NW
+    # one warp's worth of requests per chunk, the same in every warp (the layout replicates over the warps): the
+    # reductions and the scan stay inside a warp (shuffles), with no shared memory and no barrier
+    L: gl.constexpr = gl.BlockedLayout([8], [32], [NW], [0])
+    CH: gl.constexpr = 256
     zero = gl.sum(gl.zeros([CH], gl.int32, L), axis=0)
     total = zero
     umax = zero
