@@ -1,10 +1,8 @@
 # Sourced by the device scripts (OUT and el set): the GPU suites and sanitizers of the tree in parallel, A-D at
 # block 64 compiled meanwhile (JIT, for a later timing), then their result lines. SUITES_S (default 330): the wall
-# limit of every job when little device time is left (no block-64 compile then); WP_K: a pytest -k filter for the
-# whole-page suite.
+# limit of every job when little device time is left (no block-64 compile then).
 S=${SUITES_S:-330}
-timeout $S python3 -m pytest -q -rfE -p no:cacheprovider -m gpu ${WP_K:+-k "$WP_K"} tests/gpu/test_decode_wholepage_gpu.py \
-  > $OUT/wp_gpu.log 2>&1 &
+timeout $S python3 -m pytest -q -rfE -p no:cacheprovider -m gpu tests/gpu/test_decode_wholepage_gpu.py > $OUT/wp_gpu.log 2>&1 &
 timeout $S python3 -m pytest -q -rfE -p no:cacheprovider -m gpu tests/gpu/test_spec_decode_gpu.py tests/gpu/test_bounds_gpu.py \
   tests/gpu/test_attention_gpu.py > $OUT/mq_gpu.log 2>&1 &
 timeout $((S - 30)) compute-sanitizer --tool memcheck --print-limit 20 python3 tests/gpu/sanitize_wholepage.py > $OUT/san.log 2>&1 &

@@ -1,8 +1,9 @@
 #!/bin/bash
 # A/B of PATCHES when little device time is left: the most needed result first, everything packed into
 # $OUT/all.tgz after each phase (a call cut short keeps what ran). (1) `bench --spec-decode` through main's blobs
-# and the patched ones, alternating twice (issue 25's gate on main), (2) `bench --serving --no-aot` patched / main / patched through their blobs,
-# (3) the patched tree's GPU suites and sanitizers (gpu_suites.sh). Blobs from benchmarks/lab/ab_blobs.sh.
+# and the patched ones, alternating twice (issue 25's gate on main), (2) `bench --serving --no-aot` patched / main /
+# patched through their blobs, (3) the patched tree's GPU suites and sanitizers (gpu_suites.sh; SUITES_S limits
+# them). Blobs from benchmarks/lab/ab_blobs.sh.
 . benchmarks/lab/ab_setup.sh
 pack() { (cd $OUT && tar czf all.tgz --exclude=all.tgz --exclude=call.log $(ls | grep -v '^all.tgz$\|^call.log$')); }
 nvidia-smi --query-gpu=name,clocks.max.sm --format=csv,noheader
