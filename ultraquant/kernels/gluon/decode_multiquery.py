@@ -630,7 +630,7 @@ def _serve_piece(q_ptr, cache_ptr, bt_ptr, seqlen_ptr, qsl_ptr, sinks_ptr, out_p
             orow = (q_start + flat3 // GQA).to(gl.int64) * stride_on
             optr = out_ptr + orow + (mh * GQA + flat3 % GQA) * stride_oh + mc
             gl.store(optr, o.to(out_ptr.dtype.element_ty), mask=(flat3 // GQA < n_new) & (mc >= 0) & (mh >= 0))
-            gl.atomic_xchg(counter_ptr + pair0, 0)
+            gl.atomic_xchg(counter_ptr + pair0, 0, sem="relaxed")  # no fence: the launch boundary orders it
     return ce
 
 
