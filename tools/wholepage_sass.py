@@ -2,9 +2,10 @@
 
 Compiles ``uq_decode_wholepage`` as
 :func:`ultraquant.kernels.families.decode_wholepage.decode_wholepage_spec` specializes it
-(pointer arguments 16-byte aligned, as codegen assumes), then prints registers, shared memory and the
-hot loop's instruction count and opcode mix (``tools/sass_loop.py``'s census), plus warp instructions
-per token-head (the loop handles ``NSUB * 16`` tokens of one kv head per warp per iteration).
+(with a blob's divisibility assumptions: 16-byte aligned pointers and the query/output row strides), then
+prints registers, shared memory and the hot loop's instruction count and opcode mix (``tools/sass_loop.py``'s
+census), plus warp instructions per token-head (the loop handles ``NSUB * 16`` tokens of one kv head per warp
+per iteration).
 
     .venv/bin/python tools/wholepage_sass.py gqa=4 num_kv_heads=8 block_size=64 [nsub=2 stages=4]
 """
@@ -35,13 +36,13 @@ def compile_wholepage_kernel(config: dict) -> tuple[object, object]:
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
 
+    from codegen.triton_backend import compile_attrs
     from ultraquant.kernels.families.decode_wholepage import WholePageTuning, decode_wholepage_spec
     from ultraquant.kernels.gluon.decode_wholepage import uq_decode_wholepage
 
     tuning = WholePageTuning(**{k: config.pop(k) for k in TUNING_KEYS if k in config})
     spec = decode_wholepage_spec(**{"head_size": 128, **config}, tuning=tuning)
-    names = list(uq_decode_wholepage.arg_names)
-    attrs = {(names.index(n),): [["tt.divisibility", 16]] for n, ty in spec.signature.items() if ty.startswith("*")}
+    attrs = compile_attrs(spec, list(uq_decode_wholepage.arg_names))
     src = GluonASTSource(uq_decode_wholepage, dict(spec.signature), dict(spec.constexprs), attrs)
     options = {"num_warps": spec.num_warps, "num_stages": spec.num_stages}
     if spec.maxnreg:
