@@ -1355,6 +1355,19 @@ def _serve_piece(q_ptr, cache_ptr, bt_ptr, seqlen_ptr, sinks_ptr, out_ptr, part_
     WARPT: gl.constexpr = gl.SliceLayout(1, ROWT)       # [NW]
     VW: gl.constexpr = gl.SliceLayout(2, gl.SliceLayout(3, VL))  # [NW, TW] V scale words
 
+    # ---- the query first: its loads depend on nothing the piece computes, so they overlap the length's and the
+    # block ids' round trips (placed after them, ptxas issued them behind the first stage's id-dependent copies,
+    # and a second row group's only after the first group's rotation: one or two more round trips per piece)
+    qr = gl.arange(0, RR, gl.SliceLayout(0, gl.SliceLayout(2, QL)))
+    qc = gl.arange(0, D, gl.SliceLayout(0, gl.SliceLayout(1, QL)))
+    qw = gl.arange(0, NW, gl.SliceLayout(1, gl.SliceLayout(2, QL)))
+    qr3 = gl.expand_dims(gl.expand_dims(qr, 0), 2)
+    qc3 = gl.expand_dims(gl.expand_dims(qc, 0), 1)
+    qh3 = gl.expand_dims(gl.expand_dims(qw // WT, 1), 2)
+    q_row = q_ptr + b.to(gl.int64) * stride_qb + (qh3 * GQA + qr3) * stride_qh + qc3
+    q_ins = ()
+    for g in gl.static_range(RG):  # rows in N above GQA 8: RG = 2 groups of 8 rows
+        q_ins = q_ins + (gl.load(q_row + g * RR * stride_qh, mask=(qr3 + g * RR < GQA) & (qc3 < D), other=0.0),)
     length = gl.load(seqlen_ptr + b)
     gl.store(err_ptr + ERR_SEQ_LEN, 1, mask=(length < 0) | (length > cap))
     length = gl.minimum(gl.maximum(length, 0), cap)
@@ -1369,16 +1382,6 @@ def _serve_piece(q_ptr, cache_ptr, bt_ptr, seqlen_ptr, sinks_ptr, out_ptr, part_
     first = _owner(cs, active, total)  # the programs that hold pieces of request b: first .. last
     nparts = _owner(ce - 1, active, total) - first + 1
     bt_row = bt_ptr + b.to(gl.int64) * stride_btb
-    # ---- the query, loaded before the ring copies queue up ahead of it; rows in N above GQA 8: RG = 2
-    # groups of 8 rows, each its own query fragments, over the same decoded K/V fragments
-    qr = gl.arange(0, RR, gl.SliceLayout(0, gl.SliceLayout(2, QL)))
-    qc = gl.arange(0, D, gl.SliceLayout(0, gl.SliceLayout(1, QL)))
-    qw = gl.arange(0, NW, gl.SliceLayout(1, gl.SliceLayout(2, QL)))
-    qr3 = gl.expand_dims(gl.expand_dims(qr, 0), 2)
-    qc3 = gl.expand_dims(gl.expand_dims(qc, 0), 1)
-    qh3 = gl.expand_dims(gl.expand_dims(qw // WT, 1), 2)
-    q_row = q_ptr + b.to(gl.int64) * stride_qb + (qh3 * GQA + qr3) * stride_qh + qc3
-    q_in = gl.load(q_row, mask=(qr3 < GQA) & (qc3 < D), other=0.0)
     # ---- prologue: STAGES - 1 stages in flight, each row checking its own block id (the range's check below
     # waits for its block-table loads; the copies do not)
     for i in gl.static_range(STAGES - 1):
@@ -1404,10 +1407,8 @@ def _serve_piece(q_ptr, cache_ptr, bt_ptr, seqlen_ptr, sinks_ptr, out_ptr, part_
     qf = ()
     rowfacs = ()
     rowbiases = ()
-    for g in gl.static_range(RG):
-        if g > 0:  # the next group's rows, loaded after the previous group's fragments
-            q_in = gl.load(q_row + g * RR * stride_qh, mask=(qr3 + g * RR < GQA) & (qc3 < D), other=0.0)
-        q = _fwht_split(q_in.to(gl.float32), NW, RR, D, LOG2D, QL2)
+    for g in gl.static_range(RG):  # each row group its own query fragments, over the same decoded K/V fragments
+        q = _fwht_split(q_ins[g].to(gl.float32), NW, RR, D, LOG2D, QL2)
         if HAS_SOFTCAP:
             q = q * scale
         else:
