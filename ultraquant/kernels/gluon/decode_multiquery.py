@@ -457,8 +457,6 @@ def _serve_piece(q_ptr, cache_ptr, bt_ptr, seqlen_ptr, qsl_ptr, sinks_ptr, out_p
     ce = cs + _units(length, reach, cap, TT, HAS_WINDOW)
     t_lo = gl.maximum(lo_s + (gl.maximum(cs, w0) - cs) * TT, (lo // TT) * TT)
     t_hi = gl.minimum(lo_s + (gl.minimum(ce, w1) - cs) * TT, hi)
-    p_first = _owner(cs, active, total)  # the programs holding pieces of request b: p_first .. p_first + nparts - 1
-    nparts = _owner(ce - 1, active, total) - p_first + 1
     n_it = gl.cdiv(gl.maximum(t_hi - t_lo, 0), TT)
     bt_row = bt_ptr + b.to(gl.int64) * stride_btb
 
@@ -592,6 +590,10 @@ def _serve_piece(q_ptr, cache_ptr, bt_ptr, seqlen_ptr, qsl_ptr, sinks_ptr, out_p
         gl.store(mlp + ROWS, l_c, mask=mlmask)
         gl.thread_barrier()
         ticket = gl.atomic_add(counter_ptr + pair0, 1)
+        # the programs holding pieces of request b, p_first .. p_first + nparts - 1 (two 64-bit divisions),
+        # computed while the ticket's round trip is in flight instead of ahead of the block ids
+        p_first = _owner(cs, active, total)
+        nparts = _owner(ce - 1, active, total) - p_first + 1
         if ticket == nparts - 1:
             # ---- last piece of this (tile, request): merge every head's partials, fold the sinks
             mh = _iota3(HK, 0, ML)
