@@ -1356,14 +1356,10 @@ def _serve_piece(q_ptr, cache_ptr, bt_ptr, seqlen_ptr, sinks_ptr, out_ptr, part_
     VW: gl.constexpr = gl.SliceLayout(2, gl.SliceLayout(3, VL))  # [NW, TW] V scale words
 
     # ---- the query first: its loads depend on nothing the piece computes, so they overlap the length's and the
-    # block ids' round trips (placed after them, ptxas issued them behind the first stage's id-dependent copies,
-    # and a second row group's only after the first group's rotation: one or two more round trips per piece)
-    qr = gl.arange(0, RR, gl.SliceLayout(0, gl.SliceLayout(2, QL)))
-    qc = gl.arange(0, D, gl.SliceLayout(0, gl.SliceLayout(1, QL)))
-    qw = gl.arange(0, NW, gl.SliceLayout(1, gl.SliceLayout(2, QL)))
-    qr3 = gl.expand_dims(gl.expand_dims(qr, 0), 2)
-    qc3 = gl.expand_dims(gl.expand_dims(qc, 0), 1)
-    qh3 = gl.expand_dims(gl.expand_dims(qw // WT, 1), 2)
+    # block ids' round trips instead of waiting behind the first stage's copies (benchmarks/NOTES.md)
+    qr3 = _iota3(RR, 1, QL)
+    qc3 = _iota3(D, 2, QL)
+    qh3 = _iota3(NW, 0, QL) // WT
     q_row = q_ptr + b.to(gl.int64) * stride_qb + (qh3 * GQA + qr3) * stride_qh + qc3
     q_ins = ()
     for g in gl.static_range(RG):  # rows in N above GQA 8: RG = 2 groups of 8 rows
