@@ -11,9 +11,7 @@
 # kernel's parameters changes its blob keys, so main's blobs only match main's code.
 . benchmarks/lab/ab_setup.sh
 . benchmarks/lab/gpu_suites.sh
-for r in new_1:$PWD main:$MT new_2:$PWD; do n=${r%%:*}; d=${r#*:}; g=$d/.new; [ $n = main ] && g=$MT/.blobs
-  (cd $d && PYTHONPATH=$d ULTRAQUANT_GENERATED=$g timeout 100 python3 -m ultraquant.cli bench --serving --no-aot \
-    --json $OUT/serving_$n.json > $OUT/serving_$n.log 2>&1); el "serving $n rc=$?"; done
+for n in new_1 main new_2; do serving_run $n; done
 ULTRAQUANT_BACKEND=triton timeout 80 python3 -m ultraquant.cli bench --shapes A,B,C,D --layouts head --no-stream \
   --json $OUT/bs64.json > $OUT/bs64.log 2>&1; el "bs64 rc=$?"
 ULTRAQUANT_GENERATED=$PWD/.new timeout 90 python3 -m ultraquant.cli bench --spec-decode --json $OUT/spec.json > $OUT/spec.log 2>&1

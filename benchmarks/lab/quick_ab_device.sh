@@ -10,9 +10,7 @@ nvidia-smi --query-gpu=name,clocks.max.sm --format=csv,noheader
 for r in main_1:$MT new_1:$PWD main_2:$MT new_2:$PWD; do n=${r%%:*}; d=${r#*:}; g=$d/.new; [ $d = $MT ] && g=$MT/.blobs
   (cd $d && PYTHONPATH=$d ULTRAQUANT_GENERATED=$g timeout 90 python3 -m ultraquant.cli bench --spec-decode \
     --json $OUT/spec_$n.json > $OUT/spec_$n.log 2>&1); el "spec $n rc=$?"; grep -E "spec k|decode " $OUT/spec_$n.log; done; pack
-for r in new_1:$PWD main:$MT new_2:$PWD; do n=${r%%:*}; d=${r#*:}; g=$d/.new; [ $n = main ] && g=$MT/.blobs
-  (cd $d && PYTHONPATH=$d ULTRAQUANT_GENERATED=$g timeout 100 python3 -m ultraquant.cli bench --serving --no-aot \
-    --json $OUT/serving_$n.json > $OUT/serving_$n.log 2>&1); el "serving $n rc=$?"
+for n in new_1 main new_2; do serving_run $n
   grep -E "ceiling| us |no blob" $OUT/serving_$n.log | head -20; pack; done
 . benchmarks/lab/gpu_suites.sh
 pack; find $OUT -type f ! -name all.tgz ! -name call.log -delete

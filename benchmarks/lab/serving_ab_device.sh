@@ -6,9 +6,7 @@
 . benchmarks/lab/ab_setup.sh
 pack() { (cd $OUT && tar czf ab.tgz --exclude=ab.tgz --exclude=call.log $(ls | grep -v '^ab.tgz$\|^call.log$')); }
 nvidia-smi --query-gpu=name,clocks.max.sm --format=csv,noheader
-for r in new_1:$PWD main:$MT new_2:$PWD; do n=${r%%:*}; d=${r#*:}; g=$d/.new; [ $n = main ] && g=$MT/.blobs
-  (cd $d && PYTHONPATH=$d ULTRAQUANT_GENERATED=$g timeout 100 python3 -m ultraquant.cli bench --serving --no-aot \
-    --json $OUT/serving_$n.json > $OUT/serving_$n.log 2>&1); el "serving $n rc=$?"
+for n in new_1 main new_2; do serving_run $n
   grep -E "ceiling| us |no blob" $OUT/serving_$n.log | head -14; pack; done
 S=${CHECK_S:-160}
 timeout $S python3 -m pytest -q -rfE -p no:cacheprovider -m gpu tests/gpu/test_decode_wholepage_gpu.py tests/gpu/test_bounds_gpu.py \
