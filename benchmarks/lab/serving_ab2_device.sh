@@ -1,7 +1,8 @@
 #!/bin/bash
-# Two stacked patch sets in one call: PATCHES (this tree, blobs .new/) and PATCHES + PATCHES2 (a copy, blobs .new2/
-# built the same way from the stacked tree): `bench --serving --no-aot` as new2 / main / new, twice, then the stacked
-# tree's checks as serving_ab_device.sh's (CHECK_S, CHECK_K). Packed into $OUT/ab.tgz after each phase.
+# Two stacked patch sets in one call: PATCHES (this tree, blobs .new/) and PATCHES + PATCHES2 (a copy, blobs
+# .new2/; both from `PATCHES=.. PATCHES2=.. bash benchmarks/lab/ab_blobs.sh`): `bench --serving --no-aot` as new2 /
+# main / new, twice, then the stacked tree's checks as serving_ab_device.sh's (CHECK_S, CHECK_K). Packed into
+# $OUT/ab.tgz after each phase.
 . benchmarks/lab/ab_setup.sh
 pack() { (cd $OUT && tar czf ab.tgz --exclude=ab.tgz --exclude=call.log $(ls | grep -v '^ab.tgz$\|^call.log$')); }
 T2=/tmp/tree2; rm -rf $T2 && mkdir $T2 && cp -r ultraquant runtime codegen tests pyproject.toml $T2/ && cp -r .new2 $T2/.new
