@@ -3,7 +3,7 @@
 # for the serving rows' shapes
 # (six llama-style configs: 32/8 and 32/4, 32/2 D128, 16/2 D256, 16/1 and 8/1 D128; whole-page decode, multi-query
 # decode and store at block 16): .new/ from HEAD with PATCHES applied in a scratch copy (skipped when PATCHES is
-# empty), with PATCHES2 also .new2/ from HEAD with PATCHES then PATCHES2 (serving_ab2_device.sh), .blobs/ from HEAD as
+# empty), with PATCHES2 also .new2/ from HEAD with PATCHES then PATCHES2 (serving_ab_device.sh), .blobs/ from HEAD as
 # it is. All are ignored (.git/info/exclude). Run in the repo root with the env of `make env`.
 set -eu
 ROOT=$PWD; PY=$ROOT/.venv/bin/python; M=$(mktemp -d); T=$(mktemp -d)
@@ -24,7 +24,7 @@ for p in ${PATCHES:-}; do
   patch -d "$T" -p1 -s < "$p"; done
 rm -rf .new .new2 .blobs
 [ -z "${PATCHES:-}" ] || build "$T" "$ROOT/.new"
-if [ -n "${PATCHES2:-}" ]; then  # serving_ab2_device.sh's stacked tree: PATCHES then PATCHES2
+if [ -n "${PATCHES2:-}" ]; then  # serving_ab_device.sh's stacked tree: PATCHES then PATCHES2
   for p in $PATCHES2; do patch -d "$T" -p1 -s < "$p"; done; build "$T" "$ROOT/.new2"; fi
 build "$ROOT" "$ROOT/.blobs"
 for d in .new/ .new2/ .blobs/; do grep -qx "$d" .git/info/exclude || echo "$d" >> .git/info/exclude; done

@@ -8,8 +8,8 @@ el() { echo "[+$(( $(date +%s) - t0 ))s] $*"; }
 : "${PATCHES:?set PATCHES to the patch files to apply}"
 MT=/tmp/main_tree; rm -rf $MT && mkdir $MT && cp -r ultraquant runtime codegen benchmarks pyproject.toml .blobs $MT/
 for p in $PATCHES; do { git apply "$p" 2>/dev/null || patch -p1 -s < "$p"; } && el "applied $p" || exit 3; done
-# serving_run N: `bench --serving --no-aot` into $OUT/serving_N.{json,log}, through the patched tree's blobs (.new/)
-# or, for N = main, main's tree and blobs
-serving_run() { local d=$PWD g=$PWD/.new; [ "$1" = main ] && d=$MT g=$MT/.blobs
+# serving_run N: `bench --serving --no-aot` into $OUT/serving_N.{json,log}, through the current tree's blobs (.new/)
+# or, for N = main or main_*, main's tree and blobs
+serving_run() { local d=$PWD g=$PWD/.new; [[ $1 == main || $1 == main_* ]] && d=$MT g=$MT/.blobs
   (cd $d && PYTHONPATH=$d ULTRAQUANT_GENERATED=$g timeout 100 python3 -m ultraquant.cli bench --serving --no-aot \
     --json $OUT/serving_$1.json > $OUT/serving_$1.log 2>&1); el "serving $1 rc=$?"; }
