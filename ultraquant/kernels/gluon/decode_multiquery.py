@@ -472,7 +472,7 @@ def _serve_piece(q_ptr, cache_ptr, bt_ptr, seqlen_ptr, qsl_ptr, sinks_ptr, out_p
         qoff = (q_start + qtok).to(gl.int64) * stride_qn + (qh3 * GQA + qflat % GQA) * stride_qh + qc3
         q_ins = q_ins + (gl.load(q_ptr + qoff, mask=(qtok < n_new) & (qc3 < D), other=0.0),)
     inside = _blocks_inside(bt_row, t_lo, t_hi, num_blocks, err_ptr,
-                            _first_blocks(bt_row, t_lo, t_hi, BLOCK_SIZE, NW, False), BLOCK_SIZE, NW, False)
+                            _first_blocks(bt_row, t_lo, t_hi, BLOCK_SIZE, NW, False), BLOCK_SIZE)
 
     for i in gl.static_range(STAGES - 1):
         _issue_stage(ring, i, cache_ptr, bt_row, t_lo + i * TT, t_hi, stride_cb, stride_ch, inside, num_blocks,

@@ -1023,14 +1023,13 @@ def _first_blocks(bt_row, t_lo, limit, BLOCK_SIZE: gl.constexpr, NW: gl.constexp
 
 
 @gluon.jit
-def _blocks_inside(bt_row, t_lo, t_hi, num_blocks, err_ptr, first, BLOCK_SIZE: gl.constexpr, NW: gl.constexpr,
-                   WARP_LOCAL: gl.constexpr):
+def _blocks_inside(bt_row, t_lo, t_hi, num_blocks, err_ptr, first, BLOCK_SIZE: gl.constexpr):
     """True when every block id covering tokens ``[t_lo, t_hi)`` of a block-table row is inside
     ``[0, num_blocks)`` (else sets the error word): one check per entry, once per program, as the
     Triton kernels' ``blocks_inside``; the loop then masks per token only when this is False. ``first``: the
-    range's first ids (:func:`_first_blocks`, the same ``WARP_LOCAL``)."""
-    L: gl.constexpr = _ids_layout(NW, WARP_LOCAL)
-    CHUNK: gl.constexpr = _ids_chunk(NW, WARP_LOCAL)
+    range's first ids (:func:`_first_blocks`), whose size and layout the later chunks take."""
+    L: gl.constexpr = first.type.layout
+    CHUNK: gl.constexpr = first.shape[0]
     hi = gl.cdiv(t_hi, BLOCK_SIZE)
     used = t_lo // BLOCK_SIZE + gl.arange(0, CHUNK, L) < hi
     bad = (used & ((first < 0) | (first >= num_blocks))).to(gl.int32)
@@ -1394,8 +1393,9 @@ def _serve_piece(q_ptr, cache_ptr, bt_ptr, seqlen_ptr, sinks_ptr, out_ptr, part_
     for g in gl.static_range(RG):  # rows in N above GQA 8: RG = 2 groups of 8 rows
         q_ins = q_ins + (gl.load(q_row + g * RR * stride_qh, mask=(qr3 + g * RR < GQA) & (qc3 < D), other=0.0),)
     bt_row = bt_ptr + b.to(gl.int64) * stride_btb
+    t_skip = (gl.maximum(cs, w0) - cs) * TT  # the piece's first token past the request's first stage
     if not HAS_WINDOW:  # the piece's first stage does not depend on the length: its ids load with the query
-        first_ids = _first_blocks(bt_row, (gl.maximum(cs, w0) - cs) * TT, cap, BLOCK_SIZE, NW, True)
+        first_ids = _first_blocks(bt_row, t_skip, cap, BLOCK_SIZE, NW, True)
     length = gl.load(seqlen_ptr + b)
     gl.store(err_ptr + ERR_SEQ_LEN, 1, mask=(length < 0) | (length > cap))
     length = gl.minimum(gl.maximum(length, 0), cap)
@@ -1404,7 +1404,7 @@ def _serve_piece(q_ptr, cache_ptr, bt_ptr, seqlen_ptr, sinks_ptr, out_ptr, part_
         lo = gl.maximum(length - window, 0)
     lo_run = (lo // TT) * TT  # stages start on TT-token boundaries (whole runs); tokens below lo are masked
     ce = cs + _units(length, window, cap, TT, HAS_WINDOW)
-    t_lo = lo_run + (gl.maximum(cs, w0) - cs) * TT
+    t_lo = lo_run + t_skip
     t_hi = gl.minimum(lo_run + (gl.minimum(ce, w1) - cs) * TT, length)
     n_it = gl.cdiv(gl.maximum(t_hi - t_lo, 0), TT)
     first = _owner(cs, active, total)  # the programs that hold pieces of request b: first .. last
@@ -1422,7 +1422,7 @@ def _serve_piece(q_ptr, cache_ptr, bt_ptr, seqlen_ptr, sinks_ptr, out_ptr, part_
                          _stage_ids(bt_row, t_lo + i * TT, t_hi, NBL, BLOCK_SIZE), NSUB, NW, WT, SLOT, BLOCK_SIZE)
         async_copy.commit_group()
     ids = _stage_ids(bt_row, t_lo + (STAGES - 1) * TT, t_hi, _pick(TOKEN_MAJOR, 0, NBL), BLOCK_SIZE)
-    inside = _blocks_inside(bt_row, t_lo, t_hi, num_blocks, err_ptr, first_ids, BLOCK_SIZE, NW, True)
+    inside = _blocks_inside(bt_row, t_lo, t_hi, num_blocks, err_ptr, first_ids, BLOCK_SIZE)
 
     # score axes: rows (query rows) and tokens; QR/QW/TK: per-row, per-warp, per-token state layouts
     RAX: gl.constexpr = _pick(ROWS_IN_N, 2, 1)
