@@ -1023,6 +1023,12 @@ def _first_blocks(bt_row, t_lo, limit, BLOCK_SIZE: gl.constexpr, NW: gl.constexp
 
 
 @gluon.jit
+def _bad_ids(blk, used, num_blocks):
+    """1 where a ``used`` block id lies outside ``[0, num_blocks)`` (int32, for an OR over chunks)."""
+    return (used & ((blk < 0) | (blk >= num_blocks))).to(gl.int32)
+
+
+@gluon.jit
 def _blocks_inside(bt_row, t_lo, t_hi, num_blocks, err_ptr, first, BLOCK_SIZE: gl.constexpr):
     """True when every block id covering tokens ``[t_lo, t_hi)`` of a block-table row is inside
     ``[0, num_blocks)`` (else sets the error word): one check per entry, once per program, as the
@@ -1031,13 +1037,11 @@ def _blocks_inside(bt_row, t_lo, t_hi, num_blocks, err_ptr, first, BLOCK_SIZE: g
     L: gl.constexpr = first.type.layout
     CHUNK: gl.constexpr = first.shape[0]
     hi = gl.cdiv(t_hi, BLOCK_SIZE)
-    used = t_lo // BLOCK_SIZE + gl.arange(0, CHUNK, L) < hi
-    bad = (used & ((first < 0) | (first >= num_blocks))).to(gl.int32)
+    bad = _bad_ids(first, t_lo // BLOCK_SIZE + gl.arange(0, CHUNK, L) < hi, num_blocks)
     for j0 in range(t_lo // BLOCK_SIZE + CHUNK, hi, CHUNK):
         j = j0 + gl.arange(0, CHUNK, L)
         used = j < hi
-        blk = gl.load(bt_row + j, mask=used, other=0)
-        bad = bad | (used & ((blk < 0) | (blk >= num_blocks))).to(gl.int32)
+        bad = bad | _bad_ids(gl.load(bt_row + j, mask=used, other=0), used, num_blocks)
     found = gl.max(bad, axis=0)
     gl.store(err_ptr + ERR_BLOCK, 1, mask=found != 0)
     return found == 0
