@@ -37,7 +37,7 @@ def compile_multiquery(config: dict) -> tuple[object, object]:
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
 
-    from ultraquant.codegen.triton_backend import compile_attrs
+    from codegen.triton_backend import compile_attrs
     from ultraquant.kernels.families.decode_multiquery import decode_multiquery_spec
     from ultraquant.kernels.gluon.decode_multiquery import uq_decode_multiquery
 
