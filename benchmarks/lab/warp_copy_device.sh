@@ -6,7 +6,7 @@
 # --spec-decode` new / main, then A-D at block 64 (JIT) on the patched tree. PHASE=check (~6 min): the patched
 # tree's whole-page, bounds and spec-decode GPU suites beside racecheck of the head-major sanitizer cases (the patch
 # changes how the ring's copies are ordered: warp-local waits, no CTA barrier), then memcheck (all cases + bounds)
-# beside synccheck and the multi-query racecheck. PHASE=all: both, bench first (over one call's 10 minutes).
+# beside synccheck and the multi-query racecheck. PHASE=all: both, bench first (BS64=0 CHECK_S=150 fit one call).
 # PHASE=sweep: the patched tree's JIT launch shapes (ring_sweep.py): 8 warps (4x2) against 16 warps (2x2:w16, 128
 # registers, no spill in the loop once the copies are the warps' own) on the D=128 rows of GQA <= 8.
 # Everything packed into $OUT/warp_copy.tgz after each phase.
@@ -26,9 +26,11 @@ if [ "$PHASE" = all ] || [ "$PHASE" = bench ]; then
     (cd $d && PYTHONPATH=$d ULTRAQUANT_GENERATED=$g timeout 90 python3 -m ultraquant.cli bench --spec-decode \
       --json $OUT/spec_$n.json > $OUT/spec_$n.log 2>&1); el "spec $n rc=$?"; grep -E "spec k|decode " $OUT/spec_$n.log
     pack; done
-  ULTRAQUANT_BACKEND=triton timeout 120 python3 -m ultraquant.cli bench --shapes A,B,C,D --layouts head --no-stream \
-    --json $OUT/bs64_new.json > $OUT/bs64_new.log 2>&1; el "bs64 rc=$?"; grep -E "ceiling|uq-head \(" $OUT/bs64_new.log | tail -5
-  pack
+  if [ "${BS64:-1}" = 1 ]; then
+    ULTRAQUANT_BACKEND=triton timeout 120 python3 -m ultraquant.cli bench --shapes A,B,C,D --layouts head --no-stream \
+      --json $OUT/bs64_new.json > $OUT/bs64_new.log 2>&1; el "bs64 rc=$?"; grep -E "ceiling|uq-head \(" $OUT/bs64_new.log | tail -5
+    pack
+  fi
 fi
 if [ "$PHASE" = all ] || [ "$PHASE" = check ]; then
   S=${CHECK_S:-170}
