@@ -1,11 +1,14 @@
 """A tiny PTX interpreter for one warp, for the kernels' inline-asm blocks (tests only, CPU).
 
 Runs the straight-line PTX that the Gluon kernels pass to ``inline_asm_elementwise`` for all 32 lanes in
-lockstep (numpy arrays of 32 uint32 per register), with the warp-collective instructions they use
-(``mma.sync...m16n8k16`` f16 -> f32, ``movmatrix...m8n8.trans.b16``) gathered and scattered by the fragment
-layouts of the PTX ISA ("Matrix Fragments for mma.m16n8k16", "movmatrix"). Only the instructions the
-kernels emit are implemented; anything else raises. The tests check the kernels' PTX against a float64
-reference of what the asm block claims to compute, so an index or fragment-map mistake fails on the CPU.
+lockstep (numpy arrays of 32 values per register, 32 or 64 bits; predicates 0 / 1), with the warp-collective
+instructions they use (``mma.sync...m16n8k16`` f16 -> f32, ``movmatrix...m8n8.trans.b16``) gathered and scattered
+by the fragment layouts of the PTX ISA ("Matrix Fragments for mma.m16n8k16", "movmatrix"). ``cp.async`` is not
+performed but recorded (``copies``: per instruction the lanes' shared and global addresses, sizes and whether the
+lane's guard let it copy; ``groups``:
+the copy count at each ``commit_group``); shared-memory symbols take the values given in ``symbols``. Only the
+instructions the kernels emit are implemented; anything else raises. The tests check the kernels' PTX against a
+float64 reference of what the asm block claims to compute, so an index or fragment-map mistake fails on the CPU.
 """
 
 from __future__ import annotations
@@ -65,22 +68,34 @@ def mma_c_index(lane: int, reg: int) -> tuple[int, int]:
 class Warp:
     """Registers of one warp: ``regs[name]`` is a uint32 array of 32 lanes."""
 
-    def __init__(self, operands: list[np.ndarray]):
-        self.regs: dict[str, np.ndarray] = {f"${i}": np.asarray(v, dtype=np.uint32).copy()
+    def __init__(self, operands: list[np.ndarray], symbols: dict[str, int] | None = None):
+        self.regs: dict[str, np.ndarray] = {f"${i}": np.asarray(v, dtype=np.uint64).copy()
                                             for i, v in enumerate(operands)}
+        self.symbols = symbols or {}
+        self.copies: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
+        self.groups: list[int] = []
 
     def value(self, tok: str) -> np.ndarray:
         tok = tok.strip()
         if tok in self.regs:
             return self.regs[tok]
+        if tok in self.symbols:
+            return np.full(LANES, self.symbols[tok], dtype=np.uint64)
         if re.fullmatch(r"0f[0-9A-Fa-f]{8}", tok):
             return np.full(LANES, int(tok[2:], 16), dtype=np.uint32)
         if re.fullmatch(r"-?(0x[0-9A-Fa-f]+|\d+)", tok):
             return np.full(LANES, int(tok, 0) & 0xFFFFFFFF, dtype=np.uint32)
         raise KeyError(f"unknown operand {tok!r}")
 
-    def set(self, name: str, v: np.ndarray) -> None:
-        self.regs[name.strip()] = np.asarray(v, dtype=np.uint32) & np.uint32(0xFFFFFFFF)
+    def set(self, name: str, v: np.ndarray, bits: int = 32) -> None:
+        self.regs[name.strip()] = np.asarray(v, dtype=np.uint64) & np.uint64((1 << bits) - 1)
+
+    def address(self, tok: str) -> np.ndarray:
+        """``[reg]`` or ``[reg+imm]`` (imm signed) as 64-bit addresses."""
+        m = re.fullmatch(r"\[\s*([^\]+]+?)\s*(?:\+\s*(-?\d+))?\s*\]", tok.strip())
+        if not m:
+            raise ValueError(f"bad address {tok!r}")
+        return self.value(m.group(1)) + np.uint64(int(m.group(2) or 0) % (1 << 64))
 
     def run(self, ptx: str) -> None:
         body = ptx.strip()
@@ -90,15 +105,27 @@ class Warp:
             stmt = stmt.strip()
             if not stmt or stmt.startswith(".reg"):
                 continue
+            guard = np.ones(LANES, dtype=bool)
+            if stmt.startswith("@"):  # a guard predicate: only cp.async takes one here
+                pred, _, stmt = stmt[1:].partition(" ")
+                guard = self.value(pred) != 0
             op, _, rest = stmt.partition(" ")
-            self.step(op, rest)
+            self.step(op, rest, guard)
 
-    def step(self, op: str, rest: str) -> None:
+    def step(self, op: str, rest: str, guard: np.ndarray | None = None) -> None:
         if op.startswith("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32"):
             groups = [[t.strip() for t in g.split(",")] for g in re.findall(r"\{([^}]*)\}", rest)]
             self.mma(*groups)
             return
         args = [a.strip() for a in rest.split(",")]
+        if op.startswith("cp.async"):
+            self.copy(op, args, np.ones(LANES, dtype=bool) if guard is None else guard)
+            return
+        if guard is not None and not guard.all():
+            raise NotImplementedError(f"guarded {op}")
+        if op in ("add.s64", "add.u64"):  # the immediate may be negative: two's complement, mod 2**64
+            self.set(args[0], self.value(args[1]) + np.uint64(self.imm64(args[2])), bits=64)
+            return
         v = [self.value(a) for a in args[1:]]
         if op == "prmt.b32":
             self.set(args[0], prmt(v[0], v[1], v[2]))
@@ -110,8 +137,18 @@ class Warp:
             self.set(args[0], v[0] & v[1])
         elif op == "or.b32":
             self.set(args[0], v[0] | v[1])
-        elif op in ("mov.b32", "mov.f32"):
+        elif op in ("mov.b32", "mov.f32", "mov.u32"):
             self.set(args[0], v[0])
+        elif op in ("add.u32", "add.s32"):
+            self.set(args[0], v[0] + v[1])
+        elif op == "setp.lt.u32":
+            self.set(args[0], (v[0] & 0xFFFFFFFF) < (v[1] & 0xFFFFFFFF))
+        elif op == "selp.b32":
+            self.set(args[0], np.where(v[2] != 0, v[0], v[1]))
+        elif op == "selp.b64":
+            self.set(args[0], np.where(v[2] != 0, v[0], v[1]), bits=64)
+        elif op == "bar.warp.sync":
+            pass
         elif op == "mul.rn.f16x2":
             self.set(args[0], _pack(_lo(v[0]) * _lo(v[1]), _hi(v[0]) * _hi(v[1])))
         elif op == "cvt.rn.f16x2.f32":  # d = {a -> upper half, b -> lower half}
@@ -122,6 +159,27 @@ class Warp:
             self.set(args[0], _from_f32(_as_f32(v[0]) * _as_f32(v[1]) + _as_f32(v[2])))
         elif op == "movmatrix.sync.aligned.m8n8.trans.b16":
             self.set(args[0], movmatrix_trans(v[0]))
+        else:
+            raise NotImplementedError(op)
+
+    def imm64(self, tok: str) -> int:
+        """A 64-bit operand that is an immediate or a register (uniform over the lanes is not required)."""
+        tok = tok.strip()
+        if re.fullmatch(r"-?\d+", tok):
+            return int(tok) % (1 << 64)
+        raise ValueError(f"add.s64 with a register second operand: {tok!r}")
+
+    def copy(self, op: str, args: list[str], guard: np.ndarray) -> None:
+        if op == "cp.async.commit_group":
+            self.groups.append(len(self.copies))
+        elif op.startswith("cp.async.wait_group"):
+            pass
+        elif op == "cp.async.cg.shared.global":
+            dst, src, cp_size, src_size = args
+            if int(cp_size) != 16:
+                raise ValueError("cp.async.cg copies 16 bytes")
+            self.copies.append((self.address(dst) & np.uint64(0xFFFFFFFF), self.address(src), self.value(src_size),
+                                guard))
         else:
             raise NotImplementedError(op)
 

@@ -1,6 +1,6 @@
 """Token-major pages in the whole-page decode, on the CPU (no GPU: Triton's interpreter does not run Gluon).
 
-A numpy emulation of ``gluon/decode_wholepage.py``'s ring: the copy maps (``_issue_stage``/``_run_rows``
+A numpy emulation of ``gluon/decode_wholepage.py``'s ring: the copy maps (``_issue_stage``'s warp copies
 for head-major pages, ``_issue_stage_tm``/``_pair_chunks`` for token-major ones; their arithmetic is
 restated here) fill a ring from a cache, and the math views of ``_serve_piece`` read it, each view's
 addresses computed from the kernel's own layout functions (``_slot_layout``, ``_vword_layout``,
@@ -123,17 +123,15 @@ class Geometry:
         ids; skipped copies write -1, as the zero fill)."""
         sb, st, sh = strides
         BS, SLOT, HK = self.BS, self.SLOT, self.HK
-        if not self.TM:
-            run = SLOT // 8
-            for r in range(self.NR * run):
-                q, w = r // run, (r // run) % self.NW
-                tok = t0 + (q // self.NW) * (self.WT * 16) + (w % self.WT) * 16
-                dst = stage * self.NR * 16 * SLOT + r * 128
+        if not self.TM:  # warp w copies its runs j: the ring's run j NW + w, 16 whole slots
+            for w, j in itertools.product(range(self.NW), range(self.NSUB)):
+                tok = t0 + j * (self.WT * 16) + (w % self.WT) * 16
+                dst = (stage * self.NR + j * self.NW + w) * 16 * SLOT
                 if tok < t_hi:
-                    src = bt[tok // BS] * sb + (w // self.WT) * sh + (tok % BS) * SLOT + (r % run) * 128
-                    ring[dst:dst + 128] = flat[src:src + 128]
+                    src = bt[tok // BS] * sb + (w // self.WT) * sh + (tok % BS) * SLOT
+                    ring[dst:dst + 16 * SLOT] = flat[src:src + 16 * SLOT]
                 else:
-                    ring[dst:dst + 128] = -1
+                    ring[dst:dst + 16 * SLOT] = -1
             return
         g = {k: K._tm_stage(HK, SLOT, self.TT, self.XP, self.NW, k) for k in ("STW", "NCH", "PC", "DC", "N1", "N2",
                                                                                 "U")}

@@ -11,7 +11,7 @@ Compiles ``uq_decode_wholepage`` for one configuration (as ``tools/wholepage_sas
    derives the vector width the lowering uses (contiguous registers at consecutive bytes inside one
    padding interval, at most 16 B) and checks that every vector starts at a multiple of its width and
    ends inside the allocation. The widths found must account for the PTX's ``ld.shared`` census.
-3. Ring copies (Python re-run of ``_issue_stage`` / ``_run_rows``'s arithmetic for a shape, default
+3. Ring copies (Python re-run of ``_issue_stage``'s warp copies' arithmetic for a shape, default
    shape A: B=8, L=32768, Hq=32, Hk=8, block 64, head-major cache, 132 SMs): for every program, every
    stage issued (prologue and loop, including the ones past the end), every row and copy, that the
    global byte offset is a multiple of the copy width and inside the cache when the copy reads, and that
@@ -193,13 +193,11 @@ def ring_copies(c: dict, nw: int, shared_bytes: int, B: int, L: int, hk: int, bl
 
     nsub, stages, wt = c["NSUB"], c["STAGES"], c["WT"]
     slot = slot_size(c["D"])
-    nr, tt, run = nsub * nw, nsub * wt * 16, slot // 8
-    rb = 16 * (slot // 136)  # rows of a run in the 16-byte copy (the kernel's RB)
+    nr, tt = nsub * nw, nsub * wt * 16
     splits = max(1, min(sms * WHOLEPAGE_PROGRAMS_PER_SM // B, _cdiv(L, WHOLEPAGE_MIN_SPLIT_TOKENS)))
     nblk = B * (L // block)
     s_ch, s_cb = block * slot, hk * block * slot
     cache_bytes = nblk * s_cb
-    per_copy = {True: 16, False: 4 * min(4, nsub * (run - rb))}
     fails: list[str] = []
     for b, sp in itertools.product(range(B), range(splits)):
         length = L
@@ -208,19 +206,16 @@ def ring_copies(c: dict, nw: int, shared_bytes: int, B: int, L: int, hk: int, bl
         n_it = _cdiv(max(t_hi - t_lo, 0), tt)
         for it in range(n_it + stages - 1):  # stages issued: prologue + one per loop iteration
             stage, t0 = it % stages, t_lo + it * tt
-            for r in range(nr * run):
-                first = r < nr * rb
-                width = per_copy[first]
-                q, w = r // run, (r // run) % nw
-                tok = t0 + (q // nw) * (wt * 16) + (w % wt) * 16
+            # warp w copies its runs j NW + w, 16-byte chunk i of run j by lane (j slot + i) % 32
+            for w, j, i in itertools.product(range(nw), range(nsub), range(slot)):
+                tok = t0 + j * (wt * 16) + (w % wt) * 16
                 blk = (b * (L // block) + tok // block) if tok < t_hi else 0  # any block id: the bound matters
-                base = blk * s_cb + (w // wt) * s_ch + (tok % block) * slot + (r % run) * 128
-                for off in range(0, 128, width):
-                    g, s = base + off, stage * nr * run * 128 + r * 128 + off
-                    if tok < t_hi and (g % width or g + width > cache_bytes):
-                        fails.append(f"copy b{b} sp{sp} it{it} row {r}: global {g} ({width} B)")
-                    if s % width or s + width > shared_bytes:
-                        fails.append(f"copy b{b} sp{sp} it{it} row {r}: shared {s} ({width} B) of {shared_bytes}")
+                g = blk * s_cb + (w // wt) * s_ch + (tok % block) * slot + 16 * i
+                s = (stage * nr + j * nw + w) * 16 * slot + 16 * i
+                if tok < t_hi and (g % 16 or g + 16 > cache_bytes):
+                    fails.append(f"copy b{b} sp{sp} it{it} warp {w} run {j} chunk {i}: global {g}")
+                if s % 16 or s + 16 > shared_bytes:
+                    fails.append(f"copy b{b} sp{sp} it{it} warp {w} run {j} chunk {i}: shared {s} of {shared_bytes}")
             if len(fails) > 20:
                 return fails
     return fails

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.ampere import async_copy, mma_v2
+from triton.experimental.gluon.language.nvidia.ampere import mma_v2
 
 from .decode_wholepage import (
     ERR_SEQ_LEN,
@@ -46,6 +46,7 @@ from .decode_wholepage import (
     _normalized,
     _online_start,
     _online_update,
+    _own_copies_landed,
     _owner,
     _physical_token,
     _piece,
@@ -53,12 +54,11 @@ from .decode_wholepage import (
     _rel_scale,
     _schedule,
     _slot_layout,
-    _stage_blocks,
-    _stage_ids,
     _token_top,
     _units,
     _vword_layout,
     _vword_pairs_ptx,
+    _warp_ids,
     _word_pairs,
 )
 
@@ -388,7 +388,6 @@ def _serve_piece(q_ptr, cache_ptr, bt_ptr, seqlen_ptr, qsl_ptr, sinks_ptr, out_p
     H: gl.constexpr = D // 2
     G: gl.constexpr = D // 32
     TT: gl.constexpr = NSUB * WT * TW
-    NBL: gl.constexpr = _stage_blocks(TT, BLOCK_SIZE)  # block ids loaded per stage (_stage_ids)
     # partials per merge step (their loads overlap): 128 values a thread in flight, _row_merge_layout holding
     # distinct elements and few row scalars
     MERGE: gl.constexpr = _merge_step(HK * ROWS * D // (32 * NW), 128)
@@ -474,11 +473,14 @@ def _serve_piece(q_ptr, cache_ptr, bt_ptr, seqlen_ptr, qsl_ptr, sinks_ptr, out_p
     inside = _blocks_inside(bt_row, t_lo, t_hi, num_blocks, err_ptr,
                             _first_blocks(bt_row, t_lo, t_hi, BLOCK_SIZE, NW, False), BLOCK_SIZE)
 
+    CP: gl.constexpr = gl.BlockedLayout([1, 1], [1, 32], [NW, 1], [1, 0])  # one element per thread
+    c_lane = gl.expand_dims(gl.arange(0, 32, gl.SliceLayout(0, CP)), 0) + gl.zeros([NW, 32], gl.int32, CP)
+    c_warp = gl.expand_dims(gl.arange(0, NW, gl.SliceLayout(1, CP)), 1) + gl.zeros([NW, 32], gl.int32, CP)
     for i in gl.static_range(STAGES - 1):
-        _issue_stage(ring, i, cache_ptr, bt_row, t_lo + i * TT, t_hi, stride_cb, stride_ch, inside, num_blocks,
-                     _stage_ids(bt_row, t_lo + i * TT, t_hi, NBL, BLOCK_SIZE), NSUB, NW, WT, SLOT, BLOCK_SIZE)
-        async_copy.commit_group()
-    ids = _stage_ids(bt_row, t_lo + (STAGES - 1) * TT, t_hi, NBL, BLOCK_SIZE)
+        _issue_stage(i, cache_ptr, t_lo + i * TT, t_hi, stride_cb, stride_ch, inside, num_blocks,
+                          _warp_ids(bt_row, t_lo + i * TT, t_hi, c_warp, NSUB, NW, WT, BLOCK_SIZE), c_lane, c_warp,
+                          NSUB, NW, WT, SLOT, BLOCK_SIZE)
+    ids = _warp_ids(bt_row, t_lo + (STAGES - 1) * TT, t_hi, c_warp, NSUB, NW, WT, BLOCK_SIZE)
 
     # ---- queries: rotate, scale, fp16 with the row's largest element in [2**14, 2**15) (K's fp16 codes are
     # fp4 * 2**-14), per scale group in the K codes' k order; each row's factor back and causal limits
@@ -519,8 +521,8 @@ def _serve_piece(q_ptr, cache_ptr, bt_ptr, seqlen_ptr, qsl_ptr, sinks_ptr, out_p
         accs = accs + (gl.zeros([NW, ROWS, 8], gl.float32, MMA),)
     m_is, l_is, run = _online_start(TILES, [NW, ROWS], QR, QW)
     for it in range(n_it):
-        cur, t0, ids = _advance_ring(ring, it, cache_ptr, bt_row, t_lo, t_hi, stride_cb, stride_ch, inside,
-                                     num_blocks, ids, STAGES, TT, NSUB, NW, WT, SLOT, BLOCK_SIZE)
+        cur, t0, ids = _advance_ring(it, cache_ptr, bt_row, t_lo, t_hi, stride_cb, stride_ch, inside,
+                                          num_blocks, ids, c_lane, c_warp, STAGES, TT, NSUB, NW, WT, SLOT, BLOCK_SIZE)
         whole = inside & (t0 >= first_hi) & (t0 + TT <= gl.minimum(lim_lo, t_hi))
         ss = _stage_scores(kc8, ks, q_smem, cur, t0, t_hi, ws, ns, inside, bt_row, num_blocks, rfs, lims,
                            firsts, softcap, whole, TILES, NSUB, NW, WT, TW, ROWS, H, BLOCK_SIZE, HAS_SOFTCAP,
@@ -557,7 +559,8 @@ def _serve_piece(q_ptr, cache_ptr, bt_ptr, seqlen_ptr, qsl_ptr, sinks_ptr, out_p
             accs = _pv_words(accs, vwa.index(cur + i), vwb.index(cur + i), vws[i], vtops[i], vexps[i], ps, i, nr,
                              TILES, NSUB, NW, MMA)
         run = new_run
-    async_copy.wait_group(0)
+    _own_copies_landed(c_lane, 0)  # every warp's copies landed before the epilogue reuses the ring's bytes
+    gl.thread_barrier()
 
     f = gl.expand_dims(gl.expand_dims(_pow2(gl.minimum(run, 127)), 1), 2)
     # partial (EP: a kv head's WT token groups in-thread) and merge (ML) layouts

@@ -18,13 +18,15 @@ run-time arguments are split-KV decode's, the split count's slot holding the bat
 Reads: one program (CTA) owns ALL kv heads of a piece and streams it through an asynchronous
 global -> shared-memory ring (``cp.async``, ``STAGES`` deep): stage ``i`` holds ``TT = NSUB * WT * 16``
 consecutive tokens of every kv head as ``NSUB * NW`` runs of 16 whole slots, each run one contiguous
-piece of a head-major page copied with 16-byte ``cp.async`` (17 rows of 128 B at D=128) into the ring
-exactly as it lies in global memory. The math reads its operands (K codes, V codes, the two scale
-words) straight from that raw ring through padded shared layouts (136-byte slots = 128 + 8 padding
-bytes), so no copy is split into pieces. Token-major pages (``TOKEN_MAJOR``, a prototype: Hk > 1, the
-``(block, token, head, slot)`` order) are contiguous per block for ALL kv heads: a stage is copied as it lies
-in the page in 16-byte chunks (:func:`_issue_stage_tm`), 16 bytes of padding after every token pair, and
-the same views read it at token-major bases (:func:`_token_major_layout`).
+piece of a head-major page copied with 16-byte ``cp.async`` (136 chunks at D=128) into the ring exactly as it
+lies in global memory. The math reads its operands (K codes, V codes, the two scale words) straight from that
+raw ring through padded shared layouts (136-byte slots = 128 + 8 padding bytes), so no copy is split into
+pieces. Each run is read by one warp only (run ``j NW + w``: warp ``w``), so each warp copies its own runs
+(:func:`_issue_stage`: inline PTX at ``global_smem`` + the ring's offset 0, which Triton's barrier analysis does
+not see) and waits for its own copies: the stage loop has no CTA barrier. Token-major pages (``TOKEN_MAJOR``, a
+prototype: Hk > 1, the ``(block, token, head, slot)`` order) are contiguous per block for ALL kv heads: a stage is
+copied as it lies in the page in 16-byte chunks (:func:`_issue_stage_tm`), 16 bytes of padding after every token
+pair, and the same views read it at token-major bases (:func:`_token_major_layout`).
 
 Math, per warp (warp ``w`` serves kv head ``w // WT`` and the ``w % WT``-th ``TW`` tokens of each
 sub-tile; per-warp online softmax, no cross-warp traffic in the loop), as the Gluon experiment of
@@ -640,148 +642,6 @@ def _halves_layout(nw, rows):
         shape=[nw, rows, 256])
 
 
-@gluon.jit
-def _issue_stage(ring, stage, cache_ptr, bt_row, t0, t_hi, stride_cb, stride_ch, inside, num_blocks, ids,
-                 NSUB: gl.constexpr, NW: gl.constexpr, WT: gl.constexpr, SLOT: gl.constexpr,
-                 BLOCK_SIZE: gl.constexpr):
-    """Start the async copies of tokens ``[t0, t0 + NSUB*WT*16)`` of every kv head into ring stage
-    ``stage``: ``NR = NSUB*NW`` runs (run ``q = j*NW + w``: kv head ``w // WT``, the 16 tokens
-    ``t0 + j*WT*16 + (w % WT)*16``), each ``16*SLOT`` contiguous bytes of a head-major page, copied
-    whole as ``SLOT/8`` rows of 128 B (stage row ``r`` = row ``r % RUN`` of run ``r // RUN``): rows
-    ``[0, RB*NR)`` with 16-byte ``cp.async`` (``RB`` = 16 at D=128, 32 at D=256), the last ``RS*NR``
-    rows with up to 16-byte ones. One warp per kv head (``WT`` = 1): flat rows, four adjacent rows per warp
-    instruction; token groups over warps (``WT`` > 1, stages of 8-32 blocks at block 16): each thread copies
-    consecutive rows (:func:`_copy_rows`), in at most two runs whose block ids and addresses it computes
-    once (H200: 4-6% faster there, 3-12% slower at ``WT`` = 1; benchmarks/NOTES.md). Runs starting at or past
-    ``t_hi`` are zero-filled (no read); unless ``inside`` (:func:`_blocks_inside` of the program's
-    range), so are runs of block ids outside ``[0, num_blocks)``. ``ids``: the stage's block ids
-    (:func:`_stage_ids`; empty where each copy row loads its own, :func:`_stage_blocks` = 0)."""
-    NR: gl.constexpr = NSUB * NW
-    RUN: gl.constexpr = SLOT // 8                     # 128-byte rows per run (17 / 34 at SLOT = 136 / 272)
-    RB: gl.constexpr = 16 * (SLOT // 136)             # rows per run in the first copy (a power of two)
-    RS: gl.constexpr = RUN - RB                       # the rest
-    V: gl.constexpr = 4 if NSUB * RS >= 4 else NSUB * RS  # words per copy of the last rows
-    ROWS: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [1, 0])
-    rows = ring.index(stage)._reinterpret(gl.int32, [NR * 2 * RB, 32], ROWS)
-    NBL: gl.constexpr = _stage_blocks(NSUB * WT * 16, BLOCK_SIZE)
-    K1: gl.constexpr = NSUB * RB // 4                # rows per thread of the per-run copy's two copies
-    K2: gl.constexpr = NSUB * RS // V
-    if not _per_run_copy(WT, K1, K2, RUN):  # flat rows, 4 adjacent rows (512 B) per warp and copy instruction
-        CL: gl.constexpr = gl.BlockedLayout([1, 4], [4, 8], [NW, 1], [1, 0])
-        RL: gl.constexpr = gl.BlockedLayout([1, V], [V, 32 // V], [NW, 1], [1, 0])
-        r = gl.expand_dims(gl.arange(0, NR * RB, gl.SliceLayout(1, CL)), 1)
-        base, ok = _run_rows(r, RUN, bt_row, t0, t_hi, stride_cb, stride_ch, ids, NBL, inside, num_blocks, NW, WT,
-                             SLOT, BLOCK_SIZE)
-        w = gl.expand_dims(gl.arange(0, 32, gl.SliceLayout(0, CL)), 0)
-        p = gl.multiple_of((cache_ptr + base).to(gl.pointer_type(gl.int32)), [16, 16])
-        async_copy.async_copy_global_to_shared(rows.slice(0, NR * RB), p + w, mask=ok & (w >= 0))
-        r2 = gl.expand_dims(gl.arange(0, NR * RS, gl.SliceLayout(1, RL)), 1) + NR * RB
-        base2, ok2 = _run_rows(r2, RUN, bt_row, t0, t_hi, stride_cb, stride_ch, ids, NBL, inside, num_blocks, NW,
-                               WT, SLOT, BLOCK_SIZE)
-        w2 = gl.expand_dims(gl.arange(0, 32, gl.SliceLayout(0, RL)), 0)
-        p2 = gl.multiple_of((cache_ptr + base2).to(gl.pointer_type(gl.int32)), [16, 16])
-        async_copy.async_copy_global_to_shared(rows.slice(NR * RB, NR * RS), p2 + w2, mask=ok2 & (w2 >= 0))
-    else:  # token groups of a kv head over warps: consecutive rows per thread (<= 2 runs, ids once)
-        ROWS3: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [2, 1, 0])
-        # [thread group c, row k, word]: 4 words per lane, 8 lanes a row, a group's K rows in its registers
-        CL3: gl.constexpr = gl.BlockedLayout([1, 1, 4], [4, 1, 8], [NW, 1, 1], [2, 1, 0])
-        RL3: gl.constexpr = gl.BlockedLayout([1, 1, V], [V, 1, 32 // V], [NW, 1, 1], [2, 1, 0])
-        _copy_rows(rows._reinterpret(gl.int32, [4 * NW, K1, 32], ROWS3), 0, 4 * NW, K1, CL3, cache_ptr, bt_row, t0,
-                   t_hi, stride_cb, stride_ch, ids, NBL, inside, num_blocks, NW, WT, SLOT, BLOCK_SIZE)
-        _copy_rows(rows.slice(NR * RB, NR * RS)._reinterpret(gl.int32, [V * NW, K2, 32], ROWS3), NR * RB, V * NW,
-                   K2, RL3, cache_ptr, bt_row, t0, t_hi, stride_cb, stride_ch, ids, NBL, inside, num_blocks, NW, WT,
-                   SLOT, BLOCK_SIZE)
-
-
-@gluon.jit
-def _run_rows(r, RUN: gl.constexpr, bt_row, t0, t_hi, stride_cb, stride_ch, ids, NBL: gl.constexpr,
-              inside, num_blocks, NW: gl.constexpr, WT: gl.constexpr, SLOT: gl.constexpr,
-              BLOCK_SIZE: gl.constexpr):
-    """Byte offsets in the cache of the stage rows ``r`` (row ``r`` = 128-byte piece ``r % RUN`` of run
-    ``r // RUN``) and which rows to read (:func:`_run_base`)."""
-    return _run_base(r // RUN, (r % RUN) * 128, t0, t_hi, bt_row, stride_cb, stride_ch, ids, NBL, inside,
-                     num_blocks, NW, WT, SLOT, BLOCK_SIZE)
-
-
-@gluon.constexpr_function
-def _chunk_runs(k, run):
-    """Most runs of ``run`` rows that ``k`` consecutive rows touch."""
-    return 1 if k == 1 else (k + run - 2) // run + 1
-
-
-@gluon.constexpr_function
-def _per_run_copy(wt, k1, k2, run):
-    """Whether :func:`_issue_stage` copies by :func:`_copy_rows`: token groups share a kv head (``wt`` > 1;
-    at ``wt`` = 1 the flat rows measured faster) and each thread's ``k1`` / ``k2`` rows lie in at most two runs
-    and number fewer than 32 (its row bitmask). Every routed shape qualifies; larger ``nsub`` tunings (e.g.
-    4 warps x nsub 8) keep the flat rows."""
-    return wt > 1 and all(_chunk_runs(k, run) <= 2 and k < 32 for k in (k1, k2))
-
-
-@gluon.jit
-def _copy_rows(dst, R0: gl.constexpr, C: gl.constexpr, K: gl.constexpr, L: gl.constexpr, cache_ptr, bt_row, t0,
-               t_hi, stride_cb, stride_ch, ids, NBL: gl.constexpr, inside, num_blocks, NW: gl.constexpr,
-               WT: gl.constexpr, SLOT: gl.constexpr, BLOCK_SIZE: gl.constexpr):
-    """``cp.async`` of stage rows ``[R0, R0 + C*K)`` into ``dst`` (``[C, K, 32]`` words, row-major: element
-    ``(c, k, x)`` is word ``x`` of stage row ``R0 + c*K + k``), in ``L`` (each thread one ``c``, all ``k`` in
-    its registers): group ``c``'s rows lie in runs ``q0 .. q0 + M - 1`` (``q0 = (R0 + c*K) // RUN``), whose
-    cache offsets (:func:`_run_base`) the thread computes once; row ``k`` is row ``e0 + k - m*RUN`` of run
-    ``q0 + m`` (``e0 = (R0 + c*K) % RUN``), picked by a compare of ``k`` with ``RUN - e0``; two runs
-    (``M`` = 2): the rows read are one range ``[lo, hi)`` of ``k`` (a masked row is zero-filled). At most two
-    runs and ``K`` < 32 (:func:`_per_run_copy`)."""
-    RUN: gl.constexpr = SLOT // 8
-    M: gl.constexpr = _chunk_runs(K, RUN)
-    c = _iota3(C, 0, L)
-    k = _iota3(K, 1, L)
-    x = _iota3(32, 2, L)
-    r0 = R0 + c * K
-    q0 = r0 // RUN
-    e0 = r0 % RUN                                   # the group's first row in run q0 (loop invariant)
-    base, ok = _run_base(q0, 0, t0, t_hi, bt_row, stride_cb, stride_ch, ids, NBL, inside, num_blocks, NW, WT, SLOT,
-                         BLOCK_SIZE)
-    # word x of the group's rows in run q0, as if the run went on (the lane's part added once, not per row)
-    p = gl.multiple_of((cache_ptr + (base + e0 * 128)).to(gl.pointer_type(gl.int32)), [16, 16, 16]) + x
-    gl.static_assert(M <= 2 and K < 32, "at most two runs and 32 rows per thread group (_per_run_copy)")
-    if M == 1:
-        valid = ok & (k >= 0)
-    else:
-        b = RUN - e0                                # rows k >= b are in run q0 + 1
-        bm, okm = _run_base(q0 + 1, 0, t0, t_hi, bt_row, stride_cb, stride_ch, ids, NBL, inside, num_blocks, NW, WT,
-                            SLOT, BLOCK_SIZE)
-        pm = gl.multiple_of((cache_ptr + (bm + (e0 - RUN) * 128)).to(gl.pointer_type(gl.int32)), [16, 16, 16]) + x
-        p = gl.where(k >= b, pm, p)
-        # the rows to read are [lo, hi): those of run q0 if ok, then those of run q0 + 1 if okm
-        lo = gl.where(ok, 0, gl.minimum(b, K))
-        hi = gl.where(okm, K, gl.minimum(b, K))
-        vm = (1 << hi) - (1 << lo)                  # bit k: row k is read (K < 32)
-        valid = (vm & (1 << k)) != 0
-    async_copy.async_copy_global_to_shared(dst, p + k * 32, mask=valid & (x >= 0))
-
-
-@gluon.jit
-def _run_base(q, off, t0, t_hi, bt_row, stride_cb, stride_ch, ids, NBL: gl.constexpr, inside, num_blocks,
-              NW: gl.constexpr, WT: gl.constexpr, SLOT: gl.constexpr, BLOCK_SIZE: gl.constexpr):
-    """Byte offset in the cache of byte ``off`` of run ``q`` and whether to read it (the run starts before
-    ``t_hi`` and, unless ``inside``, its block id is inside ``[0, num_blocks)``). Its block id is picked from
-    the stage's ``ids`` (``NBL`` > 0, :func:`_stage_blocks`; :func:`_stage_block`) or loaded."""
-    w = q % NW
-    dt = (q // NW) * (WT * 16) + (w % WT) * 16  # the run's first token, from the stage's
-    tok = t0 + dt
-    ok = tok < t_hi
-    if NBL == 0:
-        blk = gl.load(bt_row + tok // BLOCK_SIZE, mask=ok, other=0)
-        ok = ok & (inside | ((blk >= 0) & (blk < num_blocks)))
-        base = (blk.to(gl.int64) * stride_cb + (w // WT).to(gl.int64) * stride_ch
-                + ((tok % BLOCK_SIZE) * SLOT + off).to(gl.int64))
-    else:
-        blk, ok = _stage_block(dt // BLOCK_SIZE, ids, NBL, ok, inside, num_blocks)
-        # stages start on TT boundaries, so tok % BLOCK_SIZE = t0 % BLOCK_SIZE + dt % BLOCK_SIZE: the
-        # run's offset inside its page does not depend on the stage (the compiler keeps it)
-        inner = (w // WT).to(gl.int64) * stride_ch + (dt % BLOCK_SIZE) * SLOT + off
-        base = blk.to(gl.int64) * stride_cb + (t0 % BLOCK_SIZE) * SLOT + inner
-    return base, ok
-
-
 @gluon.constexpr_function
 def _tm_stage(hk, slot, tt, xp, nw, key):
     """Shape of a token-major ring stage, item ``key``: ``STW`` words from one stage to the next, ``NCH`` its
@@ -853,7 +713,8 @@ def _pair_chunks(c, PC: gl.constexpr, DC: gl.constexpr, NCH: gl.constexpr, bt_ro
                  BLOCK_SIZE: gl.constexpr):
     """Byte offsets in a token-major cache of stage chunks ``c`` (chunk ``c % PC`` of token pair ``c // PC``)
     and which to read (a data chunk of the stage whose 16-token run starts before ``t_hi`` and, unless
-    ``inside``, whose block id is inside ``[0, num_blocks)``); block ids as :func:`_run_base`."""
+    ``inside``, whose block id is inside ``[0, num_blocks)``); block ids picked from the stage's ``ids``
+    (:func:`_stage_blocks`) or loaded per chunk."""
     tau = (c // PC) * 2                               # the pair's first token in the stage
     within = c % PC
     # a data chunk of the stage: its run's first token (loop invariant), else past any length (one compare a stage)
@@ -888,21 +749,113 @@ def _advance_ring_tm(stages, it, cache_ptr, bt_row, t_lo, t_hi, stride_cb, insid
     return (it % STAGES) * NSUB, t_lo + it * TT
 
 
+@gluon.constexpr_function
+def _warp_copy_ptx(nsub, slot, nw):
+    """PTX of :func:`_issue_stage`: the ``cp.async`` of one warp's ``nsub`` runs of a stage (run ``j`` of the
+    warp is the ring's run ``j nw + w``, ``16 slot`` bytes), their 16-byte chunks back to back, 32 consecutive
+    chunks per instruction (512 contiguous bytes but at a run boundary; lanes past the last chunk copy nothing), then
+    one commit group. Operands: ``$0``
+    a dummy output, ``$1`` the lane's byte offset in shared memory of its chunk 0 (stage, warp and lane parts), ``$2``
+    the lane, ``$3..`` the runs' global pointers (lane part included), then their copy sizes (16 or 0: a zero fill).
+    The shared address is ``global_smem`` plus the offset: the ring is the piece's first allocation, at offset 0
+    (``tests/test_decode_wholepage_warp_copy.py`` checks it)."""
+    run_bytes = 16 * slot
+    chunks = nsub * slot
+    ptr, size = 3, 3 + nsub
+    lines = ["{ .reg .pred p, q; .reg .b32 s, t, o, z; .reg .b64 g, h;", "mov.u32 s, global_smem;",
+             "add.u32 s, s, $1;"]
+    for k in range(-(-chunks // 32)):
+        c0 = 32 * k
+        j, j2 = c0 // slot, min(c0 + 31, chunks - 1) // slot
+        gi = 16 * (c0 - slot * j)
+        si = j * nw * run_bytes + gi
+        if c0 + 32 > chunks:  # the last chunks: lanes past the warp's runs copy nothing
+            lines += [f"setp.lt.u32 q, $2, {chunks - c0};",
+                      f"@q cp.async.cg.shared.global [s+{si}], [${ptr + j}+{gi}], 16, ${size + j};"]
+            continue
+        if j == j2:
+            lines.append(f"cp.async.cg.shared.global [s+{si}], [${ptr + j}+{gi}], 16, ${size + j};")
+            continue
+        gi2 = 16 * (c0 - slot * j2)
+        lines += [f"setp.lt.u32 p, $2, {slot * j2 - c0};",
+                  f"add.s64 g, ${ptr + j}, {gi}; add.s64 h, ${ptr + j2}, {gi2}; selp.b64 g, g, h, p;",
+                  f"selp.b32 o, {si}, {j2 * nw * run_bytes + gi2}, p; add.u32 t, s, o;",
+                  f"selp.b32 z, ${size + j}, ${size + j2}, p;",
+                  "cp.async.cg.shared.global [t], [g], 16, z;"]
+    return " ".join(lines + ["cp.async.commit_group;", "mov.u32 $0, 0;", "}"])
+
+
+@gluon.constexpr_function
+def _own_copies_ptx(pending):
+    """PTX of :func:`_own_copies_landed`."""
+    return f"cp.async.wait_group {pending}; bar.warp.sync -1; mov.u32 $0, 0;"
+
+
 @gluon.jit
-def _advance_ring(ring, it, cache_ptr, bt_row, t_lo, t_hi, stride_cb, stride_ch, inside, num_blocks, ids,
-                  STAGES: gl.constexpr, TT: gl.constexpr, NSUB: gl.constexpr, NW: gl.constexpr,
-                  WT: gl.constexpr, SLOT: gl.constexpr, BLOCK_SIZE: gl.constexpr):
-    """Top of stage loop iteration ``it``: wait until stage ``it`` landed (at most ``STAGES - 2`` younger
-    copy groups pending; the barrier also retires every warp's reads of the buffer about to be
-    overwritten), then issue the stage ``STAGES - 1`` ahead as one commit group, from its block ids ``ids``
-    (loaded one iteration earlier, so the copies never wait on the block table). Returns stage ``it``'s
-    first run in the ring, its first token and the block ids of the stage after the one issued."""
-    async_copy.wait_group(STAGES - 2)
-    gl.thread_barrier()
-    _issue_stage(ring, (it + STAGES - 1) % STAGES, cache_ptr, bt_row, t_lo + (it + STAGES - 1) * TT, t_hi,
-                 stride_cb, stride_ch, inside, num_blocks, ids, NSUB, NW, WT, SLOT, BLOCK_SIZE)
-    async_copy.commit_group()
-    nxt = _stage_ids(bt_row, t_lo + (it + STAGES) * TT, t_hi, _stage_blocks(TT, BLOCK_SIZE), BLOCK_SIZE)
+def _own_copies_landed(lane, PENDING: gl.constexpr):
+    """Wait until at most ``PENDING`` of this thread's newest copy groups are in flight, then order the warp
+    (``bar.warp.sync``): a warp reads only the runs it copied (:func:`_issue_stage`), so no CTA barrier."""
+    gl.inline_asm_elementwise(asm=_own_copies_ptx(PENDING), constraints="=r,r", args=[lane], dtype=gl.int32,
+                              is_pure=False, pack=1)
+
+
+@gluon.jit
+def _warp_ids(bt_row, t0, t_hi, warp, NSUB: gl.constexpr, NW: gl.constexpr, WT: gl.constexpr,
+              BLOCK_SIZE: gl.constexpr):
+    """Block ids of the runs warp ``warp`` copies in the stage from token ``t0`` (run ``j``: the block of token
+    ``t0 + j WT 16 + (w % WT) 16``; 0 past ``t_hi``), loaded a stage before their copies
+    (:func:`_advance_ring`)."""
+    ids = ()
+    for j in gl.static_range(NSUB):
+        tok = t0 + j * (WT * 16) + (warp % WT) * 16
+        ids = ids + (gl.load(bt_row + tok // BLOCK_SIZE, mask=tok < t_hi, other=0),)
+    return ids
+
+
+@gluon.jit
+def _issue_stage(stage, cache_ptr, t0, t_hi, stride_cb, stride_ch, inside, num_blocks, ids, lane, warp,
+                      NSUB: gl.constexpr, NW: gl.constexpr, WT: gl.constexpr, SLOT: gl.constexpr,
+                      BLOCK_SIZE: gl.constexpr):
+    """:func:`_issue_stage` by warp: warp ``w`` copies the runs it reads (``j NW + w``: kv head ``w // WT``, tokens
+    ``t0 + j WT 16 + (w % WT) 16``, block ids ``ids`` from :func:`_warp_ids`) by inline-PTX ``cp.async``
+    (:func:`_warp_copy_ptx`) that the compiler's shared-memory barrier analysis does not see, so no stage needs a
+    CTA barrier. Runs past ``t_hi`` and, unless ``inside``, of ids outside ``[0, num_blocks)`` are zero-filled.
+    ``lane``/``warp``: ``[NW, 32]``, one per thread."""
+    ptrs = ()
+    sizes = ()
+    for j in gl.static_range(NSUB):
+        tok = t0 + j * (WT * 16) + (warp % WT) * 16
+        blk = ids[j]
+        ok = (tok < t_hi) & (inside | ((blk >= 0) & (blk < num_blocks)))
+        base = (blk.to(gl.int64) * stride_cb + (warp // WT).to(gl.int64) * stride_ch
+                + ((tok % BLOCK_SIZE) * SLOT + 16 * lane).to(gl.int64))
+        ptrs = ptrs + (cache_ptr + base,)
+        sizes = sizes + (gl.where(ok, 16, 0),)
+    off = (stage * (NSUB * NW) + warp) * (16 * SLOT) + 16 * lane
+    if NSUB == 4:
+        gl.inline_asm_elementwise(asm=_warp_copy_ptx(NSUB, SLOT, NW), constraints="=r,r,r,l,l,l,l,r,r,r,r",
+                                  args=[off, lane, ptrs[0], ptrs[1], ptrs[2], ptrs[3], sizes[0], sizes[1], sizes[2],
+                                        sizes[3]], dtype=gl.int32, is_pure=False, pack=1)
+    elif NSUB == 2:
+        gl.inline_asm_elementwise(asm=_warp_copy_ptx(NSUB, SLOT, NW), constraints="=r,r,r,l,l,r,r",
+                                  args=[off, lane, ptrs[0], ptrs[1], sizes[0], sizes[1]], dtype=gl.int32,
+                                  is_pure=False, pack=1)
+    else:
+        gl.static_assert(NSUB == 1, "warp copies: NSUB 1, 2 or 4")
+        gl.inline_asm_elementwise(asm=_warp_copy_ptx(NSUB, SLOT, NW), constraints="=r,r,r,l,r",
+                                  args=[off, lane, ptrs[0], sizes[0]], dtype=gl.int32, is_pure=False, pack=1)
+
+
+@gluon.jit
+def _advance_ring(it, cache_ptr, bt_row, t_lo, t_hi, stride_cb, stride_ch, inside, num_blocks, ids, lane, warp,
+                       STAGES: gl.constexpr, TT: gl.constexpr, NSUB: gl.constexpr, NW: gl.constexpr,
+                       WT: gl.constexpr, SLOT: gl.constexpr, BLOCK_SIZE: gl.constexpr):
+    """:func:`_advance_ring` with warp copies (:func:`_issue_stage`): each warp waits for its own copies, and
+    loads the block ids of the stage after the one it issues."""
+    _own_copies_landed(lane, STAGES - 2)
+    _issue_stage((it + STAGES - 1) % STAGES, cache_ptr, t_lo + (it + STAGES - 1) * TT, t_hi, stride_cb,
+                      stride_ch, inside, num_blocks, ids, lane, warp, NSUB, NW, WT, SLOT, BLOCK_SIZE)
+    nxt = _warp_ids(bt_row, t_lo + (it + STAGES) * TT, t_hi, warp, NSUB, NW, WT, BLOCK_SIZE)
     return (it % STAGES) * NSUB, t_lo + it * TT, nxt
 
 
@@ -967,8 +920,9 @@ def _online_update(ss, m_prev, l_prev, G: gl.constexpr, N: gl.constexpr, TAX: gl
 @gluon.constexpr_function
 def _stage_blocks(tt, block_size):
     """How many block ids a ``tt``-token stage loads up front: 1 when a block holds whole stages, 2 when
-    a stage is two whole blocks (stages start on ``tt`` boundaries), else 0: each copy row (or run) loads
-    its own (4 ids picked per row measured slower on the H200, benchmarks/NOTES.md)."""
+    a stage is two whole blocks (stages start on ``tt`` boundaries), else 0: each chunk loads its own (4 ids
+    picked per row measured slower on the H200, benchmarks/NOTES.md). Token-major copies only: a head-major warp
+    loads its runs' ids a stage ahead (:func:`_warp_ids`)."""
     if block_size % tt == 0:
         return 1
     if tt == 2 * block_size:
@@ -977,19 +931,9 @@ def _stage_blocks(tt, block_size):
 
 
 @gluon.jit
-def _stage_ids(bt_row, t0, t_hi, NBL: gl.constexpr, BLOCK_SIZE: gl.constexpr):
-    """The ``NBL`` block ids (:func:`_stage_blocks`) of the stage from token ``t0``, 0 past ``t_hi``: loaded
-    once per stage (not per copy row), a stage before its copies (:func:`_advance_ring`)."""
-    ids = ()
-    for j in gl.static_range(NBL):
-        ids = ids + (gl.load(bt_row + t0 // BLOCK_SIZE + j, mask=t0 + j * BLOCK_SIZE < t_hi, other=0),)
-    return ids
-
-
-@gluon.jit
 def _stage_block(jl, ids, NBL: gl.constexpr, ok, inside, num_blocks):
     """Block id of the stage's block slot ``jl`` (picked from its ``ids``, loaded once per stage) and ``ok``
-    narrowed, unless ``inside``, to ids inside ``[0, num_blocks)``: shared by both page layouts' copies."""
+    narrowed, unless ``inside``, to ids inside ``[0, num_blocks)`` (token-major copies, :func:`_pair_chunks`)."""
     blk = ids[0] + jl * 0
     for j in gl.static_range(1, NBL):
         blk = gl.where(jl == j, ids[j], blk)
@@ -1292,7 +1236,6 @@ def _serve_piece(q_ptr, cache_ptr, bt_ptr, seqlen_ptr, sinks_ptr, out_ptr, part_
     H: gl.constexpr = D // 2
     G: gl.constexpr = D // 32
     TT: gl.constexpr = NSUB * WT * TW
-    NBL: gl.constexpr = _stage_blocks(TT, BLOCK_SIZE)  # block ids loaded per stage (_stage_ids)
     PAIR: gl.constexpr = NSUB  # runs per online-softmax update: the whole stage
     # partials per merge step: _merge_layout holds distinct elements, so the 64-value budget holds at any Hk
     MERGE: gl.constexpr = _merge_step(HK * GQA_PAD * D // (32 * NW), 64)
@@ -1415,17 +1358,24 @@ def _serve_piece(q_ptr, cache_ptr, bt_ptr, seqlen_ptr, sinks_ptr, out_ptr, part_
     nparts = _owner(ce - 1, active, total) - first + 1
     if HAS_WINDOW:
         first_ids = _first_blocks(bt_row, t_lo, t_hi, BLOCK_SIZE, NW, True)
-    # ---- prologue: STAGES - 1 stages in flight, each row checking its own block id (the range's check below
+    # ---- prologue: STAGES - 1 stages in flight, each run checking its own block id (the range's check below
     # waits for its block-table loads; the copies do not)
+    CP: gl.constexpr = gl.BlockedLayout([1, 1], [1, 32], [NW, 1], [1, 0])  # one element per thread
+    c_lane = gl.expand_dims(gl.arange(0, 32, gl.SliceLayout(0, CP)), 0) + gl.zeros([NW, 32], gl.int32, CP)
+    c_warp = gl.expand_dims(gl.arange(0, NW, gl.SliceLayout(1, CP)), 1) + gl.zeros([NW, 32], gl.int32, CP)
     for i in gl.static_range(STAGES - 1):
         if TOKEN_MAJOR:
             _issue_stage_tm(stages, i, cache_ptr, bt_row, t_lo + i * TT, t_hi, stride_cb, False, num_blocks,
                             TT, NW, HK, SLOT, XP, BLOCK_SIZE)
+            async_copy.commit_group()
         else:
-            _issue_stage(ring, i, cache_ptr, bt_row, t_lo + i * TT, t_hi, stride_cb, stride_ch, False, num_blocks,
-                         _stage_ids(bt_row, t_lo + i * TT, t_hi, NBL, BLOCK_SIZE), NSUB, NW, WT, SLOT, BLOCK_SIZE)
-        async_copy.commit_group()
-    ids = _stage_ids(bt_row, t_lo + (STAGES - 1) * TT, t_hi, _pick(TOKEN_MAJOR, 0, NBL), BLOCK_SIZE)
+            _issue_stage(i, cache_ptr, t_lo + i * TT, t_hi, stride_cb, stride_ch, False, num_blocks,
+                              _warp_ids(bt_row, t_lo + i * TT, t_hi, c_warp, NSUB, NW, WT, BLOCK_SIZE), c_lane, c_warp,
+                              NSUB, NW, WT, SLOT, BLOCK_SIZE)
+    if TOKEN_MAJOR:
+        ids = ()
+    else:
+        ids = _warp_ids(bt_row, t_lo + (STAGES - 1) * TT, t_hi, c_warp, NSUB, NW, WT, BLOCK_SIZE)
     inside = _blocks_inside(bt_row, t_lo, t_hi, num_blocks, err_ptr, first_ids, BLOCK_SIZE)
 
     # score axes: rows (query rows) and tokens; QR/QW/TK: per-row, per-warp, per-token state layouts
@@ -1515,8 +1465,9 @@ def _serve_piece(q_ptr, cache_ptr, bt_ptr, seqlen_ptr, sinks_ptr, out_ptr, part_
             cur, t0 = _advance_ring_tm(stages, it, cache_ptr, bt_row, t_lo, t_hi, stride_cb, inside, num_blocks,
                                        STAGES, TT, NSUB, NW, HK, SLOT, XP, BLOCK_SIZE)
         else:
-            cur, t0, ids = _advance_ring(ring, it, cache_ptr, bt_row, t_lo, t_hi, stride_cb, stride_ch, inside,
-                                         num_blocks, ids, STAGES, TT, NSUB, NW, WT, SLOT, BLOCK_SIZE)
+            cur, t0, ids = _advance_ring(it, cache_ptr, bt_row, t_lo, t_hi, stride_cb, stride_ch, inside,
+                                              num_blocks, ids, c_lane, c_warp, STAGES, TT, NSUB, NW, WT, SLOT,
+                                              BLOCK_SIZE)
         whole = inside & (t0 + TT <= t_hi)  # every token of the stage counts: the loop's interior, no masks
         if HAS_WINDOW:
             whole = whole & (t0 >= lo)
@@ -1617,7 +1568,11 @@ def _serve_piece(q_ptr, cache_ptr, bt_ptr, seqlen_ptr, sinks_ptr, out_ptr, part_
                                            ps[i], nr, vgroup, NW, TW, H, ROWS_IN_N, VL, VLW, VA, VB, PTB, PA, RAX)
                     accs = (acc_e, acc_o)
             run = new_run
-    async_copy.wait_group(0)
+    if TOKEN_MAJOR:
+        async_copy.wait_group(0)
+    else:  # every warp's copies (zero fills past the range too) landed before the epilogue reuses the ring's bytes
+        _own_copies_landed(c_lane, 0)
+        gl.thread_barrier()
 
     pair0 = b * HK
     # ---- the program's partial of each kv head (acc * 2**run, m, l; its WT token groups combined
