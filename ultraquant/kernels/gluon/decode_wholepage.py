@@ -754,9 +754,9 @@ def _warp_copy_ptx(nsub, slot, nw):
     """PTX of :func:`_issue_stage`: the ``cp.async`` of one warp's ``nsub`` runs of a stage (run ``j`` of the
     warp is the ring's run ``j nw + w``, ``16 slot`` bytes), their 16-byte chunks back to back, 32 consecutive
     chunks per instruction (512 contiguous bytes but at a run boundary; lanes past the last chunk copy nothing), then
-    one commit group. Operands: ``$0``
-    a dummy output, ``$1`` the lane's byte offset in shared memory of its chunk 0 (stage, warp and lane parts), ``$2``
-    the lane, ``$3..`` the runs' global pointers (lane part included), then their copy sizes (16 or 0: a zero fill).
+    one commit group. Operands: ``$0`` a dummy output, ``$1`` the lane's byte offset in shared memory of its chunk 0
+    (stage, warp and lane parts), ``$2`` the lane, ``$3..`` the runs' global pointers (lane part included), then
+    their copy sizes (16 or 0: a zero fill).
     The shared address is ``global_smem`` plus the offset: the ring is the piece's first allocation, at offset 0
     (``tests/test_decode_wholepage_warp_copy.py`` checks it)."""
     run_bytes = 16 * slot
@@ -770,6 +770,7 @@ def _warp_copy_ptx(nsub, slot, nw):
         gi = 16 * (c0 - slot * j)
         si = j * nw * run_bytes + gi
         if c0 + 32 > chunks:  # the last chunks: lanes past the warp's runs copy nothing
+            assert j == j2, "the last, partial copy instruction lies in one run"
             lines += [f"setp.lt.u32 q, $2, {chunks - c0};",
                       f"@q cp.async.cg.shared.global [s+{si}], [${ptr + j}+{gi}], 16, ${size + j};"]
             continue
