@@ -40,18 +40,20 @@ from .decode_wholepage import (
     _fold_partials,
     _fold_sink,
     _fwht_split,
+    _id_inside,
     _iota3,
     _issue_stage,
+    _lanes_warps,
     _merge_step,
     _normalized,
     _online_start,
     _online_update,
-    _own_copies_landed,
     _owner,
     _physical_token,
     _piece,
     _pow2,
     _rel_scale,
+    _ring_drained,
     _schedule,
     _slot_layout,
     _token_top,
@@ -199,7 +201,7 @@ def _stage_scores(kc8, ks, q_smem, cur, t0, t_hi, ws, ns, inside, bt_row, num_bl
             live = ts < t_hi
             if not inside:
                 tb = gl.load(bt_row + ts // BLOCK_SIZE, mask=live, other=0)
-                live = live & (tb >= 0) & (tb < num_blocks)
+                live = live & _id_inside(tb, num_blocks)
             ts3 = gl.expand_dims(ts, 1)
             live3 = gl.expand_dims(live, 1)
             for t in gl.static_range(TILES):
@@ -473,13 +475,11 @@ def _serve_piece(q_ptr, cache_ptr, bt_ptr, seqlen_ptr, qsl_ptr, sinks_ptr, out_p
     inside = _blocks_inside(bt_row, t_lo, t_hi, num_blocks, err_ptr,
                             _first_blocks(bt_row, t_lo, t_hi, BLOCK_SIZE, NW, False), BLOCK_SIZE)
 
-    CP: gl.constexpr = gl.BlockedLayout([1, 1], [1, 32], [NW, 1], [1, 0])  # one element per thread
-    c_lane = gl.expand_dims(gl.arange(0, 32, gl.SliceLayout(0, CP)), 0) + gl.zeros([NW, 32], gl.int32, CP)
-    c_warp = gl.expand_dims(gl.arange(0, NW, gl.SliceLayout(1, CP)), 1) + gl.zeros([NW, 32], gl.int32, CP)
+    c_lane, c_warp = _lanes_warps(NW)
     for i in gl.static_range(STAGES - 1):
         _issue_stage(i, cache_ptr, t_lo + i * TT, t_hi, stride_cb, stride_ch, inside, num_blocks,
-                          _warp_ids(bt_row, t_lo + i * TT, t_hi, c_warp, NSUB, NW, WT, BLOCK_SIZE), c_lane, c_warp,
-                          NSUB, NW, WT, SLOT, BLOCK_SIZE)
+                     _warp_ids(bt_row, t_lo + i * TT, t_hi, c_warp, NSUB, NW, WT, BLOCK_SIZE), c_lane, c_warp,
+                     NSUB, NW, WT, SLOT, BLOCK_SIZE)
     ids = _warp_ids(bt_row, t_lo + (STAGES - 1) * TT, t_hi, c_warp, NSUB, NW, WT, BLOCK_SIZE)
 
     # ---- queries: rotate, scale, fp16 with the row's largest element in [2**14, 2**15) (K's fp16 codes are
@@ -523,7 +523,7 @@ def _serve_piece(q_ptr, cache_ptr, bt_ptr, seqlen_ptr, qsl_ptr, sinks_ptr, out_p
     m_is, l_is, run = _online_start(TILES, [NW, ROWS], QR, QW)
     for it in range(n_it):
         cur, t0, ids = _advance_ring(it, cache_ptr, bt_row, t_lo, t_hi, stride_cb, stride_ch, inside,
-                                          num_blocks, ids, c_lane, c_warp, STAGES, TT, NSUB, NW, WT, SLOT, BLOCK_SIZE)
+                                     num_blocks, ids, c_lane, c_warp, STAGES, TT, NSUB, NW, WT, SLOT, BLOCK_SIZE)
         whole = inside & (t0 >= first_hi) & (t0 + TT <= gl.minimum(lim_lo, t_hi))
         ss = _stage_scores(kc8, ks, q_smem, cur, t0, t_hi, ws, ns, inside, bt_row, num_blocks, rfs, lims,
                            firsts, softcap, whole, TILES, NSUB, NW, WT, TW, ROWS, H, BLOCK_SIZE, HAS_SOFTCAP,
@@ -560,8 +560,7 @@ def _serve_piece(q_ptr, cache_ptr, bt_ptr, seqlen_ptr, qsl_ptr, sinks_ptr, out_p
             accs = _pv_words(accs, vwa.index(cur + i), vwb.index(cur + i), vws[i], vtops[i], vexps[i], ps, i, nr,
                              TILES, NSUB, NW, MMA)
         run = new_run
-    _own_copies_landed(c_lane, 0)  # every warp's copies landed before the epilogue reuses the ring's bytes
-    gl.thread_barrier()
+    _ring_drained(c_lane)
 
     f = gl.expand_dims(gl.expand_dims(_pow2(gl.minimum(run, 127)), 1), 2)
     # partial (EP: a kv head's WT token groups in-thread) and merge (ML) layouts

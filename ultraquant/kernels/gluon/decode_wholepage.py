@@ -723,12 +723,12 @@ def _pair_chunks(c, PC: gl.constexpr, DC: gl.constexpr, NCH: gl.constexpr, bt_ro
     if NBL == 0 and TT % BLOCK_SIZE == 0:  # stages start on block boundaries: a chunk's block slot and offset
         # in its page do not depend on the stage (loop invariants)
         blk = gl.load(bt_row + t0 // BLOCK_SIZE + tau // BLOCK_SIZE, mask=ok, other=0)
-        ok = ok & (inside | ((blk >= 0) & (blk < num_blocks)))
+        ok = ok & (inside | _id_inside(blk, num_blocks))
         base = blk.to(gl.int64) * stride_cb + ((tau % BLOCK_SIZE) * TOKB + within * 16).to(gl.int64)
     elif NBL == 0:
         tok = t0 + tau
         blk = gl.load(bt_row + tok // BLOCK_SIZE, mask=ok, other=0)
-        ok = ok & (inside | ((blk >= 0) & (blk < num_blocks)))
+        ok = ok & (inside | _id_inside(blk, num_blocks))
         base = blk.to(gl.int64) * stride_cb + ((tok % BLOCK_SIZE) * TOKB + within * 16).to(gl.int64)
     else:
         blk, ok = _stage_block(tau // BLOCK_SIZE, ids, NBL, ok, inside, num_blocks)
@@ -740,13 +740,30 @@ def _pair_chunks(c, PC: gl.constexpr, DC: gl.constexpr, NCH: gl.constexpr, bt_ro
 def _advance_ring_tm(stages, it, cache_ptr, bt_row, t_lo, t_hi, stride_cb, inside, num_blocks,
                      STAGES: gl.constexpr, TT: gl.constexpr, NSUB: gl.constexpr, NW: gl.constexpr,
                      HK: gl.constexpr, SLOT: gl.constexpr, XP: gl.constexpr, BLOCK_SIZE: gl.constexpr):
-    """:func:`_advance_ring` for token-major pages (:func:`_issue_stage_tm`)."""
+    """:func:`_advance_ring` for token-major pages (:func:`_issue_stage_tm`; Triton's copies, a CTA barrier)."""
     async_copy.wait_group(STAGES - 2)
     gl.thread_barrier()
     _issue_stage_tm(stages, (it + STAGES - 1) % STAGES, cache_ptr, bt_row, t_lo + (it + STAGES - 1) * TT,
                     t_hi, stride_cb, inside, num_blocks, TT, NW, HK, SLOT, XP, BLOCK_SIZE)
     async_copy.commit_group()
     return (it % STAGES) * NSUB, t_lo + it * TT
+
+
+@gluon.jit
+def _lanes_warps(NW: gl.constexpr):
+    """The lane and the warp of each thread, ``[NW, 32]`` int32 with one element per thread: the operands of the
+    per-thread inline PTX of :func:`_issue_stage` / :func:`_own_copies_landed`."""
+    CP: gl.constexpr = gl.BlockedLayout([1, 1], [1, 32], [NW, 1], [1, 0])
+    zero = gl.zeros([NW, 32], gl.int32, CP)
+    return (gl.expand_dims(gl.arange(0, 32, gl.SliceLayout(0, CP)), 0) + zero,
+            gl.expand_dims(gl.arange(0, NW, gl.SliceLayout(1, CP)), 1) + zero)
+
+
+@gluon.jit
+def _run_token(t0, j, warp, WT: gl.constexpr):
+    """First token of warp ``warp``'s run ``j`` in the stage from token ``t0`` (its ``w % WT``-th 16 tokens of
+    sub-tile ``j``)."""
+    return t0 + j * (WT * 16) + (warp % WT) * 16
 
 
 @gluon.constexpr_function
@@ -801,33 +818,42 @@ def _own_copies_landed(lane, PENDING: gl.constexpr):
 
 
 @gluon.jit
+def _ring_drained(lane):
+    """After a piece's stage loop: every thread's copies (the zero fills past the range too) landed, and every warp
+    is past them, before the epilogue's scratch may reuse the ring's bytes."""
+    _own_copies_landed(lane, 0)
+    gl.thread_barrier()
+
+
+@gluon.jit
 def _warp_ids(bt_row, t0, t_hi, warp, NSUB: gl.constexpr, NW: gl.constexpr, WT: gl.constexpr,
               BLOCK_SIZE: gl.constexpr):
-    """Block ids of the runs warp ``warp`` copies in the stage from token ``t0`` (run ``j``: the block of token
-    ``t0 + j WT 16 + (w % WT) 16``; 0 past ``t_hi``), loaded a stage before their copies
+    """Block ids of the runs warp ``warp`` copies in the stage from token ``t0`` (run ``j``: the block of its first
+    token, :func:`_run_token`; 0 past ``t_hi``), loaded a stage before their copies
     (:func:`_advance_ring`)."""
     ids = ()
     for j in gl.static_range(NSUB):
-        tok = t0 + j * (WT * 16) + (warp % WT) * 16
+        tok = _run_token(t0, j, warp, WT)
         ids = ids + (gl.load(bt_row + tok // BLOCK_SIZE, mask=tok < t_hi, other=0),)
     return ids
 
 
 @gluon.jit
 def _issue_stage(stage, cache_ptr, t0, t_hi, stride_cb, stride_ch, inside, num_blocks, ids, lane, warp,
-                      NSUB: gl.constexpr, NW: gl.constexpr, WT: gl.constexpr, SLOT: gl.constexpr,
-                      BLOCK_SIZE: gl.constexpr):
-    """:func:`_issue_stage` by warp: warp ``w`` copies the runs it reads (``j NW + w``: kv head ``w // WT``, tokens
-    ``t0 + j WT 16 + (w % WT) 16``, block ids ``ids`` from :func:`_warp_ids`) by inline-PTX ``cp.async``
+                 NSUB: gl.constexpr, NW: gl.constexpr, WT: gl.constexpr, SLOT: gl.constexpr,
+                 BLOCK_SIZE: gl.constexpr):
+    """Start the async copies of ring stage ``stage`` (tokens from ``t0``, head-major pages): warp ``w`` copies the
+    runs it reads (``j NW + w``: kv head ``w // WT``, tokens from :func:`_run_token`, block ids ``ids`` from
+    :func:`_warp_ids`) by inline-PTX ``cp.async``
     (:func:`_warp_copy_ptx`) that the compiler's shared-memory barrier analysis does not see, so no stage needs a
     CTA barrier. Runs past ``t_hi`` and, unless ``inside``, of ids outside ``[0, num_blocks)`` are zero-filled.
     ``lane``/``warp``: ``[NW, 32]``, one per thread."""
     ptrs = ()
     sizes = ()
     for j in gl.static_range(NSUB):
-        tok = t0 + j * (WT * 16) + (warp % WT) * 16
+        tok = _run_token(t0, j, warp, WT)
         blk = ids[j]
-        ok = (tok < t_hi) & (inside | ((blk >= 0) & (blk < num_blocks)))
+        ok = (tok < t_hi) & (inside | _id_inside(blk, num_blocks))
         base = (blk.to(gl.int64) * stride_cb + (warp // WT).to(gl.int64) * stride_ch
                 + ((tok % BLOCK_SIZE) * SLOT + 16 * lane).to(gl.int64))
         ptrs = ptrs + (cache_ptr + base,)
@@ -849,13 +875,15 @@ def _issue_stage(stage, cache_ptr, t0, t_hi, stride_cb, stride_ch, inside, num_b
 
 @gluon.jit
 def _advance_ring(it, cache_ptr, bt_row, t_lo, t_hi, stride_cb, stride_ch, inside, num_blocks, ids, lane, warp,
-                       STAGES: gl.constexpr, TT: gl.constexpr, NSUB: gl.constexpr, NW: gl.constexpr,
-                       WT: gl.constexpr, SLOT: gl.constexpr, BLOCK_SIZE: gl.constexpr):
-    """:func:`_advance_ring` with warp copies (:func:`_issue_stage`): each warp waits for its own copies, and
-    loads the block ids of the stage after the one it issues."""
+                  STAGES: gl.constexpr, TT: gl.constexpr, NSUB: gl.constexpr, NW: gl.constexpr,
+                  WT: gl.constexpr, SLOT: gl.constexpr, BLOCK_SIZE: gl.constexpr):
+    """Top of stage loop iteration ``it`` (head-major pages): each warp waits until its own copies of stage ``it``
+    landed (at most ``STAGES - 2`` younger groups pending), issues the stage ``STAGES - 1`` ahead from its block ids
+    ``ids`` (:func:`_issue_stage`) and loads those of the stage after it. Returns stage ``it``'s first run in the
+    ring, its first token and the next block ids."""
     _own_copies_landed(lane, STAGES - 2)
     _issue_stage((it + STAGES - 1) % STAGES, cache_ptr, t_lo + (it + STAGES - 1) * TT, t_hi, stride_cb,
-                      stride_ch, inside, num_blocks, ids, lane, warp, NSUB, NW, WT, SLOT, BLOCK_SIZE)
+                 stride_ch, inside, num_blocks, ids, lane, warp, NSUB, NW, WT, SLOT, BLOCK_SIZE)
     nxt = _warp_ids(bt_row, t_lo + (it + STAGES) * TT, t_hi, warp, NSUB, NW, WT, BLOCK_SIZE)
     return (it % STAGES) * NSUB, t_lo + it * TT, nxt
 
@@ -938,7 +966,7 @@ def _stage_block(jl, ids, NBL: gl.constexpr, ok, inside, num_blocks):
     blk = ids[0] + jl * 0
     for j in gl.static_range(1, NBL):
         blk = gl.where(jl == j, ids[j], blk)
-    return blk, ok & (inside | ((blk >= 0) & (blk < num_blocks)))
+    return blk, ok & (inside | _id_inside(blk, num_blocks))
 
 
 @gluon.constexpr_function
@@ -965,6 +993,12 @@ def _first_blocks(bt_row, t_lo, limit, BLOCK_SIZE: gl.constexpr, NW: gl.constexp
     L: gl.constexpr = _ids_layout(NW, WARP_LOCAL)
     j = t_lo // BLOCK_SIZE + gl.arange(0, _ids_chunk(NW, WARP_LOCAL), L)
     return gl.load(bt_row + j, mask=j < gl.cdiv(limit, BLOCK_SIZE), other=0)
+
+
+@gluon.jit
+def _id_inside(blk, num_blocks):
+    """Whether block ids ``blk`` lie inside ``[0, num_blocks)`` (the cache)."""
+    return (blk >= 0) & (blk < num_blocks)
 
 
 @gluon.jit
@@ -1046,7 +1080,7 @@ def _score_live(ts, t_hi, lo, inside, bt_row, num_blocks, HAS_WINDOW: gl.constex
         live = live & (ts >= lo)
     if not inside:  # a range with a bad block id (bounds): its tokens are empty
         tb = gl.load(bt_row + ts // BLOCK_SIZE, mask=live, other=0)
-        live = live & (tb >= 0) & (tb < num_blocks)
+        live = live & _id_inside(tb, num_blocks)
     return live
 
 
@@ -1361,9 +1395,7 @@ def _serve_piece(q_ptr, cache_ptr, bt_ptr, seqlen_ptr, sinks_ptr, out_ptr, part_
         first_ids = _first_blocks(bt_row, t_lo, t_hi, BLOCK_SIZE, NW, True)
     # ---- prologue: STAGES - 1 stages in flight, each run checking its own block id (the range's check below
     # waits for its block-table loads; the copies do not)
-    CP: gl.constexpr = gl.BlockedLayout([1, 1], [1, 32], [NW, 1], [1, 0])  # one element per thread
-    c_lane = gl.expand_dims(gl.arange(0, 32, gl.SliceLayout(0, CP)), 0) + gl.zeros([NW, 32], gl.int32, CP)
-    c_warp = gl.expand_dims(gl.arange(0, NW, gl.SliceLayout(1, CP)), 1) + gl.zeros([NW, 32], gl.int32, CP)
+    c_lane, c_warp = _lanes_warps(NW)
     for i in gl.static_range(STAGES - 1):
         if TOKEN_MAJOR:
             _issue_stage_tm(stages, i, cache_ptr, bt_row, t_lo + i * TT, t_hi, stride_cb, False, num_blocks,
@@ -1371,8 +1403,8 @@ def _serve_piece(q_ptr, cache_ptr, bt_ptr, seqlen_ptr, sinks_ptr, out_ptr, part_
             async_copy.commit_group()
         else:
             _issue_stage(i, cache_ptr, t_lo + i * TT, t_hi, stride_cb, stride_ch, False, num_blocks,
-                              _warp_ids(bt_row, t_lo + i * TT, t_hi, c_warp, NSUB, NW, WT, BLOCK_SIZE), c_lane, c_warp,
-                              NSUB, NW, WT, SLOT, BLOCK_SIZE)
+                         _warp_ids(bt_row, t_lo + i * TT, t_hi, c_warp, NSUB, NW, WT, BLOCK_SIZE), c_lane, c_warp,
+                         NSUB, NW, WT, SLOT, BLOCK_SIZE)
     if TOKEN_MAJOR:
         ids = ()
     else:
@@ -1467,8 +1499,7 @@ def _serve_piece(q_ptr, cache_ptr, bt_ptr, seqlen_ptr, sinks_ptr, out_ptr, part_
                                        STAGES, TT, NSUB, NW, HK, SLOT, XP, BLOCK_SIZE)
         else:
             cur, t0, ids = _advance_ring(it, cache_ptr, bt_row, t_lo, t_hi, stride_cb, stride_ch, inside,
-                                              num_blocks, ids, c_lane, c_warp, STAGES, TT, NSUB, NW, WT, SLOT,
-                                              BLOCK_SIZE)
+                                         num_blocks, ids, c_lane, c_warp, STAGES, TT, NSUB, NW, WT, SLOT, BLOCK_SIZE)
         whole = inside & (t0 + TT <= t_hi)  # every token of the stage counts: the loop's interior, no masks
         if HAS_WINDOW:
             whole = whole & (t0 >= lo)
@@ -1571,9 +1602,8 @@ def _serve_piece(q_ptr, cache_ptr, bt_ptr, seqlen_ptr, sinks_ptr, out_ptr, part_
             run = new_run
     if TOKEN_MAJOR:
         async_copy.wait_group(0)
-    else:  # every warp's copies (zero fills past the range too) landed before the epilogue reuses the ring's bytes
-        _own_copies_landed(c_lane, 0)
-        gl.thread_barrier()
+    else:
+        _ring_drained(c_lane)
 
     pair0 = b * HK
     # ---- the program's partial of each kv head (acc * 2**run, m, l; its WT token groups combined
