@@ -5,8 +5,8 @@ lockstep (numpy arrays of 32 values per register, 32 or 64 bits; predicates 0 / 
 instructions they use (``mma.sync...m16n8k16`` f16 -> f32, ``movmatrix...m8n8.trans.b16``) gathered and scattered
 by the fragment layouts of the PTX ISA ("Matrix Fragments for mma.m16n8k16", "movmatrix"). ``cp.async`` is not
 performed but recorded (``copies``: per instruction the lanes' shared and global addresses, sizes and whether the
-lane's guard let it copy; ``groups``:
-the copy count at each ``commit_group``); shared-memory symbols take the values given in ``symbols``. Only the
+lane's guard let it copy; ``groups``: the copy count at each ``commit_group``); shared-memory symbols take the
+values given in ``symbols``. Only the
 instructions the kernels emit are implemented; anything else raises. The tests check the kernels' PTX against a
 float64 reference of what the asm block claims to compute, so an index or fragment-map mistake fails on the CPU.
 """
@@ -72,7 +72,7 @@ class Warp:
         self.regs: dict[str, np.ndarray] = {f"${i}": np.asarray(v, dtype=np.uint64).copy()
                                             for i, v in enumerate(operands)}
         self.symbols = symbols or {}
-        self.copies: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
+        self.copies: list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = []
         self.groups: list[int] = []
 
     def value(self, tok: str) -> np.ndarray:
@@ -163,7 +163,7 @@ class Warp:
             raise NotImplementedError(op)
 
     def imm64(self, tok: str) -> int:
-        """A 64-bit operand that is an immediate or a register (uniform over the lanes is not required)."""
+        """The signed immediate second operand of a 64-bit ``add``, mod 2**64 (a register there is not emitted)."""
         tok = tok.strip()
         if re.fullmatch(r"-?\d+", tok):
             return int(tok) % (1 << 64)
