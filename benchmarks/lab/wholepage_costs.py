@@ -5,7 +5,8 @@ piece's fixed cost as the intercept), A at block 16 against block 64, and the ra
 
     PYTHONPATH=<tree> python3 benchmarks/lab/wholepage_costs.py NAME warm|time|ncu OUT.json SHAPES [k=v ...]
 
-``SHAPES``: comma-separated keys of :data:`SHAPES` (``key@L``: that length only); ``k=v``:
+``SHAPES``: comma-separated keys of :data:`SHAPES` (``key@L``: that length only; ``empty``: a one-element fill,
+the launch cost alone); ``k=v``:
 :class:`WholePageTuning` fields. ``warm`` compiles each shape's kernel on a small batch; ``ncu`` runs each
 shape's longest length twice (profile the second launch). Results: benchmarks/NOTES.md, "Serving decode", session 3.
 """
@@ -74,6 +75,12 @@ def main(name: str, mode: str, out: str, keys: list[str], tuning: WholePageTunin
             json.dump(rows, f, indent=1)
 
     for key in keys:
+        if key == "empty":  # a graph of one-element fills: the launch cost every replayed kernel pays
+            x = torch.zeros(1, device="cuda")
+            us = time_graph(x.zero_) if mode == "time" else 0.0
+            rows.append(dict(variant=name, shape=key, L=0, us=us))
+            print(f"{name:8s} empty    {us:8.1f} us", flush=True)
+            continue
         if key == "ragged":
             s = next(s for s in serving_shapes() if s.name.startswith("ragged 96"))
             small = mode == "warm"

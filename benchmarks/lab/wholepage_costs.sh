@@ -1,7 +1,7 @@
 #!/bin/bash
 # Issue 24, session 3, device calls: the whole-page decode's fixed and per-stage costs (Gluon JIT). Builds variant
 # copies of the tree (nomath: the stage loop's math removed, the copy pipeline alone; noloop: no stage loop, the
-# piece's prologue / epilogue / merge alone; nomerge: no last-program merge), warms every kernel in parallel
+# piece's prologue / epilogue / merge alone; nomerge: no last-program merge; noop: the schedule alone, no piece), warms every kernel in parallel
 # processes (one Triton cache), times benchmarks/lab/wholepage_costs.py's shapes for each, then ncu (sections +
 # per-instruction stall sampling, summarized by benchmarks/lab/ncu_source_sum.py). Everything lands in
 # $OUT/costs.tgz plus $OUT/summary.txt. From the repo root: OUT=... bash benchmarks/lab/wholepage_costs.sh
@@ -15,7 +15,8 @@ VARIANTS=${VARIANTS:-nomath noloop nomerge}
 NCU=${NCU_SHAPES:-one@32768 gqa16@32768 ragged}
 declare -A SED=([nomath]='s/for jp in gl.static_range(NSUB \/\/ PAIR):/for jp in gl.static_range(0):/'
                 [noloop]='s/    for it in range(n_it):/    for it in range(0):/'
-                [nomerge]='s/    if ticket == nparts - 1:/    if ticket == -7:/')
+                [nomerge]='s/    if ticket == nparts - 1:/    if ticket == -7:/'
+                [noop]='s/    for b in range(b_first, b_last + 1):/    for b in range(b_first, b_first):/')
 t0=$(date +%s)
 trees="base:$PWD"
 for v in $VARIANTS; do
