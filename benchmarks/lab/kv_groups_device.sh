@@ -6,5 +6,5 @@
 export PATCHES=${PATCHES:-benchmarks/lab/kv_groups.patch}
 . benchmarks/lab/ab_setup.sh
 SUITES_S=${SUITES_S:-300} . benchmarks/lab/gpu_suites.sh
-for n in new_1 main new_2; do serving_run $n; grep -E "ceiling| us |no blob" $OUT/serving_$n.log | head -14; done
+for n in ${RUNS:-new_1 main new_2}; do serving_run $n; grep -E "ceiling| us |no blob" $OUT/serving_$n.log | head -14; done
 cd $OUT && tar czf all.tgz --exclude=all.tgz --exclude=call.log * && find . -type f ! -name all.tgz ! -name call.log -delete
