@@ -10,7 +10,8 @@ min(programs, cdiv(total, MIN_UNITS))`` programs, so a request's tokens may span
 serve several requests in turn (one piece each; a program of many short requests gets fewer stages). A piece leaves one
 partial per kv head in workspace slot ``program + request`` (unique: the pieces form a staircase); every
 program derives from the same arithmetic which programs hold a request's pieces (:func:`_owner`), so
-the one that takes the request's last ticket merges them in the same launch and writes ``out``. The
+the one that takes the request's last ticket merges them in the same launch and writes ``out``; a request
+served by one piece writes ``out`` directly. The
 run-time arguments are split-KV decode's, the split count's slot holding the batch size
 (``WHOLEPAGE_PARAMS``; a pure-Python model of the schedule:
 ``families.decode_wholepage.wholepage_schedule``).
@@ -1265,8 +1266,9 @@ def _serve_piece(q_ptr, cache_ptr, bt_ptr, seqlen_ptr, sinks_ptr, out_ptr, part_
                  HAS_WINDOW: gl.constexpr, HAS_SOFTCAP: gl.constexpr, ROWS_IN_N: gl.constexpr,
                  TOKEN_MAJOR: gl.constexpr = False):
     """Serve request ``b``'s piece of this program's units ``[w0, w1)`` (the request's units start at
-    ``cs``): stream it through the ring, leave one partial per kv head in slot ``pid + b`` and, for the
-    request's last piece (atomic ticket), merge its pieces into ``out``. Returns the request's end unit."""
+    ``cs``): stream it through the ring; a request served by one piece writes ``out``, else the piece leaves
+    one partial per kv head in slot ``pid + b`` and the request's last piece (atomic ticket) merges them into
+    ``out``. Returns the request's end unit."""
     NW: gl.constexpr = gl.num_warps()
     H: gl.constexpr = D // 2
     G: gl.constexpr = D // 32
@@ -1631,8 +1633,22 @@ def _serve_piece(q_ptr, cache_ptr, bt_ptr, seqlen_ptr, sinks_ptr, out_ptr, part_
     ph = _iota3(HK, 0, P3)
     pr = _iota3(ROWS, 1, P3)
     pc = _iota3(D, 2, P3)
+    pmask = (pr < GQA) & (pc >= 0) & (ph >= 0)
+    if nparts == 1:  # the request's only piece: its output from the registers (no workspace, no ticket)
+        O2: gl.constexpr = gl.SliceLayout(2, P3)
+        m_o = gl.convert_layout(m_c, O2)
+        l_o = gl.convert_layout(l_c, O2)
+        if HAS_SINKS:
+            oh2 = gl.expand_dims(gl.arange(0, HK, gl.SliceLayout(1, O2)), 1)
+            or2 = gl.expand_dims(gl.arange(0, ROWS, gl.SliceLayout(0, O2)), 0)
+            sink = gl.load(sinks_ptr + oh2 * GQA + or2, mask=(or2 < GQA) & (oh2 >= 0), other=0.0).to(gl.float32)
+            acc_c, l_o = _fold_sink(acc_c, m_o, l_o, sink * LOG2E)
+        o = _normalized(acc_c, l_o)
+        optr = out_ptr + b.to(gl.int64) * stride_ob + (ph * GQA + pr) * stride_oh + pc
+        gl.store(optr, o.to(out_ptr.dtype.element_ty), mask=pmask)
+        return ce
     pslot = ((pid + b) * HK + ph).to(gl.int64)
-    gl.store(part_ptr + pslot * (ROWS * D) + pr * D + pc, acc_c, mask=(pr < GQA) & (pc >= 0) & (ph >= 0))
+    gl.store(part_ptr + pslot * (ROWS * D) + pr * D + pc, acc_c, mask=pmask)
     ph2 = gl.expand_dims(gl.arange(0, HK, gl.SliceLayout(1, P2)), 1)
     pr2 = gl.expand_dims(gl.arange(0, ROWS, gl.SliceLayout(0, P2)), 0)
     mlp = ml_ptr + ((pid + b) * HK + ph2).to(gl.int64) * (2 * ROWS) + pr2
