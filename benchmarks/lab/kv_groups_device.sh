@@ -1,6 +1,6 @@
 #!/bin/bash
-# Issue 24, one device call for benchmarks/lab/kv_groups.patch (a one-piece request writes out directly; small
-# batches split each request into kv-head groups): the patched tree's GPU suites and sanitizers (gpu_suites.sh,
+# Issue 24, one device call for benchmarks/lab/kv_groups.patch (small batches split each request into kv-head
+# groups, in the whole-page and the multi-query decode): the patched tree's GPU suites and sanitizers (gpu_suites.sh,
 # SUITES_S=300), then `bench --serving --no-aot` patched / main / patched (RUNS) and `bench --spec-decode` patched /
 # main through .new/ and .blobs/ (ab_blobs.sh with the same PATCHES). Everything packed into $OUT/all.tgz.
 export PATCHES=${PATCHES:-benchmarks/lab/kv_groups.patch}
