@@ -385,6 +385,21 @@ def _normalized(acc, l_a):
     return gl.where(gl.expand_dims(l_a > 0.0, 2), acc / gl.expand_dims(denom, 2), 0.0)
 
 
+@gluon.jit
+def _write_out(acc, m_a, l_a, out_ptr, b, sinks_ptr, h3, r3, c3, h2, r2, live3, live2, stride_ob, stride_oh,
+               GQA: gl.constexpr, HAS_SINKS: gl.constexpr):
+    """Request ``b``'s merged ``[HK, rows, D]`` partial ``(acc, m_a, l_a)`` to its output row: each head's sink
+    folded in, normalized, row ``r`` of kv head ``h`` at query head ``h GQA + r``. ``h3``/``r3``/``c3`` and
+    ``h2``/``r2``: the indices in ``acc``'s and in ``l_a``'s layouts; ``live3``/``live2``: their real rows
+    (``r < GQA``)."""
+    if HAS_SINKS:
+        sink = gl.load(sinks_ptr + h2 * GQA + r2, mask=live2, other=0.0).to(gl.float32) * LOG2E
+        acc, l_a = _fold_sink(acc, m_a, l_a, sink)
+    o = _normalized(acc, l_a)
+    optr = out_ptr + b.to(gl.int64) * stride_ob + (h3 * GQA + r3) * stride_oh + c3
+    gl.store(optr, o.to(out_ptr.dtype.element_ty), mask=live3)
+
+
 @gluon.constexpr_function
 def _pick(cond, a, b):
     """``a`` if ``cond`` else ``b`` (layouts chosen by a constexpr flag)."""
@@ -1638,14 +1653,10 @@ def _serve_piece(q_ptr, cache_ptr, bt_ptr, seqlen_ptr, sinks_ptr, out_ptr, part_
         O2: gl.constexpr = gl.SliceLayout(2, P3)
         m_o = gl.convert_layout(m_c, O2)
         l_o = gl.convert_layout(l_c, O2)
-        if HAS_SINKS:
-            oh2 = gl.expand_dims(gl.arange(0, HK, gl.SliceLayout(1, O2)), 1)
-            or2 = gl.expand_dims(gl.arange(0, ROWS, gl.SliceLayout(0, O2)), 0)
-            sink = gl.load(sinks_ptr + oh2 * GQA + or2, mask=(or2 < GQA) & (oh2 >= 0), other=0.0).to(gl.float32)
-            acc_c, l_o = _fold_sink(acc_c, m_o, l_o, sink * LOG2E)
-        o = _normalized(acc_c, l_o)
-        optr = out_ptr + b.to(gl.int64) * stride_ob + (ph * GQA + pr) * stride_oh + pc
-        gl.store(optr, o.to(out_ptr.dtype.element_ty), mask=pmask)
+        oh2 = gl.expand_dims(gl.arange(0, HK, gl.SliceLayout(1, O2)), 1)
+        or2 = gl.expand_dims(gl.arange(0, ROWS, gl.SliceLayout(0, O2)), 0)
+        _write_out(acc_c, m_o, l_o, out_ptr, b, sinks_ptr, ph, pr, pc, oh2, or2, pmask, (or2 < GQA) & (oh2 >= 0),
+                   stride_ob, stride_oh, GQA, HAS_SINKS)
         return ce
     pslot = ((pid + b) * HK + ph).to(gl.int64)
     gl.store(part_ptr + pslot * (ROWS * D) + pr * D + pc, acc_c, mask=pmask)
@@ -1686,12 +1697,8 @@ def _serve_piece(q_ptr, cache_ptr, bt_ptr, seqlen_ptr, sinks_ptr, out_ptr, part_
                 ls2 = ls2 + (gl.load(ml_ptr + src2 * (2 * ROWS) + ROWS + mr2, mask=rmask2 & (s < nparts),
                                      other=0.0, cache_modifier=".cg"),)
             acc, m_a, l_a = _fold_partials(acc, m_a, l_a, accs2, ms2, ls2, MERGE)
-        if HAS_SINKS:
-            sink = gl.load(sinks_ptr + mh2 * GQA + mr2, mask=rmask2, other=0.0).to(gl.float32) * LOG2E
-            acc, l_a = _fold_sink(acc, m_a, l_a, sink)
-        o = _normalized(acc, l_a)
-        optr = out_ptr + b.to(gl.int64) * stride_ob + (mh * GQA + mr) * stride_oh + mc
-        gl.store(optr, o.to(out_ptr.dtype.element_ty), mask=rmask3)
+        _write_out(acc, m_a, l_a, out_ptr, b, sinks_ptr, mh, mr, mc, mh2, mr2, rmask3, rmask2, stride_ob, stride_oh,
+                   GQA, HAS_SINKS)
         gl.atomic_xchg(counter_ptr + pair0, 0, sem="relaxed")  # no fence: the launch boundary orders it
     return ce
 
